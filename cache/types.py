@@ -1,0 +1,35 @@
+"""What the gateway stores in, and gets back from, the cache.
+
+An answer is stored in a normalised form (text, finish reason, usage) so that one entry can be
+replayed as a JSON response or as SSE chunks, whichever shape the new request asked for.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import msgspec
+
+__all__ = ["CachedAnswer", "CacheHit", "CacheStatus"]
+
+CacheStatus = Literal["hit-exact", "hit-semantic", "miss", "bypass"]
+
+
+class CachedAnswer(msgspec.Struct, frozen=True):
+    """One complete, successful answer."""
+
+    kind: Literal["chat", "text"]
+    text: str
+    finish_reason: str
+    model: str  # the public model name the answer was served under
+    tier: str  # the tier that produced it originally (edge or cloud)
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    created: int = 0  # unix seconds when stored
+
+
+class CacheHit(msgspec.Struct, frozen=True):
+    answer: CachedAnswer
+    kind: Literal["hit-exact", "hit-semantic"]
+    similarity: float = 1.0
+    entry_id: str = ""

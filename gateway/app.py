@@ -1,0 +1,598 @@
+"""The gateway application: one `Gateway` object owns all state; `create_app` wraps it in Starlette.
+
+A completion request goes: authenticate → read and decode the body once → classify (Features) →
+policy (Decision) → cache lookup → dispatch to a tier, falling back as the decision allows →
+relay the answer (JSON or SSE) → store it in the cache, count it, log it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+
+import msgspec
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.applications import Starlette
+from starlette.background import BackgroundTask
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route as HttpRoute
+
+from cache.types import CachedAnswer, CacheHit
+from gateway import metrics
+from gateway.admission import Admission
+from gateway.auth import KeyRing, Tenant
+from gateway.dispatch import Attempt, Dispatcher, Route
+from gateway.errors import OpenAIError, bad_request, from_validation, not_found, unauthorized
+from gateway.logs import configure_logging, get_logger
+from gateway.pool import Endpoint, Pool
+from gateway.render import DONE, StreamAccumulator, render_json, render_sse, sse, summarize
+from gateway.schemas import ChatRequest, CompletionRequest, ParsedRequest, StreamOptions, decode_chat, decode_completion
+from gateway.settings import Settings
+from gateway.upstream import UpstreamClient, UpstreamFailure
+from policies.types import Decision, Features
+
+__all__ = ["Gateway", "create_app"]
+
+log = get_logger("tiergate.gateway")
+_encode = msgspec.json.Encoder().encode
+_JSON = "application/json"
+_SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
+_STREAM_OPTIONS = StreamOptions(include_usage=True)
+_CACHEABLE_FINISH = frozenset({"stop", "length"})
+_INLINE_CLASSIFY_CHARS = 4000  # longer prompts are tokenised in a worker thread, off the event loop
+
+
+@dataclass(slots=True)
+class _Ctx:
+    """What one request carries through the handler."""
+
+    request_id: str
+    started: float
+    endpoint: str
+    tenant: Tenant | None = None
+    req: ParsedRequest | None = None
+    features: Features | None = None
+    decision: Decision | None = None
+    cache: str = "bypass"
+    similarity: float | None = None
+
+    def headers(self, tier: str, overhead_s: float | None = None) -> dict[str, str]:
+        h = {"x-request-id": self.request_id, "x-tiergate-tier": tier, "x-tiergate-cache": self.cache}
+        if self.decision is not None:
+            h["x-tiergate-rule"] = self.decision.rule
+        if self.similarity is not None:
+            h["x-tiergate-similarity"] = f"{self.similarity:.4f}"
+        if overhead_s is not None:
+            h["x-tiergate-overhead-ms"] = f"{overhead_s * 1000:.3f}"
+        return h
+
+
+class Gateway:
+    """All of a gateway process's state: settings, keys, policy, classifier, cache, pools, upstream client."""
+
+    def __init__(self, settings: Settings, *, keyring: KeyRing | None = None) -> None:
+        from gateway.classify import Classifier
+        from policies.store import PolicyStore
+
+        self.settings = settings
+        self.keyring = keyring or _keyring_from(settings)
+        self.policy_store = PolicyStore(settings.policy)
+        self.classifier = Classifier(self.policy_store)
+        self.upstream = UpstreamClient()
+        self.cache = None  # cache.SemanticCache, built at start-up
+        self.redis = None
+        self._routes: dict[str, Route] = {}
+        self._tier_configs: dict[str, object] = {}
+        self.dispatcher = Dispatcher(self.upstream, lambda: self._routes)
+        self.draining = False
+        self.started_at = time.time()
+
+    # ---- lifecycle -------------------------------------------------------------------------------------------
+
+    async def startup(self) -> None:
+        await self.upstream.start()
+        if self.settings.redis_url:
+            import redis.asyncio as aioredis
+
+            self.redis = aioredis.Redis.from_url(self.settings.redis_url, socket_timeout=0.5,
+                                                 socket_connect_timeout=0.5, health_check_interval=10)
+        await self.policy_store.start()
+        self.policy_store.on_change(self._sync_pools)
+        await self._sync_pools()
+        if self.settings.cache:
+            from cache import build_cache
+
+            self.cache = build_cache(self.settings.redis_url, self.settings.embedder)
+            await self.cache.start()
+        with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+            asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, self._on_sighup)
+        log.info("gateway_started", policy=str(self.settings.policy), redis=bool(self.redis),
+                 tiers={n: r.pool.__class__.__name__ for n, r in self._routes.items()},
+                 stand_in=[n for n, t in self._tier_configs.items() if getattr(t, "stand_in", False)])
+
+    async def shutdown(self) -> None:
+        self.draining = True
+        await self.policy_store.stop()
+        for route in self._routes.values():
+            await route.pool.stop()
+        if self.cache is not None:
+            await self.cache.stop()
+        await self.upstream.close()
+        if self.redis is not None:
+            await self.redis.aclose()
+
+    def _on_sighup(self) -> None:
+        asyncio.get_running_loop().create_task(self.policy_store.reload())
+
+    async def _sync_pools(self, *_: object) -> None:
+        """Build a pool per tier of the current policy; keep pools whose tier config did not change."""
+        policy = self.policy_store.current.policy
+        new_routes: dict[str, Route] = {}
+        for name, tier in policy.tiers.items():
+            old = self._routes.get(name)
+            if old is not None and self._tier_configs.get(name) == tier:
+                new_routes[name] = old
+                continue
+            pool = self._make_pool(name, tier)
+            await pool.start()
+            new_routes[name] = Route(name, pool, Admission(_capacity_of(tier, pool)))
+            self._tier_configs[name] = tier
+        stale = [r for n, r in self._routes.items() if new_routes.get(n) is not r]
+        self._routes = new_routes
+        for route in stale:
+            await route.pool.stop()
+
+    def _make_pool(self, name: str, tier) -> Pool:
+        if tier.kind == "edge":
+            from edge_node.pool import EdgePool
+
+            return EdgePool(name, list(tier.endpoints), tier.model, redis=self.redis)
+        from cloud_pool.pool import CloudPool
+
+        discovery = getattr(tier, "discovery", None)
+        return CloudPool(name, tier.model, list(tier.endpoints),
+                         dns=getattr(discovery, "dns", None) if discovery else None,
+                         port=getattr(discovery, "port", 8000) if discovery else 8000)
+
+    def ready(self) -> tuple[bool, dict[str, object]]:
+        tiers = {n: r.pool.healthy() for n, r in self._routes.items()}
+        ok = not self.draining and any(tiers.values())
+        return ok, {"ready": ok, "draining": self.draining, "policy": self.policy_store.current.version, "tiers": tiers}
+
+    # ---- the request path ------------------------------------------------------------------------------------
+
+    def public_models(self) -> dict[str, object]:
+        """Model name → tier config, for every tier of the current policy (plus `auto`)."""
+        return {t.model: t for t in self.policy_store.current.policy.tiers.values()}
+
+    async def completion(self, request: Request, kind: str) -> Response:
+        ctx = _Ctx(request.headers.get("x-request-id") or uuid.uuid4().hex, time.perf_counter(),
+                   "chat" if kind == "chat" else "completions")
+        try:
+            ctx.tenant = self.keyring.authenticate(request.headers.get("authorization"))
+            body = await self._read_body(request)
+            try:
+                req = decode_chat(body) if kind == "chat" else decode_completion(body)
+            except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+                raise from_validation(exc) from None
+            self._validate(req, ctx.tenant)
+            ctx.req = req
+            text_len = len(req.prompt_text()) if kind == "text" else sum(len(m.text()) for m in req.messages)
+            if text_len > self.settings.max_prompt_chars:
+                raise OpenAIError(413, f"Prompt has {text_len} characters; the limit is "
+                                       f"{self.settings.max_prompt_chars}.", code="prompt_too_large")
+            if text_len > _INLINE_CLASSIFY_CHARS:
+                ctx.features = await asyncio.to_thread(self.classifier.features, req, ctx.tenant.id,
+                                                       ctx.tenant.priority, request.headers)
+            else:
+                ctx.features = self.classifier.features(req, ctx.tenant.id, ctx.tenant.priority, request.headers)
+            ctx.decision = decision = self.policy_store.current.engine.decide(ctx.features)
+            metrics.DECISIONS.labels(decision.rule, decision.tier or "reject").inc()
+            if decision.reject is not None:
+                r = decision.reject
+                raise OpenAIError(r.status, r.message, code=r.code)
+            hit = await self._lookup(ctx)
+            if hit is not None:
+                return self._answer_from_cache(ctx, hit)
+            return await self._dispatch(ctx, request)
+        except OpenAIError as exc:
+            return self._error(ctx, exc)
+
+    async def _read_body(self, request: Request) -> bytes:
+        limit = self.settings.max_body_bytes
+        declared = request.headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > limit:
+            raise OpenAIError(413, f"Request body is {declared} bytes; the limit is {limit}.", code="body_too_large")
+        chunks, size = [], 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise OpenAIError(413, f"Request body exceeds the limit of {limit} bytes.", code="body_too_large")
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    def _validate(self, req: ParsedRequest, tenant: Tenant) -> None:
+        if req.model != "auto" and req.model not in self.public_models():
+            known = ", ".join(["auto", *self.public_models()])
+            raise not_found(f"The model `{req.model}` does not exist. Available models: {known}.",
+                            code="model_not_found", param="model")
+        if isinstance(req, ChatRequest):
+            if not req.messages:
+                raise bad_request("`messages` must contain at least one message.", param="messages")
+        elif isinstance(req.prompt, list) and len(req.prompt) != 1:
+            raise bad_request("`prompt` must be a string or a list of exactly one string.", param="prompt")
+        mt = req.effective_max_tokens()
+        if mt is not None and mt < 1:
+            raise bad_request("`max_tokens` must be at least 1.", param="max_tokens")
+        if req.n is not None and req.n != 1:
+            raise bad_request("Only `n: 1` is supported.", param="n")
+        if req.temperature is not None and not 0 <= req.temperature <= 2:
+            raise bad_request("`temperature` must be between 0 and 2.", param="temperature")
+        if req.top_p is not None and not 0 < req.top_p <= 1:
+            raise bad_request("`top_p` must be in (0, 1].", param="top_p")
+
+    async def _lookup(self, ctx: _Ctx) -> CacheHit | None:
+        rule = ctx.decision.cache
+        if self.cache is None or not rule.enabled or ctx.req.kind == "chat" and ctx.req.tools:
+            ctx.cache = "bypass"
+            return None
+        hit = await self.cache.lookup(ctx.req, ctx.tenant.id, rule)
+        if hit is None:
+            ctx.cache = "miss" if self.cache.accepts(ctx.req, rule) else "bypass"
+            return None
+        ctx.cache, ctx.similarity = hit.kind, (hit.similarity if hit.kind == "hit-semantic" else None)
+        return hit
+
+    def _answer_from_cache(self, ctx: _Ctx, hit: CacheHit) -> Response:
+        overhead = time.perf_counter() - ctx.started
+        headers = ctx.headers("cache", overhead)
+        self._account(ctx, "cache", 200, overhead)
+        metrics.TOKENS.labels("cache", "completion").inc(hit.answer.completion_tokens)
+        if ctx.req.stream:
+            include_usage = bool(ctx.req.stream_options and ctx.req.stream_options.include_usage)
+            events = render_sse(hit.answer, include_usage)
+            return StreamingResponse(_iterate(events), media_type="text/event-stream", headers=headers | _SSE_HEADERS)
+        return Response(render_json(hit.answer), media_type=_JSON, headers=headers)
+
+    def _upstream_body(self, req: ParsedRequest, decision: Decision) -> Callable[[Endpoint], bytes]:
+        """The request as each backend should see it: its own model name, max_tokens capped, usage asked for."""
+        max_tokens = req.effective_max_tokens()
+        if decision.max_tokens_cap is not None:
+            max_tokens = decision.max_tokens_cap if max_tokens is None else min(max_tokens, decision.max_tokens_cap)
+        changes: dict[str, object] = {"max_tokens": max_tokens}
+        if isinstance(req, ChatRequest):
+            changes["max_completion_tokens"] = None
+        if req.stream:
+            changes["stream_options"] = _STREAM_OPTIONS
+        by_model: dict[str, bytes] = {}
+
+        def body_for(ep: Endpoint) -> bytes:
+            b = by_model.get(ep.model)
+            if b is None:
+                b = by_model[ep.model] = _encode(msgspec.structs.replace(req, model=ep.model, **changes))
+            return b
+
+        return body_for
+
+    async def _dispatch(self, ctx: _Ctx, request: Request) -> Response:
+        req, decision = ctx.req, ctx.decision
+        if ctx.tenant.max_tokens is not None:
+            cap = ctx.tenant.max_tokens if decision.max_tokens_cap is None else min(ctx.tenant.max_tokens,
+                                                                                     decision.max_tokens_cap)
+            decision = ctx.decision = _with_cap(decision, cap)
+        path = "/v1/chat/completions" if req.kind == "chat" else "/v1/completions"
+        attempt = await self.dispatcher.open(request=req, features=ctx.features, decision=decision, path=path,
+                                             body_for=self._upstream_body(req, decision),
+                                             request_id=ctx.request_id, stream=req.stream)
+        if req.stream:
+            return self._relay_stream(ctx, attempt)
+        try:
+            body = await attempt.response.read()
+            attempt.response.release()
+        except UpstreamFailure as f:
+            attempt.response.close()
+            attempt.finish(ok=False)
+            metrics.UPSTREAM_ERRORS.labels(attempt.tier, f.kind).inc()
+            raise OpenAIError(f.status, f"Tier `{attempt.tier}`: {f}", type="upstream_error",
+                              code=f"upstream_{f.kind}") from None
+        except BaseException:
+            attempt.response.close()
+            attempt.finish(ok=False)
+            raise
+        upstream_s = time.perf_counter() - attempt.upstream_started
+        attempt.finish()
+        try:
+            summary = summarize(body)
+        except (msgspec.ValidationError, msgspec.DecodeError):
+            raise OpenAIError(502, f"Tier `{attempt.tier}` returned a malformed answer.", type="upstream_error",
+                              code="upstream_protocol") from None
+        overhead = time.perf_counter() - ctx.started - upstream_s
+        headers = ctx.headers(attempt.tier, overhead)
+        if attempt.fallback_from:
+            headers["x-tiergate-fallback-from"] = attempt.fallback_from
+        self._account(ctx, attempt.tier, 200, overhead, summary.prompt_tokens, summary.completion_tokens)
+        task = None
+        if ctx.cache == "miss" and summary.finish_reason in _CACHEABLE_FINISH and summary.n_choices == 1:
+            answer = CachedAnswer(req.kind, summary.text, summary.finish_reason, summary.model, attempt.tier,
+                                  summary.prompt_tokens, summary.completion_tokens, int(time.time()))
+            task = BackgroundTask(self._store, ctx, answer)
+        return Response(body, media_type=_JSON, headers=headers, background=task)
+
+    def _relay_stream(self, ctx: _Ctx, attempt: Attempt) -> Response:
+        req = ctx.req
+        client_wants_usage = bool(req.stream_options and req.stream_options.include_usage)
+        overhead = (attempt.upstream_started - ctx.started)
+        headers = ctx.headers(attempt.tier, overhead) | _SSE_HEADERS
+        if attempt.fallback_from:
+            headers["x-tiergate-fallback-from"] = attempt.fallback_from
+        metrics.TTFT.labels(attempt.tier).observe(attempt.first_at - ctx.started)
+        return StreamingResponse(self._stream_body(ctx, attempt, client_wants_usage, overhead),
+                                 media_type="text/event-stream", headers=headers)
+
+    async def _stream_body(self, ctx: _Ctx, attempt: Attempt, client_wants_usage: bool,
+                           overhead: float) -> AsyncIterator[bytes]:
+        acc = StreamAccumulator()
+        status, ok, ended = 200, False, False
+        try:
+            payload = attempt.first
+            events = attempt.events
+            while payload is not None:
+                try:
+                    usage_only = acc.feed(payload)
+                except (msgspec.ValidationError, msgspec.DecodeError):
+                    usage_only = False  # relay what we cannot read; it is the backend's own chunk
+                if not usage_only or client_wants_usage:
+                    yield sse(payload)
+                payload = await anext(events, None)
+            ended = True
+            ok = True
+            yield DONE
+        except UpstreamFailure as f:
+            status = 502
+            metrics.STREAM_ERRORS.labels(attempt.tier).inc()
+            metrics.UPSTREAM_ERRORS.labels(attempt.tier, f.kind).inc()
+            log.warning("stream_broken", request_id=ctx.request_id, tier=attempt.tier, endpoint=attempt.endpoint.id,
+                        error=str(f))
+            err = OpenAIError(502, f"Tier `{attempt.tier}` failed mid-stream: {f}", type="upstream_error",
+                              code=f"upstream_{f.kind}")
+            yield sse(err.to_json())
+            yield DONE
+        finally:
+            attempt.response.close()
+            attempt.finish(ok=ok or not ended and status == 200)
+            if not ended and status == 200:
+                status = 499  # the client went away; closing the response stopped the generation upstream
+                metrics.DISCONNECTS.labels(attempt.tier).inc()
+            self._account(ctx, attempt.tier, status, overhead, acc.prompt_tokens, acc.completion_tokens)
+        if ok and ctx.cache == "miss" and acc.finish_reason in _CACHEABLE_FINISH and not acc.multi_choice:
+            answer = CachedAnswer(ctx.req.kind, acc.text, acc.finish_reason, acc.model, attempt.tier,
+                                  acc.prompt_tokens, acc.completion_tokens, int(time.time()))
+            await self._store(ctx, answer)
+
+    async def _store(self, ctx: _Ctx, answer: CachedAnswer) -> None:
+        if self.cache is not None:
+            await self.cache.store(ctx.req, ctx.tenant.id, ctx.decision.cache, answer)
+
+    def _account(self, ctx: _Ctx, tier: str, status: int, overhead: float, prompt_tokens: int = 0,
+                 completion_tokens: int = 0) -> None:
+        elapsed = time.perf_counter() - ctx.started
+        rule = ctx.decision.rule if ctx.decision else "-"
+        metrics.REQUESTS.labels(ctx.endpoint, tier, rule, ctx.cache, str(status)).inc()
+        metrics.DURATION.labels(tier).observe(elapsed)
+        metrics.OVERHEAD.observe(overhead)
+        if prompt_tokens:
+            metrics.TOKENS.labels(tier, "prompt").inc(prompt_tokens)
+        if completion_tokens:
+            metrics.TOKENS.labels(tier, "completion").inc(completion_tokens)
+        f = ctx.features
+        log.info("request", request_id=ctx.request_id, tenant=ctx.tenant.id if ctx.tenant else None,
+                 endpoint=ctx.endpoint, tier=tier, rule=rule, cache=ctx.cache, status=status,
+                 prompt_tokens=f.prompt_tokens if f else None, complexity=round(f.complexity, 3) if f else None,
+                 completion_tokens=completion_tokens, ms=round(elapsed * 1000, 2), overhead_ms=round(overhead * 1000, 3))
+
+    def _error(self, ctx: _Ctx, exc: OpenAIError) -> Response:
+        metrics.CLIENT_ERRORS.labels(exc.code or str(exc.status)).inc()
+        if exc.status >= 500 or exc.status == 429:
+            self._account(ctx, "none", exc.status, time.perf_counter() - ctx.started)
+        else:
+            log.info("request_refused", request_id=ctx.request_id, status=exc.status, code=exc.code,
+                     tenant=ctx.tenant.id if ctx.tenant else None)
+        headers = {"x-request-id": ctx.request_id, **exc.headers}
+        if ctx.decision is not None:
+            headers["x-tiergate-rule"] = ctx.decision.rule
+        return Response(exc.to_json(), status_code=exc.status, media_type=_JSON, headers=headers)
+
+    # ---- the rest of the HTTP surface ------------------------------------------------------------------------
+
+    async def list_models(self, request: Request) -> Response:
+        self.keyring.authenticate(request.headers.get("authorization"))
+        now = int(self.started_at)
+        data = [{"id": "auto", "object": "model", "created": now, "owned_by": "tiergate",
+                 "description": "Let the routing policy choose the tier."}]
+        for name, route in self._routes.items():
+            t = self._tier_configs[name]
+            backends = sorted({ep.model for ep in route.pool.endpoints()})
+            desc = f"{t.kind} tier `{name}`"
+            if getattr(t, "stand_in", False):
+                desc += " — LOCAL STAND-IN (llama.cpp on this machine), not vLLM"
+            data.append({"id": t.model, "object": "model", "created": now, "owned_by": "tiergate",
+                         "tier": name, "kind": t.kind, "stand_in": bool(getattr(t, "stand_in", False)),
+                         "backend_models": backends, "description": desc})
+        return JSONResponse({"object": "list", "data": data})
+
+    async def edge_heartbeat(self, request: Request) -> Response:
+        self._check_edge_token(request)
+        try:
+            info = msgspec.json.decode(await request.body())
+        except msgspec.DecodeError as exc:
+            raise bad_request(f"heartbeat body is not JSON: {exc}") from None
+        pool = self._edge_pool(info.get("tier") if isinstance(info, dict) else None)
+        await pool.heartbeat(info)
+        return JSONResponse({"ok": True, "tier": pool.tier})
+
+    async def edge_deregister(self, request: Request) -> Response:
+        self._check_edge_token(request)
+        info = msgspec.json.decode(await request.body())
+        pool = self._edge_pool(info.get("tier"))
+        await pool.deregister(str(info.get("node_id")))
+        return JSONResponse({"ok": True})
+
+    def _edge_pool(self, tier: str | None):
+        edge = [r for r in self._routes.values() if self._tier_configs[r.name].kind == "edge"]
+        if tier:
+            edge = [r for r in edge if r.name == tier]
+        if not edge:
+            raise not_found(f"No edge tier {tier or ''} in the active policy.", code="no_edge_tier")
+        return edge[0].pool
+
+    def _check_edge_token(self, request: Request) -> None:
+        token = self.settings.edge_token
+        if token is None:
+            host = request.client.host if request.client else ""
+            if host not in ("127.0.0.1", "::1", "localhost", "testclient"):
+                raise unauthorized("Edge registration from other hosts needs TIERGATE_EDGE_TOKEN set on the gateway.")
+            return
+        if request.headers.get("authorization") != f"Bearer {token}":
+            raise unauthorized("Invalid edge token.")
+
+    def check_admin(self, request: Request) -> None:
+        key = self.settings.admin_key
+        if not key:
+            raise OpenAIError(403, "Admin endpoints are disabled: set TIERGATE_ADMIN_KEY.", type="permission_error",
+                              code="admin_disabled")
+        import hmac
+
+        got = request.headers.get("authorization", "")
+        if not hmac.compare_digest(got.encode(), f"Bearer {key}".encode()):
+            raise unauthorized("Invalid admin key.")
+
+    async def admin_reload(self, request: Request) -> Response:
+        self.check_admin(request)
+        result = await self.policy_store.reload()
+        ok = bool(getattr(result, "ok", result))
+        return JSONResponse({"ok": ok, "version": self.policy_store.current.version,
+                             "error": getattr(result, "error", None)}, status_code=200 if ok else 422)
+
+    async def admin_cache_invalidate(self, request: Request) -> Response:
+        self.check_admin(request)
+        if self.cache is None:
+            raise OpenAIError(409, "The cache is disabled.", code="cache_disabled")
+        q = request.query_params
+        if not (q.get("tenant") or q.get("entry") or q.get("all") == "true"):
+            raise bad_request("Say what to invalidate: ?tenant=ID, ?entry=ID or ?all=true.")
+        n = await self.cache.invalidate(tenant=q.get("tenant"), entry_id=q.get("entry"))
+        return JSONResponse({"ok": True, "removed": n})
+
+
+def _capacity_of(tier, pool: Pool):
+    fixed = getattr(tier, "max_concurrency", None)
+    if fixed:
+        return lambda: fixed
+    # No explicit cap: the tier is saturated when every slot of every healthy backend is busy, plus a queue
+    # of the same size at the backends themselves (they batch; a little queueing there keeps them full).
+    return lambda: max(1, 2 * sum(ep.slots for ep in pool.endpoints()))
+
+
+def _with_cap(decision: Decision, cap: int) -> Decision:
+    import dataclasses
+
+    return dataclasses.replace(decision, max_tokens_cap=cap)
+
+
+async def _iterate(items: list[bytes]) -> AsyncIterator[bytes]:
+    for item in items:
+        yield item
+
+
+def _keyring_from(settings: Settings) -> KeyRing:
+    if settings.api_keys_file:
+        return KeyRing.from_file(settings.api_keys_file)
+    if settings.api_keys:
+        return KeyRing.from_inline(settings.api_keys)
+    return KeyRing.demo()
+
+
+def create_app(settings: Settings | None = None, *, keyring: KeyRing | None = None) -> Starlette:
+    """Build the Starlette app around one Gateway; `app.state.gateway` exposes it to tests and tools."""
+    settings = settings or Settings()
+    configure_logging(settings.log_format, settings.log_level)
+    gw = Gateway(settings, keyring=keyring)
+
+    async def chat(request: Request) -> Response:
+        return await gw.completion(request, "chat")
+
+    async def completions(request: Request) -> Response:
+        return await gw.completion(request, "text")
+
+    async def healthz(request: Request) -> Response:
+        return JSONResponse({"ok": True})
+
+    async def readyz(request: Request) -> Response:
+        ok, detail = gw.ready()
+        return JSONResponse(detail, status_code=200 if ok else 503)
+
+    async def metrics_endpoint(request: Request) -> Response:
+        return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
+
+    async def openapi(request: Request) -> Response:
+        from gateway.openapi import openapi_document
+
+        return Response(openapi_document(), media_type=_JSON)
+
+    def guarded(handler):
+        async def run(request: Request) -> Response:
+            try:
+                return await handler(request)
+            except OpenAIError as exc:
+                return Response(exc.to_json(), status_code=exc.status, media_type=_JSON, headers=exc.headers)
+
+        return run
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette):
+        await gw.startup()
+        try:
+            yield
+        finally:
+            await gw.shutdown()
+
+    routes = [
+        HttpRoute("/v1/chat/completions", chat, methods=["POST"]),
+        HttpRoute("/v1/completions", completions, methods=["POST"]),
+        HttpRoute("/v1/models", guarded(gw.list_models), methods=["GET"]),
+        HttpRoute("/healthz", healthz, methods=["GET"]),
+        HttpRoute("/readyz", readyz, methods=["GET"]),
+        HttpRoute("/metrics", metrics_endpoint, methods=["GET"]),
+        HttpRoute("/openapi.json", openapi, methods=["GET"]),
+        HttpRoute("/edge/v1/heartbeat", guarded(gw.edge_heartbeat), methods=["POST"]),
+        HttpRoute("/edge/v1/deregister", guarded(gw.edge_deregister), methods=["POST"]),
+        HttpRoute("/admin/policy/reload", guarded(gw.admin_reload), methods=["POST"]),
+        HttpRoute("/admin/cache/invalidate", guarded(gw.admin_cache_invalidate), methods=["POST"]),
+    ]
+    app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={
+        404: _not_found_handler, 405: _method_handler, 500: _internal_handler})
+    app.state.gateway = gw
+    return app
+
+
+async def _not_found_handler(request: Request, exc: Exception) -> Response:
+    err = not_found(f"No route {request.method} {request.url.path}. See /openapi.json.", code="unknown_url")
+    return Response(err.to_json(), status_code=404, media_type=_JSON)
+
+
+async def _method_handler(request: Request, exc: Exception) -> Response:
+    err = OpenAIError(405, f"Method {request.method} is not allowed on {request.url.path}.", code="method_not_allowed")
+    return Response(err.to_json(), status_code=405, media_type=_JSON)
+
+
+async def _internal_handler(request: Request, exc: Exception) -> Response:
+    log.error("internal_error", path=request.url.path, exc_info=exc)
+    err = OpenAIError(500, "Internal error in the gateway; it has been logged.", type="server_error",
+                      code="internal_error")
+    return Response(err.to_json(), status_code=500, media_type=_JSON)

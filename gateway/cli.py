@@ -1,0 +1,69 @@
+"""The `tiergate` command: serve the gateway, run the demo, and the operator tools of every package."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from cache.cli import cache_app
+from policies.cli import classifier_app, classify, policy_app
+
+app = typer.Typer(help="tiergate: an OpenAI-compatible gateway routing between edge, cloud and a semantic cache.",
+                  no_args_is_help=True, pretty_exceptions_enable=False)
+app.add_typer(policy_app, name="policy", help="Check, explain and simulate routing policies.")
+app.add_typer(cache_app, name="cache", help="Semantic cache tools: score pairs, invalidate, export the embedder.")
+app.add_typer(classifier_app, name="classifier", help="Train and evaluate the complexity classifier.")
+app.command("classify", help="Classify prompts (JSON lines in) and print one JSON decision per line.")(classify)
+
+
+@app.command()
+def serve(
+    host: Annotated[Optional[str], typer.Option(help="Bind address (TIERGATE_HOST).")] = None,
+    port: Annotated[Optional[int], typer.Option(help="Port (TIERGATE_PORT).")] = None,
+    policy: Annotated[Optional[Path], typer.Option(help="Policy YAML (TIERGATE_POLICY).")] = None,
+    redis_url: Annotated[Optional[str], typer.Option(help="Redis URL for shared state (TIERGATE_REDIS_URL).")] = None,
+    embedder: Annotated[Optional[Path], typer.Option(help="ONNX embedder dir (TIERGATE_EMBEDDER).")] = None,
+    workers: Annotated[int, typer.Option(help="Worker processes (each a full gateway).")] = 1,
+) -> None:
+    """Serve the gateway (uvicorn with uvloop and httptools)."""
+    import os
+
+    import uvicorn
+
+    for name, value in (("HOST", host), ("PORT", port), ("POLICY", policy), ("REDIS_URL", redis_url),
+                        ("EMBEDDER", embedder)):
+        if value is not None:
+            os.environ[f"TIERGATE_{name}"] = str(value)
+    from gateway.settings import Settings
+
+    settings = Settings()
+    _check_policy(settings.policy)
+    uvicorn.run("gateway.main:app", host=settings.host, port=settings.port, workers=workers, loop="uvloop",
+                http="httptools", log_level="warning", access_log=False, timeout_graceful_shutdown=30)
+
+
+def _check_policy(path: Path) -> None:
+    from policies.loader import PolicyError, load_policy
+
+    try:
+        load_policy(path)
+    except PolicyError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
+
+
+@app.command()
+def demo(
+    port: Annotated[int, typer.Option(help="Gateway port.")] = 8080,
+    edge_nodes: Annotated[int, typer.Option(help="How many local edge nodes to start.")] = 1,
+) -> None:
+    """Run the whole product on this machine: gateway, edge node(s), cloud stand-in, in-memory cache."""
+    from gateway.demo import run_demo
+
+    raise typer.Exit(run_demo(port=port, edge_nodes=edge_nodes))
+
+
+if __name__ == "__main__":
+    app()

@@ -1,0 +1,153 @@
+"""Dispatch: a Decision becomes an open upstream response, trying tiers and endpoints in order.
+
+Within a tier, endpoints are tried best first; a failure that reached nobody yet (connection refused,
+timeout before the first byte, 5xx) moves to the next endpoint, then to the next tier in the
+decision's fallbacks. A saturated tier is waited on in priority order for at most the policy's queue
+time, then overflowed. What comes back holds its admission slot until `finish()`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Callable, Mapping
+from dataclasses import dataclass, field
+
+from gateway import metrics
+from gateway.admission import Admission
+from gateway.errors import OpenAIError, rate_limited, upstream_error
+from gateway.pool import Endpoint, Pool
+from gateway.upstream import UpstreamClient, UpstreamFailure, UpstreamResponse
+from policies.types import Decision, Features
+
+__all__ = ["Dispatcher", "Attempt", "Route"]
+
+MAX_ENDPOINTS_PER_TIER = 3
+
+
+@dataclass(slots=True)
+class Route:
+    """What dispatch needs to know about one tier."""
+
+    name: str
+    pool: Pool
+    admission: Admission
+
+
+@dataclass(slots=True)
+class Attempt:
+    """A backend that accepted the request; `finish()` must be called exactly once when the answer is over."""
+
+    tier: str
+    endpoint: Endpoint
+    response: UpstreamResponse
+    route: Route
+    upstream_started: float  # perf_counter when the request went to the backend
+    fallback_from: str | None = None
+    events: AsyncIterator[bytes] | None = None  # streaming: the rest of the stream, after `first`
+    first: bytes | None = None  # streaming: the first event, read before anything reached the client
+    first_at: float = 0.0  # perf_counter when `first` arrived
+    _done: bool = field(default=False)
+
+    def finish(self, ok: bool = True) -> None:
+        if self._done:
+            return
+        self._done = True
+        self.endpoint.inflight -= 1
+        self.route.admission.release()
+        metrics.INFLIGHT.labels(self.tier).dec()
+        if not ok:
+            self.route.pool.report(self.endpoint, False)
+
+
+class Dispatcher:
+    def __init__(self, upstream: UpstreamClient, routes: Callable[[], Mapping[str, Route]]) -> None:
+        self._upstream = upstream
+        self._routes = routes  # read per request: pools change when the policy is reloaded
+
+    async def open(self, *, request, features: Features, decision: Decision, path: str,
+                   body_for: Callable[[Endpoint], bytes], request_id: str, stream: bool) -> Attempt:
+        """Return the first backend that accepts the request, or raise the most telling OpenAIError.
+
+        For a stream, the first event is read here, so that a backend failing before its first token
+        is still retried elsewhere: nothing has reached the client yet.
+        """
+        routes = self._routes()
+        last: OpenAIError | None = None
+        previous: str | None = None
+        for tier in decision.tiers:
+            route = routes.get(tier)
+            if route is None:
+                continue
+            if previous is not None:
+                metrics.FALLBACKS.labels(previous, tier, last.code if last else "unavailable").inc()
+            previous = tier
+            candidates = route.pool.candidates(request, features)[:MAX_ENDPOINTS_PER_TIER]
+            if not candidates:
+                last = upstream_error(503, f"No healthy backend in tier `{tier}`.", code="tier_unavailable")
+                continue
+            metrics.QUEUED.labels(tier).inc()
+            try:
+                admitted = await route.admission.acquire(features.priority, decision.timeouts.queue_s)
+            finally:
+                metrics.QUEUED.labels(tier).dec()
+            if not admitted:
+                metrics.SHED.labels(tier, features.priority.name.lower()).inc()
+                last = rate_limited(f"Tier `{tier}` is saturated; retry shortly.", decision.timeouts.queue_s,
+                                    code="tier_saturated")
+                continue
+            metrics.INFLIGHT.labels(tier).inc()
+            for ep in candidates:
+                ep.inflight += 1
+                started = time.perf_counter()
+                resp: UpstreamResponse | None = None
+                try:
+                    resp = await self._upstream.post(ep, path, body_for(ep), decision.timeouts, request_id)
+                    events, first, first_at = None, None, 0.0
+                    if stream:
+                        events = resp.events()
+                        first = await anext(events, None)
+                        first_at = time.perf_counter()
+                except UpstreamFailure as f:
+                    if resp is not None:
+                        resp.close()
+                    ep.inflight -= 1
+                    metrics.UPSTREAM_ERRORS.labels(tier, f.kind).inc()
+                    if not f.retryable:  # the backend judged the request itself (4xx): pass its verdict on
+                        route.admission.release()
+                        metrics.INFLIGHT.labels(tier).dec()
+                        raise _client_error_from(f) from None
+                    route.pool.report(ep, False)
+                    last = upstream_error(f.status, f"Tier `{tier}`: {f}", code=f"upstream_{f.kind}")
+                    continue
+                except BaseException:  # cancelled (client gone) or a bug: give everything back
+                    if resp is not None:
+                        resp.close()
+                    ep.inflight -= 1
+                    route.admission.release()
+                    metrics.INFLIGHT.labels(tier).dec()
+                    raise
+                route.pool.report(ep, True)
+                return Attempt(tier, ep, resp, route, started,
+                               fallback_from=decision.tier if tier != decision.tier else None,
+                               events=events, first=first, first_at=first_at)
+            route.admission.release()
+            metrics.INFLIGHT.labels(tier).dec()
+        raise last or upstream_error(503, "No tier is available for this request.", code="no_tier_available")
+
+
+def _client_error_from(f: UpstreamFailure) -> OpenAIError:
+    """Relay a backend's own 4xx (e.g. prompt longer than its context) in the OpenAI format."""
+    import msgspec
+
+    message, code = str(f), "upstream_rejected"
+    if f.body:
+        try:
+            err = msgspec.json.decode(f.body).get("error", {})
+            if isinstance(err, dict):
+                message = str(err.get("message") or message)
+                code = str(err.get("code") or code)
+            elif isinstance(err, str):
+                message = err
+        except (msgspec.DecodeError, AttributeError):
+            pass
+    return OpenAIError(f.status, message, code=code)

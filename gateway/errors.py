@@ -1,0 +1,90 @@
+"""Errors in the OpenAI format: `{"error": {"message", "type", "code", "param"}}`.
+
+Every failure the client can see is an `OpenAIError`; handlers raise it and the app turns it
+into a JSON response (or an SSE error event once a stream has begun). Nothing else escapes.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+__all__ = [
+    "OpenAIError",
+    "bad_request",
+    "unauthorized",
+    "not_found",
+    "rate_limited",
+    "upstream_error",
+    "from_validation",
+]
+
+
+class OpenAIError(Exception):
+    """An error that maps to one HTTP status and one OpenAI error object."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        type: str = "invalid_request_error",
+        code: str | None = None,
+        param: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.type = type
+        self.code = code
+        self.param = param
+        self.headers = headers or {}
+
+    def body(self) -> dict[str, dict[str, str | None]]:
+        return {"error": {"message": self.message, "type": self.type, "code": self.code, "param": self.param}}
+
+    def to_json(self) -> bytes:
+        return msgspec.json.encode(self.body())
+
+
+def bad_request(message: str, *, code: str = "invalid_request", param: str | None = None) -> OpenAIError:
+    return OpenAIError(400, message, code=code, param=param)
+
+
+def unauthorized(message: str) -> OpenAIError:
+    return OpenAIError(401, message, type="authentication_error", code="invalid_api_key")
+
+
+def not_found(message: str, *, code: str = "not_found", param: str | None = None) -> OpenAIError:
+    return OpenAIError(404, message, code=code, param=param)
+
+
+def rate_limited(message: str, retry_after_s: float, *, code: str = "rate_limit_exceeded") -> OpenAIError:
+    return OpenAIError(
+        429,
+        message,
+        type="rate_limit_error",
+        code=code,
+        headers={"retry-after": str(max(1, round(retry_after_s)))},
+    )
+
+
+def upstream_error(status: int, message: str, *, code: str) -> OpenAIError:
+    """502 (bad answer), 503 (nothing available) or 504 (timed out) from the tiers behind the gateway."""
+    return OpenAIError(status, message, type="upstream_error", code=code)
+
+
+def from_validation(exc: msgspec.ValidationError | msgspec.DecodeError) -> OpenAIError:
+    """Turn a msgspec error into a 400 that names the offending field.
+
+    msgspec messages look like "Expected `str`, got `int` - at `$.messages[0].content`".
+    """
+    text = str(exc)
+    if isinstance(exc, msgspec.ValidationError):
+        param = None
+        if " - at `" in text:
+            text, _, path = text.partition(" - at `")
+            param = path.rstrip("`").removeprefix("$.")
+        where = f" (field `{param}`)" if param else ""
+        return bad_request(f"Invalid request{where}: {text}", code="invalid_field", param=param)
+    return bad_request(f"Request body is not valid JSON: {text}", code="invalid_json")

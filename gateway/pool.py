@@ -1,0 +1,61 @@
+"""What dispatch needs from a tier's pool of backends, whichever kind it is.
+
+Edge pools (`edge_node.pool`) and cloud pools (`cloud_pool.pool`) both implement `Pool`;
+every backend speaks the OpenAI HTTP API, so an `Endpoint` is just a base URL and a model.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    from gateway.schemas import ParsedRequest
+    from policies.types import Features
+
+__all__ = ["Endpoint", "Pool"]
+
+
+@dataclass(eq=False, slots=True)
+class Endpoint:
+    """One OpenAI-compatible backend server (an edge node or a vLLM server)."""
+
+    id: str
+    base_url: str  # without the trailing /v1, e.g. "http://127.0.0.1:8081"
+    model: str  # the model name the backend serves; sent upstream as `model`
+    tier: str
+    slots: int = 1  # requests it can decode at once (edge: --parallel; vLLM: max_num_seqs)
+    inflight: int = 0  # requests this gateway process has open on it right now
+    reported_load: float = 0.0  # the backend's own load reading in [0, 1+] (heartbeat or /metrics)
+    extra: dict[str, object] = field(default_factory=dict)
+
+    def load(self) -> float:
+        """Estimated busy fraction: the larger of our own in-flight count and the backend's reading."""
+        return max(self.inflight / max(self.slots, 1), self.reported_load)
+
+
+@runtime_checkable
+class Pool(Protocol):
+    """A tier's backends. `candidates` must be cheap: it runs on every request."""
+
+    tier: str
+
+    def candidates(self, request: ParsedRequest, features: Features) -> list[Endpoint]:
+        """Healthy endpoints, best first. Dispatch tries them in order until one answers."""
+        ...
+
+    def report(self, endpoint: Endpoint, ok: bool) -> None:
+        """Outcome of one attempt before the first byte, for health and circuit breaking."""
+        ...
+
+    def healthy(self) -> bool:
+        """True when at least one endpoint can take traffic (drives /readyz)."""
+        ...
+
+    def endpoints(self) -> list[Endpoint]:
+        """All known endpoints, healthy or not (for /v1/models, the status page and metrics)."""
+        ...
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...

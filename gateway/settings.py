@@ -1,0 +1,37 @@
+"""Gateway settings, from `TIERGATE_*` environment variables (or keyword arguments in tests)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+__all__ = ["Settings", "default_policy_path"]
+
+
+def default_policy_path() -> Path:
+    return Path(__file__).resolve().parent.parent / "policies" / "default.yaml"
+
+
+class Settings(BaseSettings):
+    """Everything a gateway process is configured with; the policy file holds the routing itself."""
+
+    model_config = SettingsConfigDict(env_prefix="TIERGATE_", extra="ignore")
+
+    host: str = "127.0.0.1"
+    port: int = 8080
+    policy: Path = Field(default_factory=default_policy_path)
+    redis_url: str | None = None  # None: every piece of shared state lives in this process
+    api_keys_file: Path | None = None  # YAML: tenants and (hashed) keys; see docs/configuration.md
+    api_keys: str | None = None  # inline "key=tenant:priority,..." for quick set-ups
+    demo_key: bool = True  # accept the documented demo key `tg-demo-key` (tenant "demo") when no keys are configured
+    admin_key: str | None = None
+    edge_token: str | None = None  # bearer token edge nodes present when registering; None accepts any node on loopback
+    embedder: Path | None = None  # ONNX embedder dir; None disables the semantic half of the cache
+    cache: bool = True
+    max_body_bytes: int = 1 << 20
+    max_prompt_chars: int = 400_000
+    log_format: str = "json"  # json | console
+    log_level: str = "info"
+    workers: int = 1

@@ -1,0 +1,93 @@
+"""The values that cross the boundary between classification, policy and dispatch.
+
+`Features` is what the gateway knows about a request before routing it; `Decision` is what
+the policy makes of it. Both are frozen: computed once per request, then only read.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import IntEnum
+
+__all__ = ["Priority", "Features", "CacheRule", "Timeouts", "Reject", "Decision"]
+
+
+class Priority(IntEnum):
+    """Request priority; a higher value is served first when a tier is saturated."""
+
+    LOW = 0
+    NORMAL = 1
+    HIGH = 2
+    CRITICAL = 3
+
+    @classmethod
+    def parse(cls, value: str | int) -> Priority:
+        if isinstance(value, int):
+            return cls(value)
+        try:
+            return cls[value.strip().upper()]
+        except KeyError:
+            allowed = ", ".join(p.name.lower() for p in cls)
+            raise ValueError(f"unknown priority {value!r}; allowed: {allowed}") from None
+
+
+@dataclass(frozen=True, slots=True)
+class Features:
+    """Everything the policy may look at, computed once per request."""
+
+    prompt_tokens: int
+    priority: Priority
+    complexity: float  # in [0, 1]; higher means more likely to need the strong (cloud) model
+    requested_model: str  # "auto" or a model listed by /v1/models
+    tenant: str
+    text: str = ""  # the prompt text, for keyword conditions
+    headers: Mapping[str, str] = field(default_factory=dict)  # lower-cased request headers
+    stream: bool = False
+    max_tokens: int | None = None
+    temperature: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class CacheRule:
+    """How the semantic cache treats a request that matched a rule."""
+
+    enabled: bool = True
+    semantic: bool = True
+    threshold: float = 0.92  # minimum cosine similarity for a semantic hit (guards apply on top)
+    ttl_s: int = 3600
+    max_temperature: float = 0.3  # requests sampled hotter than this are neither looked up nor stored
+
+
+@dataclass(frozen=True, slots=True)
+class Timeouts:
+    connect_s: float = 2.0
+    first_byte_s: float = 60.0
+    between_chunks_s: float = 30.0
+    total_s: float = 600.0
+    queue_s: float = 5.0  # longest wait for a free slot on a saturated tier before shedding
+
+
+@dataclass(frozen=True, slots=True)
+class Reject:
+    status: int
+    message: str
+    code: str = "rejected_by_policy"
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """Where a request goes and under which rules; `rule` names the policy rule that decided."""
+
+    rule: str
+    tier: str | None  # None only when `reject` is set
+    fallbacks: tuple[str, ...] = ()
+    cache: CacheRule = CacheRule()
+    max_tokens_cap: int | None = None
+    timeouts: Timeouts = Timeouts()
+    reject: Reject | None = None
+
+    @property
+    def tiers(self) -> tuple[str, ...]:
+        """The tier then its fallbacks, in the order dispatch tries them."""
+        return ((self.tier,) if self.tier else ()) + self.fallbacks

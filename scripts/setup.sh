@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Set up tiergate on a fresh machine: a virtualenv at .venv with the gateway, the edge engine
+# (llama-cpp-python, compiled from source on first use: 15-25 minutes on 2 cores, then cached by pip),
+# and, with --dev, the test tools. Idempotent: a second run takes seconds.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+DEV=0
+for arg in "$@"; do
+  case "$arg" in
+    --dev) DEV=1 ;;
+    *) echo "usage: scripts/setup.sh [--dev]" >&2; exit 2 ;;
+  esac
+done
+
+PY=${PYTHON:-python3.11}
+if ! command -v "$PY" >/dev/null; then
+  echo "error: $PY not found; tiergate needs Python 3.11+ (set PYTHON=/path/to/python3.11)" >&2
+  exit 1
+fi
+[ -x .venv/bin/python ] || "$PY" -m venv .venv
+PIP=(.venv/bin/python -m pip --disable-pip-version-check)
+"${PIP[@]}" install -q --upgrade pip >/dev/null
+
+# llama.cpp: a portable CPU build (no -march=native, no multimodal library). On a CUDA machine set
+# CMAKE_ARGS="-DGGML_CUDA=on" before running this script (see docs/edge.md). pip caches the wheel.
+export CMAKE_ARGS="${CMAKE_ARGS:--DLLAVA_BUILD=OFF -DGGML_NATIVE=OFF}"
+export CMAKE_BUILD_PARALLEL_LEVEL="${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)}"
+if ! .venv/bin/python -c "import llama_cpp" 2>/dev/null; then
+  echo "==> installing llama-cpp-python (first time on this machine: compiles llama.cpp, 15-25 min on 2 cores)"
+  "${PIP[@]}" install -v "llama-cpp-python==0.3.36" 2>&1 | .venv/bin/python scripts/build_progress.py
+fi
+
+EXTRAS="edge"
+[ "$DEV" = 1 ] && EXTRAS="edge,dev"
+echo "==> installing tiergate[$EXTRAS]"
+"${PIP[@]}" install -q -e ".[${EXTRAS}]" 2>&1 | grep -v -E "^WARNING: Location|is ignored" || true
+.venv/bin/python -c "import gateway, edge_node, cloud_pool, policies, cache, llama_cpp" \
+  || { echo "error: tiergate did not install cleanly" >&2; exit 1; }
+
+echo "==> preparing local models (demo GGUF models and the ONNX embedder; no downloads)"
+.venv/bin/tiergate prepare
+echo "==> set-up done"

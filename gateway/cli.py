@@ -55,6 +55,15 @@ def _check_policy(path: Path) -> None:
 
 
 @app.command()
+def prepare() -> None:
+    """Build the local demo models and export the ONNX embedder (skipped when already there)."""
+    from gateway.demo import prepare as _prepare
+
+    art = _prepare()
+    typer.echo(f"edge model: {art.edge_model}\ncloud stand-in model: {art.cloud_model}\nembedder: {art.embedder}")
+
+
+@app.command()
 def demo(
     port: Annotated[int, typer.Option(help="Gateway port.")] = 8080,
     edge_nodes: Annotated[int, typer.Option(help="How many local edge nodes to start.")] = 1,

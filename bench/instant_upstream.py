@@ -1,0 +1,117 @@
+"""A minimal, instant OpenAI-compatible backend (aiohttp), so that what is measured is the gateway's own cost.
+
+Also the test suite's stand-in at the HTTP boundary: a `mode` makes it fail in the ways real backends do
+(HTTP 500, a stream cut short, silence, a 400 verdict on the request).
+
+Run: python -m bench.instant_upstream --port 9001 [--chunks 8] [--mode ok|error500|cut|hang|reject]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import time
+
+import msgspec
+from aiohttp import web
+
+__all__ = ["make_app", "serve"]
+
+_enc = msgspec.json.Encoder().encode
+
+
+class _Req(msgspec.Struct):
+    model: str = "instant"
+    stream: bool = False
+    max_tokens: int | None = None
+    messages: list[dict] | None = None
+    prompt: str | list[str] | None = None
+
+
+_dec = msgspec.json.Decoder(_Req)
+
+
+def make_app(chunks: int = 8, mode: str = "ok", model: str = "instant", slots: int = 64) -> web.Application:
+    """`mode` may be changed at run time through app["mode"] (tests flip a healthy backend into a broken one)."""
+    app = web.Application()
+    app["mode"] = mode
+    app["hits"] = 0
+
+    async def complete(request: web.Request) -> web.StreamResponse:
+        app["hits"] += 1
+        body = _dec.decode(await request.read())
+        chat = request.path.endswith("/chat/completions")
+        m = app["mode"]
+        if m == "error500":
+            return web.json_response({"error": {"message": "boom", "type": "server_error"}}, status=500)
+        if m == "reject":
+            return web.json_response({"error": {"message": "prompt is longer than the context (2048 tokens)",
+                                                "type": "invalid_request_error", "code": "context_length_exceeded"}},
+                                     status=400)
+        if m == "hang":
+            await asyncio.sleep(3600)
+        n = min(chunks, body.max_tokens or chunks)
+        created = int(time.time())
+        finish = "length" if body.max_tokens is not None and body.max_tokens <= chunks else "stop"
+        if not body.stream:
+            text = "".join(f"w{i} " for i in range(n))
+            choice = ({"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish} if chat
+                      else {"index": 0, "text": text, "finish_reason": finish})
+            return web.Response(body=_enc({"id": "x", "object": "chat.completion" if chat else "text_completion",
+                                           "created": created, "model": body.model, "choices": [choice],
+                                           "usage": {"prompt_tokens": 5, "completion_tokens": n,
+                                                     "total_tokens": 5 + n}}),
+                                content_type="application/json")
+        resp = web.StreamResponse(headers={"content-type": "text/event-stream"})
+        await resp.prepare(request)
+        obj = "chat.completion.chunk" if chat else "text_completion"
+        for i in range(n):
+            if m == "cut" and i == n // 2:
+                request.transport.close()  # a backend dying mid-stream
+                return resp
+            if m == "slow":
+                await asyncio.sleep(0.05)
+            choice = {"index": 0, "delta": {"content": f"w{i} "}, "finish_reason": None} if chat else \
+                {"index": 0, "text": f"w{i} ", "finish_reason": None}
+            await resp.write(b"data: " + _enc({"id": "x", "object": obj, "created": created, "model": body.model,
+                                                "choices": [choice]}) + b"\n\n")
+        last = {"index": 0, "delta": {}, "finish_reason": finish} if chat else \
+            {"index": 0, "text": "", "finish_reason": finish}
+        await resp.write(b"data: " + _enc({"id": "x", "object": obj, "created": created, "model": body.model,
+                                            "choices": [last]}) + b"\n\n")
+        await resp.write(b"data: " + _enc({"id": "x", "object": obj, "created": created, "model": body.model,
+                                            "choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": n,
+                                                                     "total_tokens": 5 + n}}) + b"\n\n")
+        await resp.write(b"data: [DONE]\n\n")
+        return resp
+
+    async def models(request: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [{"id": model, "object": "model"}]})
+
+    async def health(request: web.Request) -> web.Response:
+        return web.json_response({"status": "ok", "model": model, "slots": slots, "busy": 0, "queued": 0})
+
+    app.router.add_post("/v1/chat/completions", complete)
+    app.router.add_post("/v1/completions", complete)
+    app.router.add_get("/v1/models", models)
+    app.router.add_get("/health", health)
+    return app
+
+
+def serve(port: int, chunks: int = 8, mode: str = "ok") -> None:
+    try:
+        import uvloop
+
+        uvloop.install()
+    except ImportError:
+        pass
+    web.run_app(make_app(chunks, mode), host="127.0.0.1", port=port, access_log=None, print=None)
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--port", type=int, default=9001)
+    ap.add_argument("--chunks", type=int, default=8)
+    ap.add_argument("--mode", default="ok")
+    a = ap.parse_args()
+    serve(a.port, a.chunks, a.mode)

@@ -1,0 +1,211 @@
+"""bench/overhead: the gateway's own cost, side by side with calling the upstream directly and with LiteLLM's proxy.
+
+    .venv/bin/python -m bench.overhead [--duration 10] [--skip-litellm]
+
+One run starts an instant OpenAI-compatible upstream, then for each target (direct, tiergate, LiteLLM) and each
+mode (JSON, SSE): the maximum requests/s at concurrency 16 (wrk, one connection per client), the latency at a
+fixed 200 requests/s (open loop), and the target's CPU seconds per request. Servers under test are pinned to
+CPU 0, the upstream and the load generators to CPU 1, so they do not steal from each other.
+Prints a table and writes bench/results/overhead.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import aiohttp
+
+from bench.procs import Server, cpu_seconds, free_port, peak_rss_mib
+
+ROOT = Path(__file__).resolve().parents[2]
+RESULTS = ROOT / "bench" / "results"
+LITELLM_VENV = ROOT / ".venv-litellm"
+KEY = "tg-bench-key"
+
+POLICY = """\
+# Bench policy: one edge tier whose only endpoint is the instant upstream.
+version: 1
+tiers:
+  edge:
+    kind: edge
+    model: tiergate-edge
+    endpoints: ["http://127.0.0.1:{port}"]
+rules:
+  - name: everything-to-edge
+    tier: edge
+"""
+
+LUA = """\
+counter = 0
+request = function()
+  counter = counter + 1
+  local body = string.format('{"model":"%s","messages":[{"role":"user","content":"bench prompt %d: how do edge and cloud tiers share traffic?"}],"max_tokens":8,"temperature":0%s}', "MODEL", counter, STREAM)
+  return wrk.format("POST", "/v1/chat/completions", {["Content-Type"]="application/json", ["Authorization"]="Bearer KEY"}, body)
+end
+"""
+
+
+def ensure_litellm() -> Path | None:
+    py = LITELLM_VENV / "bin" / "python"
+    if not (LITELLM_VENV / "bin" / "litellm").exists():
+        print("==> creating .venv-litellm with litellm[proxy] (once)", file=sys.stderr)
+        subprocess.run([sys.executable, "-m", "venv", str(LITELLM_VENV)], check=True)
+        r = subprocess.run([str(py), "-m", "pip", "install", "-q", "litellm[proxy]"], check=False)
+        if r.returncode != 0:
+            return None
+    return LITELLM_VENV / "bin" / "litellm"
+
+
+def wrk(url: str, model: str, stream: bool, duration: int, conns: int, tmp: Path) -> dict[str, float]:
+    script = tmp / f"load-{stream}.lua"
+    script.write_text(LUA.replace("MODEL", model).replace("KEY", KEY)
+                      .replace("STREAM", ',"stream":true' if stream else ""))
+    out = subprocess.run(["taskset", "-c", "1", "wrk", "-t1", f"-c{conns}", f"-d{duration}s", "--latency", "-s",
+                          str(script), url], capture_output=True, text=True, check=True).stdout
+    rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))
+    total = int(re.search(r"(\d+) requests in", out).group(1))
+    errors = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
+    return {"rps": rps, "requests": total, "non2xx": int(errors.group(1)) if errors else 0}
+
+
+async def open_loop(url: str, model: str, stream: bool, rate: float, duration: float) -> dict[str, float]:
+    """Send `rate` requests/s for `duration` s regardless of answers; latency = send to last byte."""
+    lat: list[float] = []
+    errors = 0
+    conn = aiohttp.TCPConnector(limit=0)
+    async with aiohttp.ClientSession(connector=conn) as s:
+        async def one(i: int) -> None:
+            nonlocal errors
+            body = {"model": model, "max_tokens": 8, "temperature": 0, "stream": stream,
+                    "messages": [{"role": "user", "content": f"open-loop prompt {i} {time.time_ns()}"}]}
+            t0 = time.perf_counter()
+            try:
+                async with s.post(url, json=body, headers={"Authorization": f"Bearer {KEY}"}) as r:
+                    await r.read()
+                    if r.status != 200:
+                        errors += 1
+                        return
+            except aiohttp.ClientError:
+                errors += 1
+                return
+            lat.append(time.perf_counter() - t0)
+
+        tasks = []
+        start = time.perf_counter()
+        n = int(rate * duration)
+        for i in range(n):
+            delay = start + i / rate - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            tasks.append(asyncio.create_task(one(i)))
+        await asyncio.gather(*tasks)
+    lat.sort()
+    q = statistics.quantiles(lat, n=100) if len(lat) > 2 else [float("nan")] * 99
+    return {"p50_ms": q[49] * 1000, "p99_ms": q[98] * 1000, "errors": errors, "sent": n}
+
+
+def measure(name: str, server: Server | None, base: str, model: str, args, tmp: Path) -> dict[str, object]:
+    res: dict[str, object] = {"target": name}
+    url = base + "/v1/chat/completions"
+    for stream in (False, True):
+        mode = "sse" if stream else "json"
+        wrk(url, model, stream, 2, args.concurrency, tmp)  # warm-up
+        cpu0 = cpu_seconds(server.pid) if server else 0.0
+        w = wrk(url, model, stream, args.duration, args.concurrency, tmp)
+        cpu1 = cpu_seconds(server.pid) if server else 0.0
+        os.sched_setaffinity(0, {1})
+        ol = asyncio.run(open_loop(url, model, stream, args.rate, args.duration))
+        res[mode] = {"max_rps": w["rps"], "non2xx": w["non2xx"],
+                     "cpu_ms_per_req": (cpu1 - cpu0) / w["requests"] * 1000 if server else None,
+                     f"p50_ms_at_{args.rate:g}rps": ol["p50_ms"], f"p99_ms_at_{args.rate:g}rps": ol["p99_ms"],
+                     "open_loop_errors": ol["errors"]}
+        print(f"  {name:9s} {mode}: {w['rps']:8.0f} req/s max, p50 {ol['p50_ms']:.2f} ms / p99 {ol['p99_ms']:.2f} ms "
+              f"at {args.rate:g}/s" + (f", {res[mode]['cpu_ms_per_req']:.3f} ms CPU/req" if server else ""),
+              file=sys.stderr)
+    res["peak_rss_mib"] = peak_rss_mib(server.pid) if server else None
+    return res
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description="gateway overhead vs direct vs LiteLLM")
+    ap.add_argument("--duration", type=int, default=10)
+    ap.add_argument("--concurrency", type=int, default=16)
+    ap.add_argument("--rate", type=float, default=200)
+    ap.add_argument("--skip-litellm", action="store_true")
+    args = ap.parse_args()
+    if not shutil.which("wrk"):
+        sys.exit("bench/overhead needs wrk: apt-get install wrk")
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix="tg-overhead-"))
+    py = sys.executable
+    up_port, gw_port, ll_port = free_port(), free_port(), free_port()
+    upstream = Server("upstream", [py, "-m", "bench.instant_upstream", "--port", str(up_port)],
+                      f"http://127.0.0.1:{up_port}/health", cpus={1}, log=tmp / "upstream.log").start()
+    results = []
+    try:
+        results.append(measure("direct", None, f"http://127.0.0.1:{up_port}", "instant", args, tmp))
+        (tmp / "policy.yaml").write_text(POLICY.format(port=up_port))
+        gw = Server("tiergate", [str(Path(py).parent / "tiergate"), "serve", "--port", str(gw_port)],
+                    f"http://127.0.0.1:{gw_port}/readyz", cpus={0}, log=tmp / "gateway.log",
+                    env={"TIERGATE_POLICY": str(tmp / "policy.yaml"), "TIERGATE_API_KEYS": f"{KEY}=bench",
+                         "TIERGATE_LOG_LEVEL": "warning", "TIERGATE_EMBEDDER": ""}).start()
+        try:
+            results.append(measure("tiergate", gw, f"http://127.0.0.1:{gw_port}", "auto", args, tmp))
+        finally:
+            gw.stop()
+        if not args.skip_litellm and (litellm := ensure_litellm()):
+            cfg = tmp / "litellm.yaml"
+            cfg.write_text(f"model_list:\n  - model_name: instant\n    litellm_params:\n      model: openai/instant\n"
+                           f"      api_base: http://127.0.0.1:{up_port}/v1\n      api_key: x\n"
+                           f"general_settings:\n  master_key: {KEY}\nlitellm_settings:\n  telemetry: false\n")
+            ll = Server("litellm", [str(litellm), "--config", str(cfg), "--port", str(ll_port), "--num_workers", "1"],
+                        f"http://127.0.0.1:{ll_port}/health/liveliness", cpus={0}, log=tmp / "litellm.log",
+                        env={"LITELLM_LOG": "ERROR", "LITELLM_TELEMETRY": "False"}).start(timeout_s=300)
+            try:
+                results.append(measure("litellm", ll, f"http://127.0.0.1:{ll_port}", "instant", args, tmp))
+            finally:
+                ll.stop()
+    finally:
+        upstream.stop()
+    report = {"args": vars(args), "upstream_peak_rss_mib": peak_rss_mib(upstream.pid), "results": results,
+              "when": time.strftime("%Y-%m-%d %H:%M:%S")}
+    (RESULTS / "overhead.json").write_text(json.dumps(report, indent=2))
+    print(table(report))
+
+
+def table(report: dict) -> str:
+    rate = report["args"]["rate"]
+    by = {r["target"]: r for r in report["results"]}
+    lines = [f"| target | mode | max req/s (c={report['args']['concurrency']}) | p50 / p99 ms at {rate:g} req/s | "
+             f"added p50 ms vs direct | CPU ms/req | peak RSS MiB |", "|---|---|---|---|---|---|---|"]
+    for r in report["results"]:
+        for mode in ("json", "sse"):
+            m = r[mode]
+            d = by["direct"][mode]
+            p50 = m[f"p50_ms_at_{rate:g}rps"]
+            added = p50 - d[f"p50_ms_at_{rate:g}rps"]
+            cpu = f"{m['cpu_ms_per_req']:.3f}" if m["cpu_ms_per_req"] is not None else "-"
+            rss = f"{r['peak_rss_mib']:.0f}" if r["peak_rss_mib"] else "-"
+            lines.append(f"| {r['target']} | {mode} | {m['max_rps']:.0f} | {p50:.2f} / {m[f'p99_ms_at_{rate:g}rps']:.2f} "
+                         f"| {added:+.2f} | {cpu} | {rss} |")
+    if "tiergate" in by and "litellm" in by:
+        for mode in ("json", "sse"):
+            ratio = by["tiergate"][mode]["max_rps"] / max(by["litellm"][mode]["max_rps"], 1e-9)
+            lines.append(f"\ntiergate / LiteLLM max req/s ({mode}): {ratio:.1f}x")
+    lines.append(f"\nupstream peak RSS: {report['upstream_peak_rss_mib']:.0f} MiB")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()

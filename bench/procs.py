@@ -1,0 +1,84 @@
+"""Process helpers shared by the benchmarks: start a server, wait for it, read its CPU time and peak RSS."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+__all__ = ["Server", "free_port", "peak_rss_mib", "cpu_seconds"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _read_status(pid: int, key: str) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(key + ":"):
+            return int(line.split()[1])
+    return 0
+
+
+def peak_rss_mib(pid: int) -> float:
+    """Peak resident set size of one process (VmHWM), in MiB."""
+    try:
+        return _read_status(pid, "VmHWM") / 1024
+    except (FileNotFoundError, ProcessLookupError):
+        return float("nan")
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process and its threads so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+@dataclass
+class Server:
+    """A server process started for a benchmark; stopped (SIGTERM, then SIGKILL) by `stop()`."""
+
+    name: str
+    args: list[str]
+    health_url: str
+    env: dict[str, str] = field(default_factory=dict)
+    cpus: set[int] | None = None
+    log: Path | None = None
+    proc: subprocess.Popen[bytes] | None = None
+
+    def start(self, timeout_s: float = 180) -> Server:
+        out = self.log.open("wb") if self.log else subprocess.DEVNULL
+        self.proc = subprocess.Popen(self.args, env=os.environ | self.env, stdout=out, stderr=subprocess.STDOUT,
+                                     preexec_fn=(lambda: os.sched_setaffinity(0, self.cpus)) if self.cpus else None)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{self.name} exited with {self.proc.returncode}; log: {self.log}")
+            try:
+                with urllib.request.urlopen(self.health_url, timeout=1) as r:
+                    if r.status == 200:
+                        return self
+            except OSError:
+                time.sleep(0.3)
+        raise RuntimeError(f"{self.name} not healthy after {timeout_s}s; log: {self.log}")
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()

@@ -28,6 +28,7 @@ from gateway import metrics
 from gateway.admission import Admission
 from gateway.auth import KeyRing, Tenant
 from gateway.dispatch import Attempt, Dispatcher, Route
+from gateway.limits import Limiter
 from gateway.errors import OpenAIError, bad_request, from_validation, not_found, unauthorized
 from gateway.logs import configure_logging, get_logger
 from gateway.pool import Endpoint, Pool
@@ -61,6 +62,7 @@ class _Ctx:
     decision: Decision | None = None
     cache: str = "bypass"
     similarity: float | None = None
+    holds_tenant_slot: bool = False  # counted in the tenant's concurrency; whoever ends the answer releases it
 
     def headers(self, tier: str, overhead_s: float | None = None) -> dict[str, str]:
         h = {"x-request-id": self.request_id, "x-tiergate-tier": tier, "x-tiergate-cache": self.cache}
@@ -90,6 +92,7 @@ class Gateway:
         self._routes: dict[str, Route] = {}
         self._tier_configs: dict[str, object] = {}
         self.dispatcher = Dispatcher(self.upstream, lambda: self._routes)
+        self.limiter = Limiter()
         self.draining = False
         self.started_at = time.time()
 
@@ -102,6 +105,7 @@ class Gateway:
 
             self.redis = aioredis.Redis.from_url(self.settings.redis_url, socket_timeout=0.5,
                                                  socket_connect_timeout=0.5, health_check_interval=10)
+            self.limiter = Limiter(self.redis)
         await self.policy_store.start()
         self.policy_store.on_change(self._sync_pools)
         await self._sync_pools()
@@ -183,6 +187,9 @@ class Gateway:
                 raise from_validation(exc) from None
             self._validate(req, ctx.tenant)
             ctx.req = req
+            await self.limiter.admit(ctx.tenant)
+            self.limiter.enter(ctx.tenant)
+            ctx.holds_tenant_slot = True
             text_len = len(req.prompt_text()) if kind == "text" else sum(len(m.text()) for m in req.messages)
             if text_len > self.settings.max_prompt_chars:
                 raise OpenAIError(413, f"Prompt has {text_len} characters; the limit is "
@@ -203,6 +210,13 @@ class Gateway:
             return await self._dispatch(ctx, request)
         except OpenAIError as exc:
             return self._error(ctx, exc)
+        finally:
+            self._leave(ctx)
+
+    def _leave(self, ctx: _Ctx) -> None:
+        if ctx.holds_tenant_slot:
+            ctx.holds_tenant_slot = False
+            self.limiter.leave(ctx.tenant)
 
     async def _read_body(self, request: Request) -> bytes:
         limit = self.settings.max_body_bytes
@@ -317,6 +331,7 @@ class Gateway:
         if attempt.fallback_from:
             headers["x-tiergate-fallback-from"] = attempt.fallback_from
         self._account(ctx, attempt.tier, 200, overhead, summary.prompt_tokens, summary.completion_tokens)
+        await self.limiter.charge_tokens(ctx.tenant, summary.prompt_tokens + summary.completion_tokens)
         task = None
         if ctx.cache == "miss" and summary.finish_reason in _CACHEABLE_FINISH and summary.n_choices == 1:
             answer = CachedAnswer(req.kind, summary.text, summary.finish_reason, summary.model, attempt.tier,
@@ -332,8 +347,17 @@ class Gateway:
         if attempt.fallback_from:
             headers["x-tiergate-fallback-from"] = attempt.fallback_from
         metrics.TTFT.labels(attempt.tier).observe(attempt.first_at - ctx.started)
-        return StreamingResponse(self._stream_body(ctx, attempt, client_wants_usage, overhead),
-                                 media_type="text/event-stream", headers=headers)
+        holds = ctx.holds_tenant_slot
+        ctx.holds_tenant_slot = False  # the stream owns it now
+
+        def on_close() -> None:  # safety net: runs even if the client left before the body started
+            attempt.response.close()
+            attempt.finish()  # no-op when the body already finished it; the client leaving is no backend fault
+            if holds:
+                self.limiter.leave(ctx.tenant)
+
+        return _Stream(self._stream_body(ctx, attempt, client_wants_usage, overhead), on_close,
+                       media_type="text/event-stream", headers=headers)
 
     async def _stream_body(self, ctx: _Ctx, attempt: Attempt, client_wants_usage: bool,
                            overhead: float) -> AsyncIterator[bytes]:
@@ -365,7 +389,7 @@ class Gateway:
             yield DONE
         finally:
             attempt.response.close()
-            attempt.finish(ok=ok or not ended and status == 200)
+            attempt.finish(ok=ok or not ended and status == 200)  # a client leaving is not the backend's fault
             if not ended and status == 200:
                 status = 499  # the client went away; closing the response stopped the generation upstream
                 metrics.DISCONNECTS.labels(attempt.tier).inc()
@@ -374,6 +398,8 @@ class Gateway:
             answer = CachedAnswer(ctx.req.kind, acc.text, acc.finish_reason, acc.model, attempt.tier,
                                   acc.prompt_tokens, acc.completion_tokens, int(time.time()))
             await self._store(ctx, answer)
+
+        await self.limiter.charge_tokens(ctx.tenant, acc.prompt_tokens + acc.completion_tokens)
 
     async def _store(self, ctx: _Ctx, answer: CachedAnswer) -> None:
         if self.cache is not None:
@@ -503,6 +529,22 @@ def _with_cap(decision: Decision, cap: int) -> Decision:
     import dataclasses
 
     return dataclasses.replace(decision, max_tokens_cap=cap)
+
+
+class _Stream(StreamingResponse):
+    """A streaming response whose clean-up runs however the stream ends (done, broken, or the client gone)."""
+
+    def __init__(self, content: AsyncIterator[bytes], on_close: Callable[[], None], **kw: object) -> None:
+        super().__init__(content, **kw)
+        self._on_close = on_close
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            with contextlib.suppress(Exception):
+                await self.body_iterator.aclose()
+            self._on_close()
 
 
 async def _iterate(items: list[bytes]) -> AsyncIterator[bytes]:

@@ -27,6 +27,7 @@ from cache.types import CachedAnswer, CacheHit
 from gateway import metrics
 from gateway.admission import Admission
 from gateway.auth import KeyRing, Tenant
+from gateway.dashboard import Dashboard
 from gateway.dispatch import Attempt, Dispatcher, Route
 from gateway.limits import Limiter
 from gateway.errors import OpenAIError, bad_request, from_validation, not_found, unauthorized
@@ -95,6 +96,7 @@ class Gateway:
         self.limiter = Limiter()
         self.draining = False
         self.started_at = time.time()
+        self.dashboard = Dashboard(self)  # the status page; its Stats see every answered request
 
     # ---- lifecycle -------------------------------------------------------------------------------------------
 
@@ -412,6 +414,7 @@ class Gateway:
         metrics.REQUESTS.labels(ctx.endpoint, tier, rule, ctx.cache, str(status)).inc()
         metrics.DURATION.labels(tier).observe(elapsed)
         metrics.OVERHEAD.observe(overhead)
+        self.dashboard.stats.record(tier, ctx.cache, status, elapsed)
         if prompt_tokens:
             metrics.TOKENS.labels(tier, "prompt").inc(prompt_tokens)
         if completion_tokens:
@@ -616,6 +619,7 @@ def create_app(settings: Settings | None = None, *, keyring: KeyRing | None = No
         HttpRoute("/edge/v1/deregister", guarded(gw.edge_deregister), methods=["POST"]),
         HttpRoute("/admin/policy/reload", guarded(gw.admin_reload), methods=["POST"]),
         HttpRoute("/admin/cache/invalidate", guarded(gw.admin_cache_invalidate), methods=["POST"]),
+        *gw.dashboard.routes(),
     ]
     app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={
         404: _not_found_handler, 405: _method_handler, 500: _internal_handler})

@@ -30,8 +30,8 @@ if ! .venv/bin/python -c "import llama_cpp" 2>/dev/null; then
   "${PIP[@]}" install -v "llama-cpp-python==0.3.36" 2>&1 | .venv/bin/python scripts/build_progress.py
 fi
 
-EXTRAS="edge"
-[ "$DEV" = 1 ] && EXTRAS="edge,dev"
+EXTRAS="edge,export"
+[ "$DEV" = 1 ] && EXTRAS="edge,export,dev"
 echo "==> installing tiergate[$EXTRAS]"
 "${PIP[@]}" install -q -e ".[${EXTRAS}]" 2>&1 | grep -v -E "^WARNING: Location|is ignored" || true
 .venv/bin/python -c "import gateway, edge_node, cloud_pool, policies, cache, llama_cpp" \

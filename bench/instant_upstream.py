@@ -34,7 +34,7 @@ _dec = msgspec.json.Decoder(_Req)
 def make_app(chunks: int = 8, mode: str = "ok", model: str = "instant", slots: int = 64) -> web.Application:
     """`mode` may be changed at run time through app["mode"] (tests flip a healthy backend into a broken one)."""
     app = web.Application()
-    app["mode"] = mode
+    app["mode"] = mode  # noqa: aiohttp AppKey advice is for libraries
     app["hits"] = 0
 
     async def complete(request: web.Request) -> web.StreamResponse:
@@ -91,6 +91,15 @@ def make_app(chunks: int = 8, mode: str = "ok", model: str = "instant", slots: i
     async def health(request: web.Request) -> web.Response:
         return web.json_response({"status": "ok", "model": model, "slots": slots, "busy": 0, "queued": 0})
 
+    async def prom(request: web.Request) -> web.Response:
+        """Enough of vLLM's /metrics for a cloud pool to read load from."""
+        lines = []
+        for name, kind in (("vllm:num_requests_running", "gauge"), ("vllm:num_requests_waiting", "gauge"),
+                           ("vllm:kv_cache_usage_perc", "gauge")):
+            lines += [f"# HELP {name} instant backend", f"# TYPE {name} {kind}", f'{name}{{model_name="{model}"}} 0.0']
+        return web.Response(text="\n".join(lines) + "\n", content_type="text/plain")
+
+    app.router.add_get("/metrics", prom)
     app.router.add_post("/v1/chat/completions", complete)
     app.router.add_post("/v1/completions", complete)
     app.router.add_get("/v1/models", models)

@@ -158,13 +158,12 @@ class Gateway:
         if tier.kind == "edge":
             from edge_node.pool import EdgePool
 
-            return EdgePool(name, list(tier.endpoints), tier.model, redis=self.redis)
+            return EdgePool(name, list(tier.endpoints), tier.served_model or tier.model, redis=self.redis)
         from cloud_pool.pool import CloudPool
 
-        discovery = getattr(tier, "discovery", None)
-        return CloudPool(name, tier.model, list(tier.endpoints),
-                         dns=getattr(discovery, "dns", None) if discovery else None,
-                         port=getattr(discovery, "port", 8000) if discovery else 8000)
+        d = tier.discovery
+        return CloudPool(name, tier.served_model or tier.model, list(tier.endpoints),
+                         dns=d.dns if d else None, port=d.port if d else 8000)
 
     def ready(self) -> tuple[bool, dict[str, object]]:
         tiers = {n: r.pool.healthy() for n, r in self._routes.items()}
@@ -456,21 +455,27 @@ class Gateway:
         return JSONResponse({"object": "list", "data": data})
 
     async def edge_heartbeat(self, request: Request) -> Response:
+        from edge_node.pool import HeartbeatError, parse_heartbeat
+
         self._check_edge_token(request)
         try:
-            info = msgspec.json.decode(await request.body())
-        except msgspec.DecodeError as exc:
-            raise bad_request(f"heartbeat body is not JSON: {exc}") from None
-        pool = self._edge_pool(info.get("tier") if isinstance(info, dict) else None)
-        await pool.heartbeat(info)
+            info = parse_heartbeat(await self._read_body(request))
+            pool = self._edge_pool(info.tier)
+            await pool.heartbeat(info)
+        except HeartbeatError as exc:
+            raise bad_request(str(exc), code="invalid_heartbeat") from None
         return JSONResponse({"ok": True, "tier": pool.tier})
 
     async def edge_deregister(self, request: Request) -> Response:
         self._check_edge_token(request)
-        info = msgspec.json.decode(await request.body())
-        pool = self._edge_pool(info.get("tier"))
-        await pool.deregister(str(info.get("node_id")))
-        return JSONResponse({"ok": True})
+        try:
+            info = msgspec.json.decode(await self._read_body(request), type=dict[str, str | None])
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            raise bad_request(f"deregister body must be {{\"node_id\": ...}}: {exc}", code="invalid_heartbeat") from None
+        if not info.get("node_id"):
+            raise bad_request("deregister body needs `node_id`.", code="invalid_heartbeat")
+        known = await self._edge_pool(info.get("tier")).deregister(str(info["node_id"]))
+        return JSONResponse({"ok": True, "known": known})
 
     def _edge_pool(self, tier: str | None):
         edge = [r for r in self._routes.values() if self._tier_configs[r.name].kind == "edge"]

@@ -1,0 +1,676 @@
+"""The routing policy file as typed pydantic models, plus the checks that need the whole file.
+
+Field-level rules (types, ranges, unknown keys, min <= max) live on the models so every error carries
+the path of the offending field; checks across the file (unknown tier, fallback loops, duplicate or
+unreachable rules) live in `semantic_issues`, which returns the path of every problem so the loader
+can point at the exact YAML line. A `Policy` that passed both is safe to hand to `PolicyEngine`.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PlainSerializer,
+    PrivateAttr,
+    WithJsonSchema,
+    field_validator,
+    model_validator,
+)
+
+from policies.types import Priority
+
+__all__ = [
+    "PriorityName",
+    "IntRange",
+    "UnitRange",
+    "PriorityCondition",
+    "ValuesCondition",
+    "HeaderCondition",
+    "KeywordsCondition",
+    "When",
+    "CacheOverride",
+    "TimeoutsOverride",
+    "RejectAction",
+    "Rule",
+    "QueueConfig",
+    "DiscoveryConfig",
+    "TierConfig",
+    "Defaults",
+    "Policy",
+    "Issue",
+    "semantic_issues",
+    "DEFAULT_RULE_NAME",
+    "BUILTIN_TOKENIZER",
+]
+
+DEFAULT_RULE_NAME = "default"  # the implicit last rule that `default_tier` stands for
+BUILTIN_TOKENIZER = "builtin:default"  # the BERT WordPiece tokenizer shipped with the gateway
+_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$"  # rule and tier names travel in headers and metric labels
+_RESERVED_TIERS = frozenset({"cache"})  # x-tiergate-tier: cache means "answered from the cache"
+_PRIORITY_NAMES = [p.name.lower() for p in Priority]
+
+
+def _parse_priority(value: Any) -> Priority:
+    if isinstance(value, Priority):
+        return value
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        raise ValueError(f"priority must be one of {', '.join(_PRIORITY_NAMES)}")
+    try:
+        return Priority.parse(value)
+    except ValueError:
+        raise ValueError(f"unknown priority {value!r}; allowed: {', '.join(_PRIORITY_NAMES)}") from None
+
+
+PriorityName = Annotated[
+    Priority,
+    BeforeValidator(_parse_priority),
+    PlainSerializer(lambda p: p.name.lower(), return_type=str),
+    WithJsonSchema({"type": "string", "enum": _PRIORITY_NAMES}),
+]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+
+def _check_min_max(lo: float | None, hi: float | None) -> None:
+    if lo is not None and hi is not None and lo > hi:
+        raise ValueError(f"min ({lo}) is greater than max ({hi}); this condition can never match")
+
+
+# ----------------------------------------------------------------------------------------- conditions
+
+
+class IntRange(_Model):
+    """An inclusive range of non-negative integers; either bound may be left out."""
+
+    min: int | None = Field(None, ge=0)
+    max: int | None = Field(None, ge=0)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> IntRange:
+        _check_min_max(self.min, self.max)
+        return self
+
+    def contains(self, other: IntRange) -> bool:
+        return (self.min is None or (other.min is not None and other.min >= self.min)) and (
+            self.max is None or (other.max is not None and other.max <= self.max)
+        )
+
+
+class UnitRange(_Model):
+    """An inclusive range inside [0, 1] (complexity scores)."""
+
+    min: float | None = Field(None, ge=0.0, le=1.0)
+    max: float | None = Field(None, ge=0.0, le=1.0)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> UnitRange:
+        _check_min_max(self.min, self.max)
+        return self
+
+    def contains(self, other: UnitRange) -> bool:
+        return (self.min is None or (other.min is not None and other.min >= self.min)) and (
+            self.max is None or (other.max is not None and other.max <= self.max)
+        )
+
+
+class PriorityCondition(_Model):
+    """Priority at least `min`, at most `max`, and/or one of `in` (all given parts must hold)."""
+
+    min: PriorityName | None = None
+    max: PriorityName | None = None
+    in_: list[PriorityName] | None = Field(None, alias="in", min_length=1)
+
+    @model_validator(mode="after")
+    def _satisfiable(self) -> PriorityCondition:
+        _check_min_max(self.min, self.max)
+        if not self.allowed():
+            raise ValueError("no priority satisfies both min/max and in; this condition can never match")
+        return self
+
+    def allowed(self) -> frozenset[Priority]:
+        ok = set(self.in_) if self.in_ is not None else set(Priority)
+        return frozenset(
+            p for p in ok if (self.min is None or p >= self.min) and (self.max is None or p <= self.max)
+        )
+
+
+class ValuesCondition(_Model):
+    """The value is one of `in` (exact match). A bare list (or string) is shorthand for `{in: [...]}`."""
+
+    in_: list[Annotated[str, Field(min_length=1)]] = Field(alias="in", min_length=1)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _shorthand(cls, data: Any) -> Any:
+        if isinstance(data, str):
+            return {"in": [data]}
+        if isinstance(data, list):
+            return {"in": data}
+        return data
+
+
+class HeaderCondition(_Model):
+    """A request header (name matched case-insensitively) equals a value, is one of values, or is present.
+
+    Shorthand: a plain string means `equals`, and "*" means `present: true`.
+    """
+
+    equals: str | None = None
+    in_: list[str] | None = Field(None, alias="in", min_length=1)
+    present: bool | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _shorthand(cls, data: Any) -> Any:
+        if isinstance(data, str):
+            return {"present": True} if data == "*" else {"equals": data}
+        return data
+
+    @model_validator(mode="after")
+    def _one(self) -> HeaderCondition:
+        given = [k for k in ("equals", "in_", "present") if getattr(self, k) is not None]
+        if len(given) != 1:
+            raise ValueError("give exactly one of equals, in, present")
+        return self
+
+    def values(self) -> frozenset[str] | None:
+        """The accepted values, or None for a presence test."""
+        if self.equals is not None:
+            return frozenset({self.equals})
+        if self.in_ is not None:
+            return frozenset(self.in_)
+        return None
+
+    def implies(self, other: HeaderCondition) -> bool:
+        """True when every header value satisfying self also satisfies other."""
+        if other.present is not None:
+            return other.present == (self.present if self.present is not None else True)
+        mine, theirs = self.values(), other.values()
+        return mine is not None and theirs is not None and mine <= theirs
+
+
+class KeywordsCondition(_Model):
+    """Words or phrases in the prompt, matched case-insensitively as whole words."""
+
+    any: list[Annotated[str, Field(min_length=1)]] | None = Field(None, min_length=1)
+    all: list[Annotated[str, Field(min_length=1)]] | None = Field(None, min_length=1)
+
+    @model_validator(mode="after")
+    def _some(self) -> KeywordsCondition:
+        if self.any is None and self.all is None:
+            raise ValueError("give any and/or all")
+        return self
+
+    def implies(self, other: KeywordsCondition) -> bool:
+        """True when every text matching self also matches other (conservative: may say False)."""
+        mine_all = {k.lower() for k in self.all or ()}
+        mine_any = {k.lower() for k in self.any or ()}
+        theirs_all = {k.lower() for k in other.all or ()}
+        theirs_any = {k.lower() for k in other.any or ()}
+        if not theirs_all <= mine_all:
+            return False
+        return not theirs_any or bool(mine_all & theirs_any) or bool(mine_any and mine_any <= theirs_any)
+
+
+class When(_Model):
+    """Conditions of a rule; all given conditions must hold. No conditions at all: matches everything."""
+
+    prompt_tokens: IntRange | None = None
+    priority: PriorityCondition | None = None
+    complexity: UnitRange | None = None
+    model: ValuesCondition | None = None
+    tenant: ValuesCondition | None = None
+    headers: dict[str, HeaderCondition] | None = None
+    keywords: KeywordsCondition | None = None
+    stream: bool | None = None
+
+    @field_validator("headers")
+    @classmethod
+    def _lower_names(cls, v: dict[str, HeaderCondition] | None) -> dict[str, HeaderCondition] | None:
+        if v is None:
+            return None
+        lowered = {k.strip().lower(): c for k, c in v.items()}
+        if len(lowered) != len(v):
+            raise ValueError("the same header is listed twice (names are case-insensitive)")
+        if any(not k for k in lowered):
+            raise ValueError("empty header name")
+        return lowered
+
+    def is_catch_all(self) -> bool:
+        return all(getattr(self, f) is None for f in type(self).model_fields)
+
+    def covers(self, later: When) -> bool:
+        """True when this condition provably matches every request that `later` matches."""
+        if self.prompt_tokens is not None and (
+            later.prompt_tokens is None or not self.prompt_tokens.contains(later.prompt_tokens)
+        ):
+            return False
+        if self.complexity is not None and (
+            later.complexity is None or not self.complexity.contains(later.complexity)
+        ):
+            return False
+        if self.priority is not None:
+            theirs = later.priority.allowed() if later.priority is not None else frozenset(Priority)
+            if not theirs <= self.priority.allowed():
+                return False
+        for field in ("model", "tenant"):
+            mine: ValuesCondition | None = getattr(self, field)
+            other: ValuesCondition | None = getattr(later, field)
+            if mine is not None and (other is None or not set(other.in_) <= set(mine.in_)):
+                return False
+        if self.headers:
+            theirs_h = later.headers or {}
+            for name, cond in self.headers.items():
+                if name not in theirs_h or not theirs_h[name].implies(cond):
+                    return False
+        if self.keywords is not None and (later.keywords is None or not later.keywords.implies(self.keywords)):
+            return False
+        return self.stream is None or later.stream == self.stream
+
+
+# -------------------------------------------------------------------------------------------- actions
+
+
+class CacheOverride(_Model):
+    """Semantic-cache settings; anything left out is inherited (built-in defaults < `defaults` < rule)."""
+
+    enabled: bool | None = None
+    semantic: bool | None = None
+    threshold: float | None = Field(None, ge=0.0, le=1.0, description="minimum cosine similarity for a hit")
+    ttl_s: int | None = Field(None, ge=0, description="seconds an answer stays in the cache")
+    max_temperature: float | None = Field(None, ge=0.0, le=2.0)
+
+
+class TimeoutsOverride(_Model):
+    """Upstream timeouts in seconds; anything left out is inherited (defaults < tier < rule)."""
+
+    connect_s: float | None = Field(None, gt=0)
+    first_byte_s: float | None = Field(None, gt=0)
+    between_chunks_s: float | None = Field(None, gt=0)
+    total_s: float | None = Field(None, gt=0)
+    queue_s: float | None = Field(None, ge=0)
+
+
+class RejectAction(_Model):
+    status: int = Field(ge=400, le=599, description="HTTP status of the error answer")
+    message: str = Field(min_length=1)
+    code: str = Field("rejected_by_policy", pattern=r"^[a-z0-9_]+$")
+
+
+class Rule(_Model):
+    """One routing rule: if `when` holds, send to `tier` (then `fallbacks`) or `reject`."""
+
+    name: str = Field(pattern=_NAME, description="shown in x-tiergate-rule and in metric labels")
+    description: str = ""
+    when: When = Field(default_factory=When)
+    tier: str | None = None
+    fallbacks: list[str] | None = Field(None, description="tiers to try in order when `tier` fails or is full")
+    cache: CacheOverride | None = None
+    max_tokens: int | None = Field(None, ge=1, description="cap on the request's max_tokens")
+    timeouts: TimeoutsOverride | None = None
+    reject: RejectAction | None = None
+
+    @model_validator(mode="after")
+    def _one_action(self) -> Rule:
+        if (self.tier is None) == (self.reject is None):
+            raise ValueError("a rule needs exactly one of tier or reject")
+        if self.reject is not None and self.fallbacks:
+            raise ValueError("a reject rule cannot have fallbacks")
+        return self
+
+
+# ---------------------------------------------------------------------------------------------- tiers
+
+
+class QueueConfig(_Model):
+    """Requests waiting for a free slot when the tier is at max_concurrency (highest priority first)."""
+
+    max_waiting: int = Field(64, ge=0, description="beyond this many waiting requests, shed with 429/503")
+    max_wait_s: float | None = Field(
+        None, ge=0, le=3600, description="longest wait before shedding or overflowing; default: timeouts.queue_s"
+    )
+
+
+class DiscoveryConfig(_Model):
+    """Find backends by resolving a DNS name (e.g. a Kubernetes headless service) to all its addresses."""
+
+    dns: str = Field(pattern=r"^[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?$")
+    port: int = Field(ge=1, le=65535)
+    scheme: Literal["http", "https"] = "http"
+    interval_s: float = Field(10.0, gt=0, description="seconds between resolutions")
+
+
+_URL = re.compile(r"^https?://[^\s/:]+(:\d{1,5})?(/[^\s]*)?$")
+
+
+class TierConfig(_Model):
+    """A pool of OpenAI-compatible backends serving one model."""
+
+    name: str = Field("", description="filled in from the key under `tiers`")
+    kind: Literal["edge", "cloud"]
+    model: str = Field(min_length=1, description="public model name listed by /v1/models")
+    served_model: str | None = Field(
+        None, description="model name the backends serve (vLLM --served-model-name); default: `model`")
+    description: str = ""
+    endpoints: list[str] = Field(default_factory=list, description="static base URLs, without /v1")
+    discovery: DiscoveryConfig | None = None
+    tokenizer: str | None = Field(
+        None, description="tokenizer.json path (relative to the policy file), HF model name, or builtin:default"
+    )
+    max_context: int = Field(8192, gt=0, description="context window in tokens")
+    max_concurrency: int | None = Field(
+        None, gt=0, description="requests in flight per gateway process; default: what the backends report"
+    )
+    queue: QueueConfig = Field(default_factory=QueueConfig)
+    stand_in: bool = Field(False, description="true when a 'cloud' tier is a local stand-in, not vLLM")
+    fallbacks: list[str] = Field(default_factory=list, description="default fallbacks for rules naming this tier")
+    timeouts: TimeoutsOverride | None = None
+
+    @field_validator("endpoints")
+    @classmethod
+    def _urls(cls, v: list[str]) -> list[str]:
+        out = []
+        for url in v:
+            url = url.strip().rstrip("/")
+            if not _URL.match(url):
+                raise ValueError(f"{url!r} is not an http(s) base URL like http://10.0.0.5:8000")
+            if url.endswith("/v1"):
+                raise ValueError(f"{url!r}: give the base URL without /v1 (the gateway adds it)")
+            out.append(url)
+        if len(set(out)) != len(out):
+            raise ValueError("the same endpoint is listed twice")
+        return out
+
+
+class Defaults(_Model):
+    cache: CacheOverride = Field(default_factory=CacheOverride)
+    timeouts: TimeoutsOverride | None = None
+    max_tokens: int | None = Field(None, ge=1, description="cap on max_tokens unless a rule sets its own")
+    tokenizer: str | None = Field(None, description="tokenizer for requests that name no tier's model")
+
+
+class Policy(_Model):
+    """A whole policy file. Build with `policies.load_policy`/`parse_policy`, which also run the checks."""
+
+    version: Literal[1] = 1
+    description: str = ""
+    tiers: dict[str, TierConfig] = Field(min_length=1)
+    defaults: Defaults = Field(default_factory=Defaults)
+    default_tier: str | None = Field(None, description="where requests go when no rule matches")
+    complexity_model: str | None = Field(None, description="complexity model .json; default: the shipped one")
+    rules: list[Rule] = Field(default_factory=list)
+
+    _source: str = PrivateAttr("<memory>")
+    _base_dir: Path = PrivateAttr(default_factory=Path.cwd)
+    _warnings: tuple[str, ...] = PrivateAttr(())
+
+    @model_validator(mode="before")
+    @classmethod
+    def _name_tiers(cls, data: Any) -> Any:
+        tiers = data.get("tiers") if isinstance(data, dict) else None
+        if isinstance(tiers, dict):
+            named = {}
+            for key, cfg in tiers.items():
+                if isinstance(cfg, dict):
+                    cfg = dict(cfg)
+                    cfg.setdefault("name", key)
+                named[key] = cfg
+            data = {**data, "tiers": named}
+        return data
+
+    @field_validator("tiers")
+    @classmethod
+    def _tier_names(cls, v: dict[str, TierConfig]) -> dict[str, TierConfig]:
+        for key, tier in v.items():
+            if not re.match(_NAME, key):
+                raise ValueError(f"tier name {key!r} must be letters, digits, '_', '.', '-' (max 63)")
+            if key in _RESERVED_TIERS:
+                raise ValueError(f"tier name {key!r} is reserved (x-tiergate-tier: cache marks cache answers)")
+            if tier.name != key:
+                raise ValueError(f"tier {key!r} has name {tier.name!r}; leave name out or make it match the key")
+        return v
+
+    @property
+    def source(self) -> str:
+        return self._source
+
+    @property
+    def base_dir(self) -> Path:
+        """Directory that relative paths in the policy (tokenizers, complexity model) resolve against."""
+        return self._base_dir
+
+    @property
+    def warnings(self) -> tuple[str, ...]:
+        return self._warnings
+
+    def bind(self, source: str, base_dir: Path, warnings: tuple[str, ...] = ()) -> Policy:
+        """Record where the policy came from (set once by the loader)."""
+        self._source, self._base_dir, self._warnings = source, base_dir, warnings
+        return self
+
+    def resolve_path(self, value: str) -> Path:
+        p = Path(value).expanduser()
+        return p if p.is_absolute() else self._base_dir / p
+
+    def tier_for_model(self, model: str) -> TierConfig | None:
+        """The tier whose public model name is `model`, if any."""
+        for tier in self.tiers.values():
+            if tier.model == model:
+                return tier
+        return None
+
+    def effective_rules(self) -> list[Rule]:
+        """The rules in order, with `default_tier` appended as a last catch-all rule named 'default'."""
+        rules = list(self.rules)
+        if self.default_tier is not None and not (rules and rules[-1].when.is_catch_all()):
+            rules.append(Rule(name=DEFAULT_RULE_NAME, tier=self.default_tier,
+                              description="default_tier: no earlier rule matched"))
+        return rules
+
+    def fallback_chain(self, rule: Rule) -> tuple[str, ...]:
+        """Tiers to try after the rule's tier: the rule's own list, else the tiers' default fallbacks."""
+        if rule.tier is None:
+            return ()
+        if rule.fallbacks is not None:
+            return tuple(rule.fallbacks)
+        chain: list[str] = []
+        seen = {rule.tier}
+        frontier = [rule.tier]
+        while frontier:
+            nxt = []
+            for name in frontier:
+                for fb in self.tiers[name].fallbacks if name in self.tiers else ():
+                    if fb not in seen:
+                        seen.add(fb)
+                        chain.append(fb)
+                        nxt.append(fb)
+            frontier = nxt
+        return tuple(chain)
+
+
+# ------------------------------------------------------------------------------------ semantic checks
+
+
+@dataclass(frozen=True, slots=True)
+class Issue:
+    """One problem in a policy: where (a path into the file) and what. Warnings do not block loading."""
+
+    path: tuple[str | int, ...]
+    message: str
+    severity: Literal["error", "warning"] = "error"
+
+
+def _tier_refs(policy: Policy) -> Iterator[tuple[tuple[str | int, ...], str]]:
+    if policy.default_tier is not None:
+        yield ("default_tier",), policy.default_tier
+    for i, rule in enumerate(policy.rules):
+        if rule.tier is not None:
+            yield ("rules", i, "tier"), rule.tier
+        for j, fb in enumerate(rule.fallbacks or ()):
+            yield ("rules", i, "fallbacks", j), fb
+    for name, tier in policy.tiers.items():
+        for j, fb in enumerate(tier.fallbacks):
+            yield ("tiers", name, "fallbacks", j), fb
+
+
+def _tier_cycles(policy: Policy) -> list[list[str]]:
+    """Cycles in the tiers' default fallback graph (edge -> cloud -> edge)."""
+    cycles: list[list[str]] = []
+    state: dict[str, int] = {}  # 1 = on stack, 2 = done
+
+    def visit(name: str, stack: list[str]) -> None:
+        state[name] = 1
+        stack.append(name)
+        for fb in policy.tiers[name].fallbacks:
+            if fb not in policy.tiers or fb == name:
+                continue
+            if state.get(fb) == 1:
+                cycles.append(stack[stack.index(fb):] + [fb])
+            elif fb not in state:
+                visit(fb, stack)
+        stack.pop()
+        state[name] = 2
+
+    for name in policy.tiers:
+        if name not in state:
+            visit(name, [])
+    return cycles
+
+
+def semantic_issues(policy: Policy, check_files: bool = True) -> list[Issue]:
+    """Everything wrong with a structurally valid policy, in file order, each with its path."""
+    issues: list[Issue] = []
+    known = sorted(policy.tiers)
+    allowed = ", ".join(known)
+
+    for path, ref in _tier_refs(policy):
+        if ref not in policy.tiers:
+            issues.append(Issue(path, f"unknown tier {ref!r}; tiers defined: {allowed}"))
+
+    for name, tier in policy.tiers.items():
+        if tier.kind == "cloud" and not tier.endpoints and tier.discovery is None:
+            issues.append(Issue(("tiers", name), "a cloud tier needs endpoints or discovery"))
+        if tier.kind == "edge" and tier.discovery is not None:
+            issues.append(Issue(("tiers", name, "discovery"),
+                                "discovery is for cloud tiers; edge nodes register with the gateway themselves"))
+        for j, fb in enumerate(tier.fallbacks):
+            if fb == name:
+                issues.append(Issue(("tiers", name, "fallbacks", j), f"tier {name!r} falls back to itself"))
+        if len(set(tier.fallbacks)) != len(tier.fallbacks):
+            issues.append(Issue(("tiers", name, "fallbacks"), "a tier is listed twice in fallbacks"))
+    for cycle in _tier_cycles(policy):
+        issues.append(Issue(("tiers", cycle[0], "fallbacks"), "fallback loop: " + " -> ".join(cycle)))
+
+    seen_names: dict[str, int] = {}
+    catch_all_at: int | None = None
+    for i, rule in enumerate(policy.rules):
+        if rule.name in seen_names:
+            issues.append(Issue(("rules", i, "name"),
+                                f"duplicate rule name {rule.name!r} (also rule #{seen_names[rule.name] + 1})"))
+        else:
+            seen_names[rule.name] = i
+        if rule.name == DEFAULT_RULE_NAME and policy.default_tier is not None and \
+                not policy.rules[-1].when.is_catch_all():
+            issues.append(Issue(("rules", i, "name"),
+                                f"rule name {DEFAULT_RULE_NAME!r} is reserved for default_tier; rename the rule"))
+        if rule.tier is not None and rule.fallbacks:
+            chain = [rule.tier, *rule.fallbacks]
+            for j, fb in enumerate(rule.fallbacks):
+                if fb == rule.tier:
+                    issues.append(Issue(("rules", i, "fallbacks", j), f"rule falls back to its own tier {fb!r}"))
+                elif fb in chain[: j + 1]:
+                    issues.append(Issue(("rules", i, "fallbacks", j),
+                                        "fallback loop: " + " -> ".join(chain[: j + 2])))
+        if catch_all_at is not None:
+            issues.append(Issue(("rules", i),
+                                f"rule {rule.name!r} is unreachable: rule {policy.rules[catch_all_at].name!r} "
+                                "before it matches every request"))
+            continue
+        for k in range(i):
+            earlier = policy.rules[k]
+            if earlier.when.covers(rule.when):
+                issues.append(Issue(("rules", i, "when"),
+                                    f"rule {rule.name!r} is unreachable: every request it matches is already "
+                                    f"matched by the earlier rule {earlier.name!r}"))
+                break
+        if rule.when.is_catch_all():
+            catch_all_at = i
+
+    if catch_all_at is None and policy.default_tier is None:
+        issues.append(Issue(("rules",), "no rule matches every request: end the rules with a catch-all rule "
+                                        "(no `when`) or set default_tier"))
+    if catch_all_at is not None and policy.default_tier is not None:
+        issues.append(Issue(("default_tier",), f"default_tier is never used: rule "
+                                               f"{policy.rules[catch_all_at].name!r} matches every request",
+                            "warning"))
+
+    public = {t.model for t in policy.tiers.values()} | {"auto"}
+    for i, rule in enumerate(policy.rules):
+        if rule.when.model is not None:
+            for j, m in enumerate(rule.when.model.in_):
+                if m not in public:
+                    issues.append(Issue(("rules", i, "when", "model", "in", j),
+                                        f"model {m!r} is not a tier's model or 'auto'; requests naming it are "
+                                        f"rejected before routing (known: {', '.join(sorted(public))})", "warning"))
+
+    if check_files:
+        issues.extend(_file_issues(policy))
+    models = [t.model for t in policy.tiers.values()]
+    for name, tier in policy.tiers.items():
+        if models.count(tier.model) > 1:
+            issues.append(Issue(("tiers", name, "model"),
+                                f"model name {tier.model!r} is used by more than one tier", "warning"))
+            break
+    return issues
+
+
+def _file_issues(policy: Policy) -> list[Issue]:
+    """Files the policy names must exist. A missing tokenizer that the gateway can replace by its built-in
+    one (builtin:demo before `tiergate prepare`, an HF name not cached here) is a warning, not an error."""
+    from gateway.tokens import TokenizerNotFound, resolve_tokenizer
+
+    issues = []
+    specs: list[tuple[tuple[str | int, ...], str]] = []
+    if policy.defaults.tokenizer:
+        specs.append((("defaults", "tokenizer"), policy.defaults.tokenizer))
+    for name, tier in policy.tiers.items():
+        if tier.tokenizer:
+            specs.append((("tiers", name, "tokenizer"), tier.tokenizer))
+    for path, spec in specs:
+        try:
+            resolve_tokenizer(spec, policy.base_dir)
+        except TokenizerNotFound as exc:
+            if spec.startswith("builtin:") and spec not in ("builtin:demo",):
+                issues.append(Issue(path, str(exc)))
+            elif spec == "builtin:demo" or not _looks_like_path(spec):
+                issues.append(Issue(path, f"{exc}; prompt tokens will be counted with {BUILTIN_TOKENIZER} "
+                                          "until it is available", "warning"))
+            else:
+                issues.append(Issue(path, f"{exc}; give a tokenizer.json path (relative to the policy file), "
+                                          f"a cached Hugging Face model name, or {BUILTIN_TOKENIZER}"))
+    if policy.complexity_model is not None:
+        p = policy.resolve_path(policy.complexity_model)
+        if not p.is_file():
+            issues.append(Issue(("complexity_model",), f"complexity model {str(p)!r} does not exist "
+                                                       "(train one with `tiergate classifier train`)"))
+    return issues
+
+
+def _looks_like_path(spec: str) -> bool:
+    """HF names look like 'org/name'; paths end in .json, start with . / ~, or have more than one slash."""
+    return (
+        spec.endswith(".json")
+        or spec.startswith((".", "/", "~"))
+        or spec.count("/") != 1
+    )

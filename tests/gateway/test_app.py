@@ -1,0 +1,205 @@
+"""The gateway's HTTP surface end to end: real uvicorn, real sockets, official openai SDK, instant backends."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import msgspec
+import openai
+import pytest
+
+from tests.gateway.conftest import stack
+
+AUTH = {"Authorization": "Bearer key-alpha-1"}
+CHAT = {"model": "auto", "messages": [{"role": "user", "content": "Say hi"}], "max_tokens": 4, "temperature": 0}
+
+
+def client(s) -> openai.OpenAI:
+    return openai.OpenAI(base_url=s["gw"].url + "/v1", api_key="key-alpha-1", max_retries=0)
+
+
+def test_sdk_chat_non_streaming(basic):
+    raw = client(basic).chat.completions.with_raw_response.create(
+        model="auto", messages=[{"role": "user", "content": "Say hi"}], max_tokens=4, temperature=0)
+    r = raw.parse()
+    assert r.choices[0].message.content == "w0 w1 w2 w3 "
+    assert r.usage.completion_tokens == 4
+    assert raw.headers["x-tiergate-tier"] == "edge"
+    assert raw.headers["x-tiergate-rule"] == "default"
+    assert raw.headers["x-tiergate-cache"] == "miss"
+    assert float(raw.headers["x-tiergate-overhead-ms"]) >= 0
+    assert raw.headers["x-request-id"]
+
+
+def test_sdk_streaming_with_usage(basic):
+    stream = client(basic).chat.completions.create(
+        model="auto", messages=[{"role": "user", "content": "Count"}], max_tokens=6, temperature=0.9, stream=True,
+        stream_options={"include_usage": True})
+    chunks = list(stream)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == "w0 w1 w2 w3 w4 w5 "
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 6
+    assert any(c.choices and c.choices[0].finish_reason == "length" for c in chunks)
+
+
+def test_streaming_without_usage_hides_the_usage_chunk(basic):
+    chunks = list(client(basic).chat.completions.create(
+        model="auto", messages=[{"role": "user", "content": "x"}], max_tokens=3, temperature=1, stream=True))
+    assert all(c.usage is None for c in chunks)
+    assert all(c.choices for c in chunks)
+
+
+def test_async_sdk_and_concurrent_requests(basic):
+    async def main() -> list[str]:
+        c = openai.AsyncOpenAI(base_url=basic["gw"].url + "/v1", api_key="key-alpha-1", max_retries=0)
+        rs = await asyncio.gather(*[c.chat.completions.create(
+            model="auto", messages=[{"role": "user", "content": f"q{i}"}], max_tokens=2, temperature=1)
+            for i in range(20)])
+        await c.close()
+        return [r.choices[0].message.content for r in rs]
+
+    assert asyncio.run(main()) == ["w0 w1 "] * 20
+
+
+def test_text_completions(basic):
+    r = client(basic).completions.create(model="auto", prompt="Once upon", max_tokens=3, temperature=1)
+    assert r.choices[0].text == "w0 w1 w2 "
+    stream = client(basic).completions.create(model="auto", prompt="Once upon", max_tokens=3, temperature=1,
+                                              stream=True)
+    assert "".join(c.choices[0].text for c in stream if c.choices) == "w0 w1 w2 "
+
+
+def test_explicit_model_routes_by_policy(basic):
+    raw = client(basic).chat.completions.with_raw_response.create(
+        model="tiergate-cloud", messages=[{"role": "user", "content": "hi"}], max_tokens=2)
+    assert raw.headers["x-tiergate-tier"] == "cloud" and raw.headers["x-tiergate-rule"] == "explicit-cloud"
+    assert raw.parse().model == "cloud-model"  # the backend's own model name, sent upstream
+
+
+def test_models_lists_auto_and_tiers(basic):
+    ids = [m.id for m in client(basic).models.list()]
+    assert ids[0] == "auto" and set(ids) == {"auto", "tiergate-edge", "tiergate-cloud"}
+
+
+def test_exact_cache_hit_and_streamed_replay(basic):
+    c = client(basic)
+    msgs = [{"role": "user", "content": "What is an edge tier?"}]
+    first = c.chat.completions.with_raw_response.create(model="auto", messages=msgs, max_tokens=5, temperature=0)
+    assert first.headers["x-tiergate-cache"] == "miss"
+    hits_before = basic["edges"][0].app["hits"]
+    second = c.chat.completions.with_raw_response.create(model="auto", messages=msgs, max_tokens=5, temperature=0)
+    assert second.headers["x-tiergate-cache"] == "hit-exact" and second.headers["x-tiergate-tier"] == "cache"
+    assert second.parse().choices[0].message.content == first.parse().choices[0].message.content
+    assert basic["edges"][0].app["hits"] == hits_before  # the backend was not asked again
+    replay = list(c.chat.completions.create(model="auto", messages=msgs, max_tokens=5, temperature=0, stream=True))
+    assert "".join(ch.choices[0].delta.content or "" for ch in replay if ch.choices) == "w0 w1 w2 w3 w4 "
+
+
+# ---- bad input ------------------------------------------------------------------------------------------------
+
+def _post(s, body: bytes | dict, headers=AUTH, path="/v1/chat/completions") -> httpx.Response:
+    content = body if isinstance(body, bytes) else msgspec.json.encode(body)
+    return httpx.post(s["gw"].url + path, content=content, headers={"content-type": "application/json", **headers})
+
+
+def _err(r: httpx.Response) -> dict:
+    body = r.json()
+    assert set(body) == {"error"} and {"message", "type", "code"} <= set(body["error"])
+    assert "Traceback" not in r.text
+    return body["error"]
+
+
+@pytest.mark.parametrize("body, status, code, words", [
+    (b"{not json", 400, "invalid_json", "not valid JSON"),
+    ({"model": "auto", "messages": "hello"}, 400, "invalid_field", "messages"),
+    ({"model": "auto", "messages": [{"role": "user", "content": 5}]}, 400, "invalid_field", "messages[0].content"),
+    ({"model": "auto", "messages": []}, 400, "invalid_request", "at least one message"),
+    ({"model": "gpt-17", "messages": [{"role": "user", "content": "x"}]}, 404, "model_not_found", "gpt-17"),
+    ({"model": "auto", "messages": [{"role": "user", "content": "x"}], "n": 3}, 400, "invalid_request", "n"),
+    ({"model": "auto", "messages": [{"role": "user", "content": "x"}], "max_tokens": 0}, 400, "invalid_request",
+     "max_tokens"),
+    ({"model": "auto", "messages": [{"role": "user", "content": "x"}], "temperature": 7}, 400, "invalid_request",
+     "temperature"),
+])
+def test_bad_requests_get_clear_openai_errors(basic, body, status, code, words):
+    r = _post(basic, body)
+    assert r.status_code == status
+    err = _err(r)
+    assert err["code"] == code and words in err["message"]
+
+
+@pytest.mark.parametrize("headers", [{}, {"Authorization": "Bearer nope"}, {"Authorization": "Token key-alpha-1"}])
+def test_missing_or_bad_key_is_401(basic, headers):
+    r = _post(basic, CHAT, headers=headers)
+    assert r.status_code == 401 and _err(r)["type"] == "authentication_error"
+
+
+def test_oversized_body_and_prompt(tmp_path):
+    with stack(tmp_path, settings={"max_body_bytes": 2000, "max_prompt_chars": 500}) as s:
+        r = _post(s, {"model": "auto", "messages": [{"role": "user", "content": "x" * 5000}]})
+        assert r.status_code == 413 and _err(r)["code"] == "body_too_large"
+        r = _post(s, {"model": "auto", "messages": [{"role": "user", "content": "x" * 1000}]})
+        assert r.status_code == 413 and _err(r)["code"] == "prompt_too_large"
+
+
+def test_unknown_route_and_method_are_json(basic):
+    r = httpx.get(basic["gw"].url + "/v1/nothing")
+    assert r.status_code == 404 and _err(r)["code"] == "unknown_url"
+    r = httpx.get(basic["gw"].url + "/v1/chat/completions")
+    assert r.status_code == 405 and _err(r)["code"] == "method_not_allowed"
+
+
+# ---- backends failing ------------------------------------------------------------------------------------------
+
+def test_failing_endpoint_is_retried_on_another_in_the_same_tier(tmp_path):
+    with stack(tmp_path, edge_modes=("error500", "ok"), policy={"fallback": False}) as s:
+        for _ in range(4):
+            r = _post(s, {**CHAT, "temperature": 1})
+            assert r.status_code == 200 and r.headers["x-tiergate-tier"] == "edge"
+
+
+def test_edge_down_falls_back_to_cloud(tmp_path):
+    with stack(tmp_path, edge_modes=("error500",)) as s:
+        r = _post(s, {**CHAT, "temperature": 1})
+        assert r.status_code == 200
+        assert r.headers["x-tiergate-tier"] == "cloud" and r.headers["x-tiergate-fallback-from"] == "edge"
+
+
+def test_everything_down_is_a_fast_explicit_error(tmp_path):
+    with stack(tmp_path, edge_modes=("error500",), cloud_modes=("error500",)) as s:
+        r = _post(s, {**CHAT, "temperature": 1})
+        assert r.status_code in (502, 503) and _err(r)["type"] == "upstream_error"
+
+
+def test_backend_verdict_on_the_request_is_relayed(tmp_path):
+    with stack(tmp_path, edge_modes=("reject",)) as s:
+        r = _post(s, {**CHAT, "temperature": 1})
+        assert r.status_code == 400
+        err = _err(r)
+        assert err["code"] == "context_length_exceeded" and "context" in err["message"]
+
+
+def test_silent_backend_times_out_with_504(tmp_path):
+    with stack(tmp_path, edge_modes=("hang",), policy={"fallback": False, "first_byte_s": 0.5}) as s:
+        r = _post(s, {**CHAT, "temperature": 1})
+        assert r.status_code == 504 and _err(r)["code"] == "upstream_timeout"
+
+
+def test_stream_cut_mid_way_ends_with_sse_error_then_done(tmp_path):
+    with stack(tmp_path, edge_modes=("cut",), policy={"fallback": False}) as s:
+        with httpx.stream("POST", s["gw"].url + "/v1/chat/completions", headers=AUTH,
+                          json={**CHAT, "stream": True, "temperature": 1, "max_tokens": 8}) as r:
+            assert r.status_code == 200
+            events = [line[6:] for line in r.iter_lines() if line.startswith("data: ")]
+        assert events[-1] == "[DONE]"
+        err = msgspec.json.decode(events[-2])
+        assert err["error"]["type"] == "upstream_error"
+        assert "w0 " in events[0]  # the part that arrived was relayed
+
+
+def test_openai_sdk_sees_mid_stream_error(tmp_path):
+    with stack(tmp_path, edge_modes=("cut",), policy={"fallback": False}) as s:
+        with pytest.raises(openai.APIError):
+            list(client(s).chat.completions.create(model="auto", messages=[{"role": "user", "content": "x"}],
+                                                   max_tokens=8, temperature=1, stream=True))

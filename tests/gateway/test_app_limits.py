@@ -1,0 +1,160 @@
+"""Limits, priorities, disconnects, edge registration and the service endpoints, end to end."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import httpx
+import msgspec
+import pytest
+
+from gateway.auth import KeyRing
+from gateway.settings import Settings
+from tests.gateway.conftest import stack
+from tests.support.servers import gateway_server, wait_until
+
+CHAT = {"model": "auto", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 4, "temperature": 1}
+
+
+def test_rate_limit_answers_429_with_retry_after(tmp_path):
+    keys = tmp_path / "keys.yaml"
+    keys.write_text("tenants:\n  tiny: {requests_per_minute: 2}\nkeys:\n  - {tenant: tiny, key: tiny-key-123}\n")
+    with stack(tmp_path, keyring=KeyRing.from_file(keys)) as s:
+        url = s["gw"].url + "/v1/chat/completions"
+        codes = [httpx.post(url, json=CHAT, headers={"Authorization": "Bearer tiny-key-123"}) for _ in range(3)]
+        assert [r.status_code for r in codes] == [200, 200, 429]
+        assert int(codes[2].headers["retry-after"]) >= 1
+        assert codes[2].json()["error"]["type"] == "rate_limit_error"
+
+
+def test_tenant_max_tokens_caps_the_upstream_request(tmp_path):
+    keys = tmp_path / "keys.yaml"
+    keys.write_text("tenants:\n  capped: {max_tokens: 2}\nkeys:\n  - {tenant: capped, key: capped-key-1}\n")
+    with stack(tmp_path, keyring=KeyRing.from_file(keys)) as s:
+        r = httpx.post(s["gw"].url + "/v1/chat/completions", json={**CHAT, "max_tokens": 50},
+                       headers={"Authorization": "Bearer capped-key-1"})
+        assert r.json()["choices"][0]["message"]["content"] == "w0 w1 "  # the backend was asked for 2
+
+
+def test_client_disconnect_stops_the_upstream_stream(tmp_path):
+    with stack(tmp_path, edge_modes=("slow",), chunks=200, policy={"fallback": False}) as s:
+        gw = s["gw"].gateway
+        with httpx.stream("POST", s["gw"].url + "/v1/chat/completions", headers={"Authorization": "Bearer key-alpha-1"},
+                          json={**CHAT, "stream": True, "max_tokens": 200}) as r:
+            it = r.iter_lines()
+            assert next(line for line in it if line.startswith("data: "))
+        # The gateway closed its upstream connection: the slot and the in-flight count are free again.
+        route = gw._routes["edge"]
+        wait_until(lambda: route.admission.inflight == 0 and all(e.inflight == 0 for e in route.pool.endpoints()),
+                   what="upstream released after client disconnect")
+        metrics = httpx.get(s["gw"].url + "/metrics").text
+        assert 'tiergate_client_disconnects_total{tier="edge"} 1.0' in metrics
+
+
+def test_saturated_tier_serves_high_priority_first_and_sheds_with_retry_after(tmp_path):
+    with stack(tmp_path, edge_modes=("slow",), chunks=10,
+               policy={"fallback": False, "max_concurrency": 1, "queue_s": 3.0}) as s:
+        url = s["gw"].url + "/v1/chat/completions"
+        done: list[str] = []
+
+        async def one(client: httpx.AsyncClient, key: str, name: str, delay: float) -> int:
+            await asyncio.sleep(delay)
+            r = await client.post(url, json={**CHAT, "max_tokens": 10}, headers={"Authorization": f"Bearer {key}"})
+            done.append(name)
+            return r.status_code
+
+        async def main() -> list[int]:
+            async with httpx.AsyncClient(timeout=30) as c:
+                return await asyncio.gather(one(c, "key-alpha-1", "first", 0), one(c, "key-beta-1", "low", 0.1),
+                                            one(c, "key-gold-1", "high", 0.2))
+
+        codes = asyncio.run(main())
+        assert codes == [200, 200, 200]
+        assert done == ["first", "high", "low"]  # high (gold) overtook low (beta), which had queued earlier
+
+    with stack(tmp_path, edge_modes=("hang",), policy={"fallback": False, "max_concurrency": 1, "queue_s": 0.3,
+                                                        "first_byte_s": 5}) as s:
+        url = s["gw"].url + "/v1/chat/completions"
+
+        async def shed() -> httpx.Response:
+            async with httpx.AsyncClient(timeout=30) as c:
+                hold = asyncio.create_task(c.post(url, json=CHAT, headers={"Authorization": "Bearer key-alpha-1"}))
+                await asyncio.sleep(0.3)
+                r = await c.post(url, json=CHAT, headers={"Authorization": "Bearer key-alpha-1"})
+                hold.cancel()
+                return r
+
+        r = asyncio.run(shed())
+        assert r.status_code == 429 and r.json()["error"]["code"] == "tier_saturated"
+        assert int(r.headers["retry-after"]) >= 1
+
+
+def test_priority_header_can_only_lower(tmp_path):
+    with stack(tmp_path) as s:
+        r = httpx.post(s["gw"].url + "/v1/chat/completions", json=CHAT,
+                       headers={"Authorization": "Bearer key-alpha-1", "x-tiergate-priority": "sideways"})
+        assert r.status_code == 400 and "x-tiergate-priority" in r.json()["error"]["message"]
+
+
+def test_edge_nodes_register_by_heartbeat_and_get_traffic(tmp_path):
+    with stack(tmp_path, edge_modes=()) as s:  # no static edge endpoints
+        base = s["gw"].url
+        assert httpx.post(base + "/v1/chat/completions", json={**CHAT, "model": "tiergate-edge"},
+                          headers={"Authorization": "Bearer key-alpha-1"}).headers["x-tiergate-tier"] == "cloud"
+        from bench.instant_upstream import make_app
+        from tests.support.servers import aiohttp_server
+
+        with aiohttp_server(make_app(4, "ok", model="edge-node-model")) as node:
+            hb = {"node_id": "n1", "url": node.url, "model": "edge-node-model", "slots": 4, "busy": 0, "queued": 0}
+            assert httpx.post(base + "/edge/v1/heartbeat", json=hb).status_code == 200
+            r = httpx.post(base + "/v1/chat/completions", json=CHAT, headers={"Authorization": "Bearer key-alpha-1"})
+            assert r.headers["x-tiergate-tier"] == "edge" and r.json()["model"] == "edge-node-model"
+            assert httpx.post(base + "/edge/v1/heartbeat", json={"node_id": ""}).status_code == 400
+            assert httpx.post(base + "/edge/v1/deregister", json={"node_id": "n1"}).json()["known"] is True
+            r = httpx.post(base + "/v1/chat/completions", json=CHAT, headers={"Authorization": "Bearer key-alpha-1"})
+            assert r.headers["x-tiergate-tier"] == "cloud"
+
+
+def test_edge_token_is_enforced_when_set(tmp_path):
+    with stack(tmp_path, settings={"edge_token": "s3cret"}) as s:
+        hb = {"node_id": "n1", "url": "http://127.0.0.1:1", "model": "m", "slots": 1}
+        assert httpx.post(s["gw"].url + "/edge/v1/heartbeat", json=hb).status_code == 401
+        ok = httpx.post(s["gw"].url + "/edge/v1/heartbeat", json=hb, headers={"Authorization": "Bearer s3cret"})
+        assert ok.status_code == 200
+
+
+def test_health_ready_metrics_openapi(basic):
+    base = basic["gw"].url
+    assert httpx.get(base + "/healthz").json() == {"ok": True}
+    ready = httpx.get(base + "/readyz").json()
+    assert ready["ready"] is True and ready["tiers"] == {"edge": True, "cloud": True}
+    httpx.post(base + "/v1/chat/completions", json=CHAT, headers={"Authorization": "Bearer key-alpha-1"})
+    text = httpx.get(base + "/metrics").text
+    assert 'tiergate_routing_decisions_total{rule="default",tier="edge"}' in text
+    doc = httpx.get(base + "/openapi.json").json()
+    assert {"/v1/chat/completions", "/v1/completions", "/v1/models"} <= set(doc["paths"])
+    assert "messages" in doc["components"]["schemas"]["ChatRequest"]["properties"]
+
+
+
+def test_admin_reload_and_cache_invalidation(tmp_path):
+    with stack(tmp_path, settings={"admin_key": "adm-key-1"}) as s:
+        base = s["gw"].url
+        assert httpx.post(base + "/admin/policy/reload").status_code == 401
+        adm = {"Authorization": "Bearer adm-key-1"}
+        r = httpx.post(base + "/admin/policy/reload", headers=adm)
+        assert r.status_code == 200 and r.json()["ok"] is True
+        good = s["policy"].read_text()
+        s["policy"].write_text(good.replace("tier: edge", "tier: nowhere"))
+        r = httpx.post(base + "/admin/policy/reload", headers=adm)
+        assert r.status_code == 422 and "nowhere" in r.json()["error"]
+        chat = {**CHAT, "temperature": 0}
+        assert httpx.post(base + "/v1/chat/completions", json=chat,
+                          headers={"Authorization": "Bearer key-alpha-1"}).status_code == 200  # last good policy
+        r = httpx.post(base + "/v1/chat/completions", json=chat, headers={"Authorization": "Bearer key-alpha-1"})
+        assert r.headers["x-tiergate-cache"] == "hit-exact"
+        r = httpx.post(base + "/admin/cache/invalidate?tenant=alpha", headers=adm)
+        assert r.status_code == 200 and r.json()["removed"] >= 1
+        r = httpx.post(base + "/v1/chat/completions", json=chat, headers={"Authorization": "Bearer key-alpha-1"})
+        assert r.headers["x-tiergate-cache"] == "miss"

@@ -41,7 +41,8 @@ def serve(
     settings = Settings()
     _check_policy(settings.policy)
     uvicorn.run("gateway.main:app", host=settings.host, port=settings.port, workers=workers, loop="uvloop",
-                http="httptools", log_level="warning", access_log=False, timeout_graceful_shutdown=30)
+                http="httptools", log_level="warning", access_log=False,
+                timeout_graceful_shutdown=int(settings.graceful_shutdown_s))
 
 
 def _check_policy(path: Path) -> None:

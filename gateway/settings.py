@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import Field
+from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 __all__ = ["Settings", "default_policy_path"]
@@ -35,3 +35,10 @@ class Settings(BaseSettings):
     log_format: str = "json"  # json | console
     log_level: str = "info"
     workers: int = 1
+    graceful_shutdown_s: float = 30.0  # how long in-flight streams may run on after SIGTERM
+
+    @field_validator("redis_url", "api_keys_file", "api_keys", "admin_key", "edge_token", "embedder", mode="before")
+    @classmethod
+    def _empty_is_unset(cls, v: object) -> object:
+        """`TIERGATE_EMBEDDER=` (empty) means "not set", not the current directory."""
+        return None if isinstance(v, str) and not v.strip() else v

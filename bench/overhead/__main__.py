@@ -50,7 +50,7 @@ LUA = """\
 counter = 0
 request = function()
   counter = counter + 1
-  local body = string.format('{"model":"%s","messages":[{"role":"user","content":"bench prompt %d: how do edge and cloud tiers share traffic?"}],"max_tokens":8,"temperature":0%s}', "MODEL", counter, STREAM)
+  local body = string.format('{"model":"MODEL","messages":[{"role":"user","content":"bench prompt %d: how do edge and cloud tiers share traffic?"}],"max_tokens":8,"temperature":0STREAM}', counter)
   return wrk.format("POST", "/v1/chat/completions", {["Content-Type"]="application/json", ["Authorization"]="Bearer KEY"}, body)
 end
 """
@@ -76,6 +76,8 @@ def wrk(url: str, model: str, stream: bool, duration: int, conns: int, tmp: Path
     rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))
     total = int(re.search(r"(\d+) requests in", out).group(1))
     errors = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
+    if errors and int(errors.group(1)) > total // 100:
+        raise RuntimeError(f"{url}: {errors.group(1)} of {total} answers were not 2xx; wrk said:\n{out}")
     return {"rps": rps, "requests": total, "non2xx": int(errors.group(1)) if errors else 0}
 
 

@@ -155,7 +155,7 @@ class Gateway:
             await route.pool.stop()
 
     def _make_pool(self, name: str, tier) -> Pool:
-        if tier.kind == "edge":
+        if tier.kind == "edge" or tier.stand_in:  # a stand-in cloud tier is a llama.cpp server, not vLLM
             from edge_node.pool import EdgePool
 
             return EdgePool(name, list(tier.endpoints), tier.served_model or tier.model, redis=self.redis)

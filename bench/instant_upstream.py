@@ -54,6 +54,8 @@ def make_app(chunks: int = 8, mode: str = "ok", model: str = "instant", slots: i
         created = int(time.time())
         finish = "length" if body.max_tokens is not None and body.max_tokens <= chunks else "stop"
         if not body.stream:
+            if m == "slow":
+                await asyncio.sleep(0.05 * n)  # a backend that takes time to generate
             text = "".join(f"w{i} " for i in range(n))
             choice = ({"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish} if chat
                       else {"index": 0, "text": text, "finish_reason": finish})

@@ -29,27 +29,27 @@ from pydantic import (
 from policies.types import Priority
 
 __all__ = [
-    "PriorityName",
-    "IntRange",
-    "UnitRange",
-    "PriorityCondition",
-    "ValuesCondition",
-    "HeaderCondition",
-    "KeywordsCondition",
-    "When",
+    "BUILTIN_TOKENIZER",
+    "DEFAULT_RULE_NAME",
     "CacheOverride",
-    "TimeoutsOverride",
+    "Defaults",
+    "DiscoveryConfig",
+    "HeaderCondition",
+    "IntRange",
+    "Issue",
+    "KeywordsCondition",
+    "Policy",
+    "PriorityCondition",
+    "PriorityName",
+    "QueueConfig",
     "RejectAction",
     "Rule",
-    "QueueConfig",
-    "DiscoveryConfig",
     "TierConfig",
-    "Defaults",
-    "Policy",
-    "Issue",
+    "TimeoutsOverride",
+    "UnitRange",
+    "ValuesCondition",
+    "When",
     "semantic_issues",
-    "DEFAULT_RULE_NAME",
-    "BUILTIN_TOKENIZER",
 ]
 
 DEFAULT_RULE_NAME = "default"  # the implicit last rule that `default_tier` stands for
@@ -223,15 +223,30 @@ class KeywordsCondition(_Model):
         return not theirs_any or bool(mine_all & theirs_any) or bool(mine_any and mine_any <= theirs_any)
 
 
+_STRINGS = {"type": "array", "items": {"type": "string", "minLength": 1}, "minItems": 1}
+_VALUES_SCHEMA = {"anyOf": [_STRINGS, {"type": "string", "minLength": 1},
+                            {"type": "object", "properties": {"in": _STRINGS}, "required": ["in"],
+                             "additionalProperties": False}, {"type": "null"}]}
+_HEADER_SCHEMA = {"anyOf": [
+    {"type": "string", "description": "shorthand: the value to equal, or * for present"},
+    {"type": "object", "additionalProperties": False, "minProperties": 1, "maxProperties": 1,
+     "properties": {"equals": {"type": "string"}, "in": _STRINGS, "present": {"type": "boolean"}}}]}
+ValuesField = Annotated[ValuesCondition | None, WithJsonSchema(_VALUES_SCHEMA)]
+HeadersField = Annotated[
+    dict[str, HeaderCondition] | None,
+    WithJsonSchema({"anyOf": [{"type": "object", "additionalProperties": _HEADER_SCHEMA}, {"type": "null"}]}),
+]
+
+
 class When(_Model):
     """Conditions of a rule; all given conditions must hold. No conditions at all: matches everything."""
 
     prompt_tokens: IntRange | None = None
     priority: PriorityCondition | None = None
     complexity: UnitRange | None = None
-    model: ValuesCondition | None = None
-    tenant: ValuesCondition | None = None
-    headers: dict[str, HeaderCondition] | None = None
+    model: ValuesField = None
+    tenant: ValuesField = None
+    headers: HeadersField = None
     keywords: KeywordsCondition | None = None
     stream: bool | None = None
 

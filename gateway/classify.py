@@ -1,0 +1,147 @@
+"""Classification: the Features of a request, computed once, before the policy decides.
+
+- Prompt tokens are counted with the tokenizer of the model family the request targets: the tier whose
+  public model the client named; for `auto`, the policy's `defaults.tokenizer`, else the tokenizer of the
+  tier that the catch-all rule (or `default_tier`) sends to, else the built-in BERT WordPiece tokenizer.
+- Complexity comes from `gateway.complexity` (the shipped model, or the policy's `complexity_model`).
+- Priority is the tenant's tier, which a request may lower, never raise, with the header
+  `x-tiergate-priority: low|normal|high|critical`.
+
+Everything here is CPU work on immutable objects, safe to run in a worker thread (the gateway does).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Protocol
+
+from gateway.complexity import DEFAULT_MODEL_FILE, ComplexityModel, Featurizer
+from gateway.schemas import ParsedRequest
+from gateway.tokens import TokenCounter
+from policies.model import Policy
+from policies.types import Features, Priority
+
+__all__ = ["PRIORITY_HEADER", "Classifier", "lowered_priority"]
+
+PRIORITY_HEADER = "x-tiergate-priority"
+
+
+class _Active(Protocol):
+    policy: Policy
+
+
+class PolicySource(Protocol):
+    """Anything with the active policy at `.current.policy` (a PolicyStore)."""
+
+    @property
+    def current(self) -> _Active: ...
+
+
+def lowered_priority(tenant_priority: Priority, asked: str | None) -> Priority:
+    """The tenant's priority, lowered by the header value if it asks for less; ValueError if unparseable."""
+    if not asked:
+        return tenant_priority
+    asked = asked.strip()
+    return min(tenant_priority, Priority.parse(int(asked) if asked.isdigit() and int(asked) < 4 else asked))
+
+
+def _lower_keys(headers: Mapping[str, str]) -> Mapping[str, str]:
+    if isinstance(headers, dict) and any(k != k.lower() for k in headers):
+        return {k.lower(): v for k, v in headers.items()}
+    return headers  # Starlette's Headers are already case-insensitive with lower-case keys
+
+
+class Classifier:
+    """Computes Features for requests under whatever policy the store holds right now."""
+
+    def __init__(self, policy_store: PolicySource, complexity: ComplexityModel | None = None) -> None:
+        self._store = policy_store
+        self._fixed_complexity = complexity
+        self._lock = threading.Lock()
+        self._counters: dict[tuple[str | None, Path], TokenCounter] = {}
+        self._models: dict[Path, ComplexityModel] = {}
+        self._featurizer: Featurizer | None = complexity.featurizer if complexity is not None else None
+        self.warm_up()
+
+    def warm_up(self) -> None:
+        """Load the current policy's tokenizers and complexity model now, not on the first request."""
+        policy = self._store.current.policy
+        self.complexity_model(policy)
+        self.counter_for(policy)
+        for tier in policy.tiers.values():
+            self.counter_for(policy, tier.model)
+
+    # ------------------------------------------------------------------------------------ components
+
+    def counter_for(self, policy: Policy, requested_model: str | None = None) -> TokenCounter:
+        """The token counter for a request naming `requested_model` under `policy`."""
+        spec = self._tokenizer_spec(policy, requested_model)
+        key = (spec, policy.base_dir)
+        counter = self._counters.get(key)
+        if counter is None:
+            with self._lock:
+                counter = self._counters.get(key)
+                if counter is None:
+                    counter = self._counters[key] = TokenCounter(spec, policy.base_dir)
+        return counter
+
+    @staticmethod
+    def _tokenizer_spec(policy: Policy, requested_model: str | None) -> str | None:
+        tier = policy.tier_for_model(requested_model) if requested_model else None
+        if tier is not None:  # the client named a tier's model: that model family's tokenizer
+            return tier.tokenizer or policy.defaults.tokenizer
+        if policy.defaults.tokenizer:
+            return policy.defaults.tokenizer
+        last = policy.effective_rules()[-1]
+        if last.tier is not None and last.tier in policy.tiers:
+            return policy.tiers[last.tier].tokenizer
+        return None
+
+    def complexity_model(self, policy: Policy) -> ComplexityModel:
+        if self._fixed_complexity is not None:
+            return self._fixed_complexity
+        path = policy.resolve_path(policy.complexity_model) if policy.complexity_model else DEFAULT_MODEL_FILE
+        model = self._models.get(path)
+        if model is None:
+            with self._lock:
+                model = self._models.get(path)
+                if model is None:
+                    if self._featurizer is None:
+                        self._featurizer = Featurizer()
+                    model = self._models[path] = ComplexityModel.load(path, self._featurizer)
+        return model
+
+    # -------------------------------------------------------------------------------------- features
+
+    def features(self, req: ParsedRequest, tenant: str, tenant_priority: Priority,
+                 headers: Mapping[str, str]) -> Features:
+        """Features of one request. An unparseable x-tiergate-priority header is a client error (400)."""
+        headers = _lower_keys(headers)
+        try:
+            priority = lowered_priority(tenant_priority, headers.get(PRIORITY_HEADER))
+        except ValueError as exc:
+            from gateway.errors import bad_request
+
+            raise bad_request(f"Header {PRIORITY_HEADER}: {exc}", param=PRIORITY_HEADER) from None
+        policy = self._store.current.policy
+        text = req.prompt_text()
+        return Features(
+            prompt_tokens=self.counter_for(policy, req.model).count(req),
+            priority=priority,
+            complexity=self.complexity_model(policy).score(text),
+            requested_model=req.model,
+            tenant=tenant,
+            text=text,
+            headers=headers,
+            stream=bool(req.stream),
+            max_tokens=req.effective_max_tokens(),
+            temperature=req.temperature,
+        )
+
+    def count_tokens(self, req: ParsedRequest, tier: str) -> int:
+        """Prompt tokens as the given tier's tokenizer counts them (e.g. to check its max_context)."""
+        policy = self._store.current.policy
+        cfg = policy.tiers.get(tier)
+        return self.counter_for(policy, cfg.model if cfg else None).count(req)

@@ -1,0 +1,441 @@
+"""Operator commands for policies and classification, mounted into `tiergate` by gateway/cli.py:
+
+    app.add_typer(policy_app, name="policy")          # tiergate policy check|explain|simulate|schema
+    app.command("classify")(classify)                 # tiergate classify FILE.jsonl|-
+    app.add_typer(classifier_app, name="classifier")  # tiergate classifier train|evaluate
+
+Input lines are JSON objects: `prompt` (text completion) or `messages` (chat), and optionally `model`
+(default "auto"), `tenant` (default "default"), `priority` (the tenant's, default normal), `headers`,
+`stream`, `max_tokens`, `temperature`. A line that cannot be read yields `{"line": N, "error": "..."}` in
+its place; the command carries on.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any, TextIO
+
+import msgspec
+import typer
+
+__all__ = ["DEFAULT_POLICY", "SCHEMA_FILE", "classifier_app", "classify", "policy_app", "schema_text"]
+
+DEFAULT_POLICY = Path(__file__).resolve().parent / "default.yaml"
+SCHEMA_FILE = Path(__file__).resolve().parent / "schema.json"
+
+policy_app = typer.Typer(help="Check, explain and simulate routing policies.", no_args_is_help=True,
+                         pretty_exceptions_enable=False)
+classifier_app = typer.Typer(help="Train and evaluate the complexity classifier.", no_args_is_help=True,
+                             pretty_exceptions_enable=False)
+
+
+def _fail(message: str, code: int = 2) -> typer.Exit:
+    typer.echo(f"error: {message}", err=True)
+    return typer.Exit(code)
+
+
+# -------------------------------------------------------------------------------------------- helpers
+
+
+@dataclass(frozen=True)
+class _Loaded:
+    policy: Any
+    engine: Any
+    version: str
+
+
+class _Source:
+    """A fixed policy in the shape the Classifier reads (`.current.policy`)."""
+
+    def __init__(self, loaded: _Loaded) -> None:
+        self.current = loaded
+
+
+class _StderrLogger:
+    """Writes to whatever sys.stderr is at the time of the call (never a stream captured at set-up)."""
+
+    def msg(self, message: str) -> None:
+        print(message, file=sys.stderr, flush=True)
+
+    log = debug = info = warn = warning = error = critical = exception = fatal = msg
+
+
+def _quiet_logs() -> None:
+    """Warnings (a tokenizer fallback, ...) go to stderr as plain lines, so stdout stays pure JSON lines.
+
+    Only when nothing configured structlog yet: a host process (the gateway, a test run) keeps its own set-up.
+    """
+    import logging
+
+    import structlog
+
+    if structlog.is_configured():
+        return
+    structlog.configure(
+        processors=[structlog.processors.add_log_level, structlog.dev.ConsoleRenderer(colors=False)],
+        wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING),
+        logger_factory=lambda *_args: _StderrLogger(),
+        cache_logger_on_first_use=False,
+    )
+
+
+def _load(path: Path) -> _Loaded:
+    from policies.engine import PolicyEngine
+    from policies.loader import PolicyError, load_policy
+    from policies.store import policy_version
+
+    _quiet_logs()
+    try:
+        policy = load_policy(path)
+    except PolicyError as exc:
+        raise _fail(str(exc)) from None
+    return _Loaded(policy, PolicyEngine(policy), policy_version(path.read_bytes()))
+
+
+def _classifier(loaded: _Loaded) -> Any:
+    from gateway.classify import Classifier
+
+    return Classifier(_Source(loaded))
+
+
+def _request(obj: Any) -> tuple[Any, str, Any, dict[str, str]]:
+    """(ParsedRequest, tenant, tenant priority, headers) from one input object; ValueError says what is wrong."""
+    from gateway.schemas import ChatRequest, CompletionRequest
+    from policies.types import Priority
+
+    if not isinstance(obj, dict):
+        raise ValueError("expected a JSON object with `prompt` or `messages`")
+    body: dict[str, Any] = {"model": obj.get("model", "auto")}
+    for key in ("stream", "max_tokens", "temperature"):
+        if obj.get(key) is not None:
+            body[key] = obj[key]
+    try:
+        if "messages" in obj:
+            req: Any = msgspec.convert({**body, "messages": obj["messages"]}, ChatRequest)
+        elif "prompt" in obj:
+            req = msgspec.convert({**body, "prompt": obj["prompt"]}, CompletionRequest)
+        else:
+            raise ValueError("expected `prompt` (text) or `messages` (chat)")
+    except msgspec.ValidationError as exc:
+        raise ValueError(str(exc)) from None
+    tenant = obj.get("tenant", "default")
+    if not isinstance(tenant, str) or not tenant:
+        raise ValueError("`tenant` must be a non-empty string")
+    priority = Priority.parse(obj.get("priority", "normal"))
+    headers = obj.get("headers") or {}
+    if not isinstance(headers, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in headers.items()):
+        raise ValueError("`headers` must map names to string values")
+    return req, tenant, priority, {k.lower(): v for k, v in headers.items()}
+
+
+def _lines(source: TextIO) -> Iterator[tuple[int, Any]]:
+    """(line number, parsed JSON or an Exception) for every non-blank line."""
+    for n, line in enumerate(source, 1):
+        if not line.strip():
+            continue
+        try:
+            yield n, json.loads(line)
+        except ValueError as exc:
+            yield n, ValueError(f"not JSON: {exc}")
+
+
+def _open(path: str) -> TextIO:
+    if path == "-":
+        return sys.stdin
+    try:
+        return open(path, encoding="utf-8", errors="replace")
+    except OSError as exc:
+        raise _fail(f"cannot read {path}: {exc.strerror or exc}") from None
+
+
+def _classify_line(clf: Any, engine: Any, obj: Any) -> tuple[Any, Any, Any]:
+    """(request, features, decision) for one input object, or raises ValueError."""
+    if isinstance(obj, Exception):
+        raise obj
+    req, tenant, priority, headers = _request(obj)
+    try:
+        features = clf.features(req, tenant, priority, headers)
+    except Exception as exc:  # the priority header's bad_request, a tokenizer failure, ...
+        raise ValueError(getattr(exc, "message", None) or str(exc)) from None
+    return req, features, engine.decide(features)
+
+
+def _emit(obj: dict[str, Any], out: TextIO) -> None:
+    out.write(json.dumps(obj, ensure_ascii=False) + "\n")
+
+
+# ----------------------------------------------------------------------------------------- commands
+
+
+@policy_app.command("check")
+def check(
+    file: Annotated[Path, typer.Argument(help="Policy YAML file.")],
+    as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
+) -> None:
+    """Validate a policy; exit 0 when it would load (warnings are printed), 2 with every problem when not."""
+    from policies.loader import check_policy
+    from policies.store import policy_version
+
+    try:
+        data = file.read_bytes()
+        text = data.decode("utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise _fail(f"cannot read {file}: {getattr(exc, 'strerror', None) or exc}") from None
+    policy, problems = check_policy(text, str(file), file.resolve().parent)
+    if as_json:
+        typer.echo(json.dumps({"ok": policy is not None, "version": policy_version(data) if policy else None,
+                               "problems": [{"line": p.line, "column": p.column, "field": p.field,
+                                             "message": p.message, "severity": p.severity} for p in problems]}))
+        raise typer.Exit(0 if policy is not None else 2)
+    for p in problems:
+        typer.echo(str(p), err=p.severity == "error")
+    if policy is None:
+        n = sum(p.severity == "error" for p in problems)
+        raise _fail(f"{file} is invalid: {n} problem{'s' if n > 1 else ''}; the gateway would keep its last good policy")
+    rules = len(policy.effective_rules())
+    typer.echo(f"ok: {file} (version {policy_version(data)}, {len(policy.tiers)} tiers, {rules} rules)")
+
+
+@policy_app.command("explain")
+def explain(
+    file: Annotated[Path, typer.Argument(help="Policy YAML file.")],
+    prompt: Annotated[str, typer.Option(help="The prompt text (sent as one user message).")],
+    priority: Annotated[str, typer.Option(help="The tenant's priority: low, normal, high, critical.")] = "normal",
+    tenant: Annotated[str, typer.Option(help="Tenant id.")] = "default",
+    model: Annotated[str, typer.Option(help="Requested model (auto lets the policy choose).")] = "auto",
+    header: Annotated[list[str] | None, typer.Option(help="Request header NAME=VALUE (repeatable).")] = None,
+    stream: Annotated[bool, typer.Option(help="A streaming request.")] = False,
+    temperature: Annotated[float | None, typer.Option(help="Sampling temperature.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the explanation as JSON.")] = False,
+) -> None:
+    """Show the features of a request, every rule tried with why it matched or not, and the decision."""
+    loaded = _load(file)
+    headers: dict[str, str] = {}
+    for h in header or []:
+        name, sep, value = h.partition("=")
+        if not sep or not name.strip():
+            raise _fail(f"--header {h!r}: expected NAME=VALUE")
+        headers[name.strip().lower()] = value.strip()
+    obj: dict[str, Any] = {"messages": [{"role": "user", "content": prompt}], "model": model, "tenant": tenant,
+                           "priority": priority, "headers": headers, "stream": stream, "temperature": temperature}
+    clf = _classifier(loaded)
+    try:
+        req, features, _ = _classify_line(clf, loaded.engine, obj)
+    except ValueError as exc:
+        raise _fail(str(exc)) from None
+    ex = loaded.engine.explain(features)
+    counter = clf.counter_for(loaded.policy, model)
+    detail = clf.complexity_model(loaded.policy).explain(req.prompt_text())
+    if as_json:
+        d = ex.to_dict()
+        d["features"]["tokenizer"] = counter.spec_used
+        d["complexity"] = detail
+        typer.echo(json.dumps(d, indent=2))
+        return
+    f = features
+    typer.echo(f"policy {file} (version {loaded.version})")
+    typer.echo("features:")
+    typer.echo(f"  prompt_tokens  {f.prompt_tokens}  (tokenizer {counter.spec_used})")
+    typer.echo(f"  complexity     {f.complexity:.3f}  (expected gain of escalating {detail['expected_gain']:+.3f})")
+    typer.echo(f"  priority       {f.priority.name.lower()}")
+    typer.echo(f"  model          {f.requested_model}    tenant {f.tenant}    stream {str(f.stream).lower()}")
+    typer.echo("rules:")
+    for t in ex.tried:
+        mark = {"matched": "=>", "no match": "  ", "not reached": "  "}[t.outcome]
+        typer.echo(f"{mark} {t.rule}: {t.outcome}")
+        if not t.checks:
+            typer.echo("      (no conditions: matches every request)")
+        for c in t.checks:
+            typer.echo(f"      [{'x' if c.held else ' '}] {c.condition}   ({c.observed})")
+    d = ex.decision
+    if d.reject is not None:
+        typer.echo(f"decision: reject {d.reject.status} {d.reject.message!r} (rule {d.rule})")
+    else:
+        chain = " -> ".join(d.tiers)
+        cache = "off" if not d.cache.enabled else (
+            f"on (semantic {'on' if d.cache.semantic else 'off'}, threshold {d.cache.threshold}, ttl {d.cache.ttl_s}s)")
+        typer.echo(f"decision: {chain} (rule {d.rule}); cache {cache}; max_tokens cap {d.max_tokens_cap}")
+
+
+@policy_app.command("simulate")
+def simulate(
+    file: Annotated[Path, typer.Argument(help="Policy YAML file.")],
+    traffic: Annotated[str, typer.Argument(help="Traffic as JSON lines (- for stdin).")],
+) -> None:
+    """Decide every request of a traffic file: one JSON line per request, then a {"totals": ...} line."""
+    loaded = _load(file)
+    clf = _classifier(loaded)
+    out = sys.stdout
+    tiers: Counter[str] = Counter()
+    rules: Counter[str] = Counter()
+    rejects: Counter[int] = Counter()
+    kinds: Counter[str] = Counter()
+    errors = ok = eligible = semantic = repeats = 0
+    seen: set[tuple[str, str, str]] = set()
+    source = _open(traffic)
+    try:
+        for n, obj in _lines(source):
+            try:
+                _, f, d = _classify_line(clf, loaded.engine, obj)
+            except ValueError as exc:
+                errors += 1
+                _emit({"line": n, "error": str(exc)}, out)
+                continue
+            ok += 1
+            rules[d.rule] += 1
+            row: dict[str, Any] = {"line": n, "tier": d.tier, "rule": d.rule, "fallbacks": list(d.fallbacks),
+                                   "complexity": round(f.complexity, 4), "prompt_tokens": f.prompt_tokens,
+                                   "priority": f.priority.name.lower()}
+            if d.reject is not None:
+                rejects[d.reject.status] += 1
+                row["reject"] = d.reject.status
+                row["cache"] = "none"
+            else:
+                tiers[d.tier] += 1
+                kinds[loaded.policy.tiers[d.tier].kind] += 1
+                if not d.cache.enabled:
+                    row["cache"] = "off"
+                elif f.temperature is not None and f.temperature > d.cache.max_temperature:
+                    row["cache"] = "too hot"
+                else:
+                    eligible += 1
+                    semantic += d.cache.semantic
+                    key = (f.tenant, loaded.policy.tiers[d.tier].model, f.text)
+                    if key in seen:
+                        repeats += 1
+                        row["cache"] = "repeat"
+                    else:
+                        seen.add(key)
+                        row["cache"] = "eligible"
+            _emit(row, out)
+    finally:
+        if source is not sys.stdin:
+            source.close()
+    share = (lambda c: round(c / ok, 4)) if ok else (lambda c: 0.0)
+    _emit({"totals": {
+        "requests": ok + errors, "decided": ok, "errors": errors,
+        "tiers": {t: {"count": c, "share": share(c)} for t, c in sorted(tiers.items())},
+        "kinds": {k: {"count": c, "share": share(c)} for k, c in sorted(kinds.items())},
+        "rejected": {"count": sum(rejects.values()), "share": share(sum(rejects.values())),
+                     "by_status": {str(s): c for s, c in sorted(rejects.items())}},
+        "rules": dict(rules.most_common()),
+        "cache": {"eligible": eligible, "eligible_share": share(eligible), "semantic_lookups": semantic,
+                  "exact_repeats": repeats, "exact_repeat_share": share(repeats),
+                  "note": "exact_repeats are requests a warm cache answers for sure (TTL permitting); "
+                          "semantic hits come on top"},
+    }}, out)
+
+
+def schema_text() -> str:
+    """The JSON Schema of the policy file, as shipped in policies/schema.json."""
+    from policies.model import Policy
+
+    schema = Policy.model_json_schema(by_alias=True)
+    schema = {"$schema": "https://json-schema.org/draft/2020-12/schema",
+              "$id": "https://tiergate.dev/schemas/policy.json", **schema}
+    schema["title"] = "tiergate routing policy"
+    return json.dumps(schema, indent=2, sort_keys=True) + "\n"
+
+
+@policy_app.command("schema")
+def schema(
+    out: Annotated[Path | None, typer.Option(help="Write to this file instead of stdout.")] = None,
+    check_file: Annotated[Path | None, typer.Option("--check", help="Exit 1 if this file is out of date.")] = None,
+) -> None:
+    """Print the policy's JSON Schema (for editors: `# yaml-language-server: $schema=...`)."""
+    text = schema_text()
+    if check_file is not None:
+        try:
+            current = check_file.read_text()
+        except OSError:
+            current = ""
+        if current != text:
+            raise _fail(f"{check_file} is out of date: run `tiergate policy schema --out {check_file}`", 1)
+        typer.echo(f"ok: {check_file} is up to date")
+        return
+    if out is not None:
+        out.write_text(text)
+        typer.echo(f"wrote {out}")
+    else:
+        typer.echo(text, nl=False)
+
+
+def classify(
+    file: Annotated[str, typer.Argument(help="JSON lines with `prompt` or `messages` (- for stdin).")] = "-",
+    policy: Annotated[Path, typer.Option(help="Policy YAML file.")] = DEFAULT_POLICY,
+) -> None:
+    """Classify prompts: one JSON line out per line in (tier, rule, complexity, prompt_tokens), in order."""
+    loaded = _load(policy)
+    clf = _classifier(loaded)
+    source = _open(file)
+    try:
+        for n, obj in _lines(source):
+            try:
+                _, f, d = _classify_line(clf, loaded.engine, obj)
+            except ValueError as exc:
+                _emit({"line": n, "error": str(exc)}, sys.stdout)
+                continue
+            row: dict[str, Any] = {"line": n, "tier": d.tier, "rule": d.rule, "complexity": round(f.complexity, 4),
+                                   "prompt_tokens": f.prompt_tokens, "priority": f.priority.name.lower(),
+                                   "fallbacks": list(d.fallbacks)}
+            if d.reject is not None:
+                row["reject"] = d.reject.status
+            _emit(row, sys.stdout)
+    finally:
+        if source is not sys.stdin:
+            source.close()
+
+
+@classifier_app.command("train")
+def train_classifier(
+    data: Annotated[Path, typer.Option(help="Labelled JSON lines: prompt, weak_correct, strong_correct.")],
+    out: Annotated[Path, typer.Option(help="Where to write the model (.json).")],
+    target: Annotated[str, typer.Option(help="gain (strong - weak, default) or escalate (strong and not weak).")]
+    = "gain",
+) -> None:
+    """Train the complexity model reproducibly (same data, same file) and write it as JSON."""
+    from policies.complexity_train import read_labelled, train
+
+    if target not in ("gain", "escalate"):
+        raise _fail("--target must be gain or escalate")
+    try:
+        labelled = read_labelled(data)
+    except OSError as exc:
+        raise _fail(f"cannot read {data}: {exc.strerror or exc}") from None
+    for n, why in labelled.errors[:20]:
+        typer.echo(f"{data}:{n}: skipped: {why}", err=True)
+    if len(labelled.prompts) < 50:
+        raise _fail(f"{data}: only {len(labelled.prompts)} usable rows; need at least 50")
+    model = train(labelled, target=target, source=data.name)  # type: ignore[arg-type]
+    model.save(out)
+    typer.echo(json.dumps({"out": str(out), "bytes": out.stat().st_size, **model.meta["data"],
+                           "target": target, "trees": model.meta["trees"],
+                           "in_sample_apgr": model.meta["in_sample_apgr"]}))
+
+
+@classifier_app.command("evaluate")
+def evaluate_classifier(
+    data: Annotated[Path, typer.Option(help="Labelled JSON lines: prompt, weak_correct, strong_correct.")],
+    model: Annotated[Path | None, typer.Option(help="Model .json (default: the shipped one).")] = None,
+) -> None:
+    """APGR of a model on labelled data, and the share of escalations needed for 50 % and 80 % PGR."""
+    import numpy as np
+
+    from gateway.complexity import ComplexityModel
+    from policies.complexity_train import apgr, read_labelled, share_for_pgr
+
+    try:
+        m = ComplexityModel.load(model) if model else ComplexityModel.load_default()
+        labelled = read_labelled(data)
+    except (OSError, ValueError) as exc:
+        raise _fail(str(exc)) from None
+    scores = np.array([m.score(p) for p in labelled.prompts])
+    w, s = labelled.weak, labelled.strong
+    typer.echo(json.dumps({"rows": len(scores), "apgr": round(apgr(scores, w, s), 4),
+                           "escalated_for_pgr50": round(share_for_pgr(scores, w, s, 0.5), 4),
+                           "escalated_for_pgr80": round(share_for_pgr(scores, w, s, 0.8), 4)}))

@@ -1,0 +1,99 @@
+"""The complexity scorer: numpy inference equals the trained model, scores are calibrated percentiles,
+the shipped artefact loads without training and is reproducible from the labelled data."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from gateway.complexity import DEFAULT_MODEL_FILE, FEATURES, MAX_CHARS, ComplexityModel, Featurizer
+
+DATA = Path(__file__).resolve().parents[3] / "shared" / "data" / "routing" / "mmlu_dev.jsonl"
+MC = ("Statement 1 | Every group of order 4 is cyclic. Statement 2 | Z_4 is cyclic.\n"
+      "A. True, True\nB. False, False\nC. True, False\nD. False, True\nAnswer:")
+
+
+@pytest.fixture(scope="module")
+def model() -> ComplexityModel:
+    return ComplexityModel.load_default()
+
+
+def test_shipped_model_loads_and_is_small(model):
+    assert DEFAULT_MODEL_FILE.stat().st_size < 1_000_000
+    assert model.meta["target"] == "gain" and model.meta["data"]["rows"] == 9261
+    assert len(model.trees.roots) == model.meta["trees"]
+
+
+@pytest.mark.parametrize("text", ["", "hi", MC, "x" * (3 * MAX_CHARS), "日本語のテキスト", "\n\n\n", "A. a\nB. b"])
+def test_scores_are_in_unit_interval_and_deterministic(model, text):
+    s = model.score(text)
+    assert 0.0 <= s <= 1.0 and s == model.score(text)
+
+
+def test_features_describe_the_prompt():
+    f = dict(zip(FEATURES, Featurizer().vector(MC), strict=True))
+    assert f["n_options"] == 4 and f["parts"] == 2 and f["compound_options"] == 1.0
+    assert f["option_repetition"] > 0.5  # four options made of two words
+    plain = dict(zip(FEATURES, Featurizer().vector("What is the capital of France?"), strict=True))
+    assert plain["n_options"] == 0 and plain["log_option_chars"] == 0 and plain["parts"] == 0
+
+
+def test_numpy_trees_match_scikit_learn():
+    pytest.importorskip("sklearn")
+    from sklearn.ensemble import HistGradientBoostingRegressor
+
+    from policies.complexity_train import DEFAULT_PARAMS, _export
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(400, len(FEATURES)))
+    y = np.tanh(x[:, 0] * 2 - x[:, 3]) + 0.1 * rng.normal(size=400)
+    est = HistGradientBoostingRegressor(early_stopping=False, **DEFAULT_PARAMS).fit(x, y)
+    trees = _export(est)
+    ours = np.array([trees.predict(row) for row in x])
+    assert np.allclose(ours, est.predict(x), atol=1e-9)
+
+
+def test_calibration_is_monotone_and_spans_unit_interval(model):
+    assert np.all(np.diff(model.calibration_raw) > 0) and np.all(np.diff(model.calibration_score) >= 0)
+    assert model.calibrate(-1e9) == model.calibration_score[0] and model.calibrate(1e9) == 1.0
+    lo, hi = model.calibration_raw[0], model.calibration_raw[-1]
+    assert model.calibrate(lo) < model.calibrate((lo + hi) / 2) < model.calibrate(hi)
+
+
+def test_explain_returns_every_feature(model):
+    ex = model.explain(MC)
+    assert set(ex["features"]) == set(FEATURES) and ex["score"] == round(model.score(MC), 4)
+
+
+def test_load_refuses_foreign_files(tmp_path):
+    bad = tmp_path / "m.json"
+    bad.write_text("{}")
+    with pytest.raises(ValueError, match="not a tiergate-complexity"):
+        ComplexityModel.load(bad)
+    d = json.loads(DEFAULT_MODEL_FILE.read_text())
+    d["tokenizer_sha256"] = "0" * 64
+    bad.write_text(json.dumps(d))
+    with pytest.raises(ValueError, match="another tokenizer"):
+        ComplexityModel.load(bad)
+    d = json.loads(DEFAULT_MODEL_FILE.read_text())
+    d["features"] = d["features"][:-1]
+    bad.write_text(json.dumps(d))
+    with pytest.raises(ValueError, match="other features"):
+        ComplexityModel.load(bad)
+
+
+@pytest.mark.skipif(not DATA.exists(), reason="needs ../shared/data/routing/mmlu_dev.jsonl")
+def test_shipped_model_is_reproduced_by_training(tmp_path):
+    pytest.importorskip("sklearn")
+    from policies.complexity_train import read_labelled, train
+
+    data = read_labelled(DATA)
+    retrained = train(data, source=DATA.name)
+    out = tmp_path / "m.json"
+    retrained.save(out)
+    assert out.read_bytes() == DEFAULT_MODEL_FILE.read_bytes(), \
+        "the shipped model is stale: tiergate classifier train --data ../shared/data/routing/mmlu_dev.jsonl " \
+        "--out gateway/complexity_model.json"

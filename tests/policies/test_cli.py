@@ -1,0 +1,203 @@
+"""The operator commands: policy check/explain/simulate/schema, classify and classifier train/evaluate."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from policies.cli import DEFAULT_POLICY, SCHEMA_FILE, classifier_app, classify, policy_app, schema_text
+
+from .conftest import BASE
+
+ROOT = Path(__file__).resolve().parents[2]
+runner = CliRunner()
+
+
+def _classify_app():
+    import typer
+
+    app = typer.Typer()
+    app.command()(classify)
+    return app
+
+
+def _json_lines(text: str) -> list[dict]:
+    return [json.loads(line) for line in text.splitlines() if line.startswith("{")]
+
+
+def test_check_ok_and_warnings(write):
+    r = runner.invoke(policy_app, ["check", str(write(BASE))])
+    assert r.exit_code == 0, r.output
+    assert "ok:" in r.output and "3 rules" in r.output
+    r = runner.invoke(policy_app, ["check", str(DEFAULT_POLICY)])
+    assert r.exit_code == 0, r.output
+
+
+def test_check_invalid_lists_every_problem_and_exits_2(write):
+    path = write(BASE.replace("kind: edge", "kind: fog").replace("min: 0.7", "min: 7"))
+    r = runner.invoke(policy_app, ["check", str(path)])
+    assert r.exit_code == 2
+    assert f"{path}:8:11: `tiers.edge.kind`" in r.output
+    assert "`rules[1].when.complexity.min`" in r.output and "2 problems" in r.output
+
+
+def test_check_json(write):
+    r = runner.invoke(policy_app, ["check", "--json", str(write(BASE.replace("min: 0.7", "min: 7")))])
+    assert r.exit_code == 2
+    out = json.loads(r.output)
+    assert out["ok"] is False and out["problems"][0]["field"] == "rules[1].when.complexity.min"
+    assert out["problems"][0]["line"] == 22
+
+
+def test_explain_shows_features_rules_and_decision(write):
+    r = runner.invoke(policy_app, ["explain", str(write(BASE)), "--prompt", "hello there", "--priority", "high"])
+    assert r.exit_code == 0, r.output
+    assert "prompt_tokens" in r.output and "complexity" in r.output and "priority       high" in r.output
+    for rule in ("long", "complex", "default"):
+        assert rule in r.output
+    assert "[ ] prompt_tokens >= 2000" in r.output
+    assert "decision: edge -> cloud (rule default)" in r.output
+
+
+def test_explain_json_and_headers(write):
+    text = BASE.replace("when: {complexity: {min: 0.7}}", "when: {headers: {x-route: cloud}}")
+    r = runner.invoke(policy_app, ["explain", str(write(text)), "--prompt", "hi", "--header", "X-Route=cloud",
+                                   "--json"])
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.output)
+    assert out["decision"]["rule"] == "complex" and out["decision"]["tier"] == "cloud"
+    assert [t["outcome"] for t in out["rules"]] == ["no match", "matched", "not reached"]
+    assert 0.0 <= out["complexity"]["score"] <= 1.0 and len(out["complexity"]["features"]) == 24
+
+
+def test_explain_rejects_bad_priority(write):
+    r = runner.invoke(policy_app, ["explain", str(write(BASE)), "--prompt", "x", "--priority", "urgent"])
+    assert r.exit_code == 2 and "unknown priority" in r.output
+
+
+TRAFFIC = [
+    json.dumps({"prompt": "What is the capital of France?"}),
+    "this is not json",
+    json.dumps({"messages": [{"role": "user", "content": "x " * 2500}], "tenant": "acme"}),
+    json.dumps({"nothing": 1}),
+    "",
+    json.dumps({"prompt": "What is the capital of France?"}),
+    json.dumps({"prompt": "hot", "temperature": 1.2}),
+    json.dumps({"messages": [{"role": "wizard", "content": "x"}]}),
+    json.dumps({"prompt": "a", "headers": {"x-tiergate-priority": "urgent"}}),
+    json.dumps([1, 2]),
+]
+
+
+def test_simulate_per_request_lines_and_totals(write, tmp_path):
+    traffic = tmp_path / "traffic.jsonl"
+    traffic.write_text("\n".join(TRAFFIC) + "\n")
+    r = runner.invoke(policy_app, ["simulate", str(write(BASE)), str(traffic)])
+    assert r.exit_code == 0, r.output
+    rows = _json_lines(r.stdout)
+    per_request, totals = rows[:-1], rows[-1]["totals"]
+    assert [row["line"] for row in per_request] == [1, 2, 3, 4, 6, 7, 8, 9, 10]
+    errors = {row["line"]: row["error"] for row in per_request if "error" in row}
+    assert set(errors) == {2, 4, 8, 9, 10}
+    assert "not JSON" in errors[2] and "prompt" in errors[4] and "unknown priority" in errors[9]
+    decided = {row["line"]: row for row in per_request if "error" not in row}
+    assert decided[3]["tier"] == "cloud" and decided[3]["rule"] == "long" and decided[3]["prompt_tokens"] > 2000
+    assert decided[1]["tier"] == "edge" and decided[1]["cache"] == "eligible"
+    assert decided[6]["cache"] == "repeat" and decided[7]["cache"] == "too hot"
+    assert totals["requests"] == 9 and totals["decided"] == 4 and totals["errors"] == 5
+    assert totals["tiers"] == {"cloud": {"count": 1, "share": 0.25}, "edge": {"count": 3, "share": 0.75}}
+    assert totals["cache"]["eligible"] == 3 and totals["cache"]["exact_repeats"] == 1
+
+
+def test_classify_reads_stdin_in_order_with_per_line_errors():
+    r = runner.invoke(_classify_app(), ["-"], input="\n".join(TRAFFIC) + "\n")
+    assert r.exit_code == 0, r.output
+    rows = _json_lines(r.stdout)
+    assert [row["line"] for row in rows] == [1, 2, 3, 4, 6, 7, 8, 9, 10]
+    for row in rows:
+        if "error" not in row:
+            assert {"tier", "rule", "complexity", "prompt_tokens"} <= set(row)
+            assert 0.0 <= row["complexity"] <= 1.0
+    assert rows[0]["tier"] == "edge" and rows[2]["rule"] == "long-prompt"
+    assert rows[0]["complexity"] == rows[4]["complexity"]  # deterministic
+
+
+def test_classify_file_with_policy_option(write, tmp_path):
+    f = tmp_path / "in.jsonl"
+    f.write_text(json.dumps({"prompt": "hi"}) + "\n")
+    r = runner.invoke(_classify_app(), [str(f), "--policy", str(write(BASE))])
+    assert r.exit_code == 0, r.output
+    (row,) = _json_lines(r.stdout)
+    assert row["rule"] == "default" and row["prompt_tokens"] == 1
+
+
+def test_classify_missing_file():
+    r = runner.invoke(_classify_app(), ["/nonexistent/in.jsonl"])
+    assert r.exit_code == 2 and "cannot read" in r.output
+
+
+def test_shipped_schema_is_up_to_date():
+    assert SCHEMA_FILE.read_text() == schema_text(), "run: tiergate policy schema --out policies/schema.json"
+    r = runner.invoke(policy_app, ["schema", "--check", str(SCHEMA_FILE)])
+    assert r.exit_code == 0, r.output
+
+
+def test_shipped_policies_validate_against_the_schema():
+    jsonschema = pytest.importorskip("jsonschema")
+    from ruamel.yaml import YAML
+
+    schema = json.loads(SCHEMA_FILE.read_text())
+    for f in [DEFAULT_POLICY, *sorted((ROOT / "policies" / "examples").glob("*.yaml"))]:
+        jsonschema.validate(YAML(typ="safe").load(f.read_text()), schema)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate({"tiers": {"e": {"kind": "fog", "model": "m"}}}, schema)
+
+
+def _labelled(path: Path, n: int = 300) -> Path:
+    """Synthetic labelled data: math-looking prompts gain from the strong model, chit-chat does not."""
+    import random
+
+    rnd = random.Random(7)
+    lines = []
+    for i in range(n):
+        hard = i % 2 == 0
+        prompt = (f"Compute the integral of x^{i % 7} * sin({i}x) dx from 0 to {i}.\nA. {i}\nB. {2 * i}\nAnswer:"
+                  if hard else f"Which city is famous for its {rnd.choice(['bridges', 'food', 'museums'])}?")
+        weak = (not hard) or rnd.random() < 0.2
+        strong = rnd.random() < 0.9
+        lines.append(json.dumps({"prompt": prompt, "weak_correct": weak, "strong_correct": strong}))
+    lines.insert(5, "garbage")
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_train_is_reproducible_and_the_model_loads(tmp_path):
+    data = _labelled(tmp_path / "labelled.jsonl")
+    outs = [tmp_path / "a.json", tmp_path / "b.json"]
+    for out in outs:
+        r = runner.invoke(classifier_app, ["train", "--data", str(data), "--out", str(out)])
+        assert r.exit_code == 0, r.output
+        assert "skipped: not JSON" in r.output
+    assert outs[0].read_bytes() == outs[1].read_bytes()
+    summary = json.loads(r.stdout.strip().splitlines()[-1])
+    assert summary["rows"] == 300 and summary["skipped_lines"] == 1 and summary["in_sample_apgr"] > 0.6
+    from gateway.complexity import ComplexityModel
+
+    m = ComplexityModel.load(outs[0])
+    hard = m.score("Compute the integral of x^3 * sin(5x) dx from 0 to 9.\nA. 1\nB. 2\nAnswer:")
+    easy = m.score("Which city is famous for its bridges?")
+    assert hard > easy
+    r = runner.invoke(classifier_app, ["evaluate", "--data", str(data), "--model", str(outs[0])])
+    assert r.exit_code == 0, r.output
+    ev = json.loads(r.stdout)
+    assert ev["rows"] == 300 and ev["apgr"] > 0.6 and 0 < ev["escalated_for_pgr50"] < ev["escalated_for_pgr80"] <= 1
+
+
+def test_train_refuses_too_little_data(tmp_path):
+    data = tmp_path / "tiny.jsonl"
+    data.write_text(json.dumps({"prompt": "a", "weak_correct": True, "strong_correct": True}) + "\n")
+    r = runner.invoke(classifier_app, ["train", "--data", str(data), "--out", str(tmp_path / "m.json")])
+    assert r.exit_code == 2 and "need at least 50" in r.output

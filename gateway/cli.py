@@ -40,9 +40,19 @@ def serve(
 
     settings = Settings()
     _check_policy(settings.policy)
-    uvicorn.run("gateway.main:app", host=settings.host, port=settings.port, workers=workers, loop="uvloop",
-                http="httptools", log_level="warning", access_log=False,
-                timeout_graceful_shutdown=int(settings.graceful_shutdown_s))
+    if workers > 1:  # each worker is a full gateway; uvicorn's supervisor handles signals
+        uvicorn.run("gateway.main:app", host=settings.host, port=settings.port, workers=workers, loop="uvloop",
+                    http="httptools", log_level="warning", access_log=False,
+                    timeout_graceful_shutdown=int(settings.graceful_shutdown_s))
+        return
+    from gateway.app import create_app
+    from gateway.drain import DrainingServer
+
+    app = create_app(settings)
+    config = uvicorn.Config(app, host=settings.host, port=settings.port, loop="uvloop", http="httptools",
+                            log_level="warning", access_log=False, lifespan="on",
+                            timeout_graceful_shutdown=int(settings.graceful_shutdown_s))
+    DrainingServer(config, app.state.gateway, settings.drain_delay_s).run()
 
 
 def _check_policy(path: Path) -> None:

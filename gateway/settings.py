@@ -36,6 +36,7 @@ class Settings(BaseSettings):
     log_level: str = "info"
     workers: int = 1
     graceful_shutdown_s: float = 30.0  # how long in-flight streams may run on after SIGTERM
+    drain_delay_s: float = 2.0  # after SIGTERM: /readyz says 503 this long (load balancers notice) before the listener closes
 
     @field_validator("redis_url", "api_keys_file", "api_keys", "admin_key", "edge_token", "embedder", mode="before")
     @classmethod

@@ -1,0 +1,252 @@
+"""The `edge-node` command: `serve`, `quantize`, `demo-model`.
+
+Operator mistakes (a missing or damaged model, a model too big for memory, a bad flag) end with one
+line on stderr and a non-zero exit code, never a traceback.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import socket
+import sys
+import threading
+from pathlib import Path
+from typing import Annotated
+from urllib.parse import urlparse
+
+import click
+import typer
+
+try:  # typer >= 0.29 vendors its own click
+    from typer._click import exceptions as _tc_exc
+except ImportError:  # pragma: no cover - older typer uses click itself
+    _tc_exc = click.exceptions
+_USAGE = (click.UsageError, _tc_exc.UsageError)
+_CLICK = (click.ClickException, _tc_exc.ClickException)
+_ABORT = (click.Abort, typer.Abort)
+
+__all__ = ["app"]
+
+_PROG = "edge-node"
+
+
+class _App(typer.Typer):
+    """Typer app whose usage errors are one line (`edge-node: error: ...`) with exit code 2."""
+
+    def __call__(self, *args, **kwargs):  # type: ignore[override]
+        if "standalone_mode" in kwargs:
+            return super().__call__(*args, **kwargs)
+        try:
+            rc = typer.main.get_command(self).main(*args, standalone_mode=False, prog_name=_PROG, **kwargs)
+        except _USAGE as e:
+            hint = f" (see {_PROG} {e.ctx.command_path.split(' ', 1)[1]} --help)" if e.ctx and " " in \
+                e.ctx.command_path else f" (see {_PROG} --help)"
+            print(f"{_PROG}: error: {e.format_message()}{hint}", file=sys.stderr)
+            sys.exit(2)
+        except _CLICK as e:
+            print(f"{_PROG}: error: {e.format_message()}", file=sys.stderr)
+            sys.exit(e.exit_code)
+        except _ABORT:
+            sys.exit(130)
+        sys.exit(rc if isinstance(rc, int) else 0)
+
+
+app = _App(
+    help="tiergate edge node: serve an INT4 GGUF model with continuous batching (llama.cpp), and model tools.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+
+
+def _fail(msg: str, code: int = 1) -> typer.Exit:
+    print(f"{_PROG}: error: {msg}", file=sys.stderr)
+    return typer.Exit(code)
+
+
+def _advertise_url(host: str, port: int, gateway: str | None) -> str:
+    """The URL the gateway should use: the bound host, or the local address that routes to the gateway."""
+    if host not in ("0.0.0.0", "::", ""):
+        h = f"[{host}]" if ":" in host else host
+        return f"http://{h}:{port}"
+    if gateway:
+        g = urlparse(gateway)
+        with contextlib.suppress(OSError), socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect((g.hostname or "127.0.0.1", g.port or 80))
+            return f"http://{s.getsockname()[0]}:{port}"
+    return f"http://{socket.gethostname()}:{port}"
+
+
+@app.command()
+def serve(
+    model: Annotated[str, typer.Option("--model", "-m", help="GGUF file, or a Hugging Face ref org/repo[:file.gguf].")],
+    host: Annotated[str, typer.Option(help="Bind address.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(min=1, max=65535, help="Port.")] = 8081,
+    ctx: Annotated[int, typer.Option(min=32, help="Context per request slot (prompt + completion tokens).")] = 2048,
+    parallel: Annotated[int, typer.Option(min=1, max=256, help="Requests decoded together (slots).")] = 4,
+    threads: Annotated[int, typer.Option(min=1, help="CPU threads for llama.cpp (1 is fastest on shared CPUs).")] = 1,
+    n_gpu_layers: Annotated[int, typer.Option(help="Layers offloaded to the GPU (-1: all; needs a CUDA build).")] = 0,
+    batch: Annotated[int, typer.Option(min=1, help="Max tokens per llama_decode (prefill chunk size).")] = 512,
+    kv_unified: Annotated[bool, typer.Option(help="One KV buffer shared by all slots (cheaper prefix sharing; "
+                                                  "attention then scans every slot's cells).")] = False,
+    model_name: Annotated[str | None, typer.Option(help="Name served in /v1/models (default: file name).")] = None,
+    gateway: Annotated[str | None, typer.Option(help="Gateway base URL to register with.")] = None,
+    token: Annotated[str | None, typer.Option(envvar="TIERGATE_EDGE_TOKEN", help="Edge token for the gateway.")] = None,
+    node_id: Annotated[str | None, typer.Option(help="Node id in the gateway registry (default host-port).")] = None,
+    advertise_url: Annotated[str | None, typer.Option(help="URL the gateway calls (default: derived).")] = None,
+    tier: Annotated[str | None, typer.Option(help="Edge tier to join when the gateway has several.")] = None,
+    drain_timeout: Annotated[float, typer.Option(min=0, help="Seconds to let in-flight requests finish on SIGTERM.")]
+    = 60.0,
+    log_format: Annotated[str, typer.Option(help="json or console.")] = "json",
+    log_level: Annotated[str, typer.Option(help="debug, info, warning, error.")] = "info",
+) -> None:
+    """Serve the OpenAI API (chat, completions, models), /health and /metrics from one GGUF model."""
+    from gateway.logs import configure_logging
+
+    configure_logging(log_format, log_level)
+    if batch < parallel:
+        raise _fail(f"--batch ({batch}) must be at least --parallel ({parallel})", 2)
+    if gateway and not gateway.startswith(("http://", "https://")):
+        raise _fail(f"--gateway must be an http(s) URL, got {gateway!r}", 2)
+    from edge_node.hub import resolve_model
+    from edge_node.model_file import ModelFileError
+
+    try:
+        path = resolve_model(model)
+        from edge_node.runtime import LlamaRuntime, RuntimeConfig
+
+        runtime = LlamaRuntime(RuntimeConfig(model_path=path, ctx_per_seq=ctx, parallel=parallel, n_batch=batch,
+                                             threads=threads, n_gpu_layers=n_gpu_layers, kv_unified=kv_unified))
+    except ModelFileError as e:
+        raise _fail(str(e)) from None
+
+    from edge_node.engine import Engine
+    from edge_node.server import ServerState, create_app
+
+    engine = Engine(runtime)
+    name = model_name or path.name.removesuffix(".gguf")
+    nid = node_id or f"{socket.gethostname()}-{port}"
+    state = ServerState(engine=engine, model_name=name, node_id=nid)
+    registrar = None
+    if gateway:
+        from edge_node.registration import NodeIdentity, Registrar
+
+        url = advertise_url or _advertise_url(host, port, gateway)
+        registrar = Registrar(gateway, token or "", NodeIdentity(nid, url, name), engine.stats, tier=tier)
+        state.on_startup.append(registrar.start)
+        state.on_shutdown.append(registrar.stop)
+    server = _DrainingServer(create_app(state), host, port, drain_timeout, state, registrar, log_level)
+    try:
+        server.run()
+    finally:
+        engine.stop()
+        runtime.close()
+    if server.startup_failed:
+        raise _fail(f"could not serve on {host}:{port} (address in use or not permitted?)")
+
+
+class _DrainingServer:
+    """uvicorn with a drain on SIGTERM/SIGINT: deregister, refuse new work, finish in-flight, exit 0."""
+
+    def __init__(self, app, host: str, port: int, drain_timeout: float, state, registrar, log_level: str) -> None:
+        import uvicorn
+
+        config = uvicorn.Config(app, host=host, port=port, log_level="warning" if log_level == "info" else log_level,
+                                access_log=False, lifespan="on", timeout_graceful_shutdown=int(drain_timeout) or 1)
+        outer = self
+
+        class _Server(uvicorn.Server):
+            def handle_exit(self, sig, frame) -> None:
+                outer._on_signal(sig)
+
+            @contextlib.contextmanager
+            def capture_signals(self):
+                if threading.current_thread() is not threading.main_thread():
+                    yield
+                    return
+                old = {s: signal.signal(s, self.handle_exit) for s in (signal.SIGINT, signal.SIGTERM)}
+                try:
+                    yield
+                finally:
+                    for s, h in old.items():
+                        signal.signal(s, h)
+
+            async def startup(self, sockets=None) -> None:
+                outer._loop = asyncio.get_running_loop()
+                await super().startup(sockets)
+
+        self.server = _Server(config)
+        self.state = state
+        self.registrar = registrar
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._signals = 0
+
+    @property
+    def startup_failed(self) -> bool:
+        return not self.server.started
+
+    def run(self) -> None:
+        with contextlib.suppress(SystemExit):
+            self.server.run()
+
+    def _on_signal(self, sig: int) -> None:
+        self._signals += 1
+        if self._signals > 1 or self._loop is None:
+            self.server.should_exit = True
+            if self._signals > 1:
+                self.server.force_exit = True
+            return
+        self._loop.call_soon_threadsafe(lambda: self._loop.create_task(self._drain(sig)))
+
+    async def _drain(self, sig: int) -> None:
+        import structlog
+
+        log = structlog.get_logger("edge_node.cli")
+        self.state.draining = True
+        self.state.engine.stop_accepting()
+        log.info("draining", signal=signal.Signals(sig).name, in_flight=self.state.engine.in_flight())
+        if self.registrar is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self.registrar.deregister(), 5)
+        self.server.should_exit = True
+
+
+@app.command()
+def quantize(
+    src: Annotated[Path, typer.Argument(help="Input GGUF (F16 or F32).")],
+    dst: Annotated[Path, typer.Argument(help="Output GGUF.")],
+    type: Annotated[str, typer.Option("--type", "-t", help="q4_k_m or q4_0.")] = "q4_k_m",
+    threads: Annotated[int, typer.Option(min=1, help="Quantizer threads.")] = 1,
+) -> None:
+    """Quantize a GGUF model to 4 bits with llama.cpp's own quantizer."""
+    from edge_node.quantize import QuantizeError
+    from edge_node.quantize import quantize as run
+
+    try:
+        out = run(src, dst, type, show_progress=sys.stderr.isatty(), threads=threads)
+    except QuantizeError as e:
+        raise _fail(str(e)) from None
+    print(f"wrote {out} ({out.stat().st_size / 2**20:.1f} MiB)")
+
+
+@app.command("demo-model")
+def demo_model(
+    out_dir: Annotated[Path, typer.Argument(help="Directory for the GGUF and tokenizer.json.")],
+    size: Annotated[str, typer.Option(help="tiny (tests) or bench (12 layers, 768 wide).")] = "tiny",
+    quant: Annotated[str, typer.Option(help="q4_0, q4_k_m or f16.")] = "q4_0",
+    seed: Annotated[int, typer.Option(help="Random seed (same seed, same file).")] = 0,
+) -> None:
+    """Build a small llama-architecture GGUF locally (real BPE tokenizer, chat template, INT4): no downloads."""
+    from edge_node.demo_model import build_demo_model
+    from edge_node.quantize import QuantizeError
+
+    try:
+        m = build_demo_model(out_dir, size=size, quant=quant, seed=seed,  # type: ignore[arg-type]
+                             progress=lambda msg: print(f"  {msg}", file=sys.stderr))
+    except (ValueError, QuantizeError) as e:
+        raise _fail(str(e), 2 if isinstance(e, ValueError) and not isinstance(e, QuantizeError) else 1) from None
+    except OSError as e:
+        raise _fail(f"cannot write to {out_dir}: {e.strerror or e}") from None
+    print(m.gguf)

@@ -1,0 +1,621 @@
+"""Continuous batching on llama.cpp's low-level API.
+
+One dedicated thread owns the llama_context and loops:
+  admit waiting requests into free slots (reusing KV of a shared prompt prefix) →
+  build one batch: the next token of every generating slot + prompt chunks of slots still prefilling →
+  one `llama_decode` for all of them (several seq_ids per batch) →
+  sample each slot's next token from its own batch row with its own sampler chain →
+  hand text deltas to asyncio consumers (one wake-up per step, see `edge_node.handoff`).
+Requests join and leave between steps; a cancelled request frees its slot at the next step.
+
+Each slot is one llama.cpp sequence (seq_id = slot index). A slot keeps the KV of its last request
+after it finishes, so a later request sharing a prefix (same system prompt, a chat turn that extends
+the previous one) skips that part of the prefill; a prefix held by another slot is copied with
+`llama_memory_seq_cp` when that saves enough work.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import itertools
+import threading
+import time
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+import structlog
+
+from edge_node.handoff import LoopHandoff
+from edge_node.metrics import EdgeMetrics
+from edge_node.runtime import LlamaRuntime
+from edge_node.sampling import SamplerChain, SamplingParams
+from edge_node.textstream import TextStream
+
+__all__ = [
+    "Chunk",
+    "ContextOverflowError",
+    "Engine",
+    "EngineClosedError",
+    "EngineError",
+    "EngineStats",
+    "Generation",
+]
+
+log = structlog.get_logger("edge_node.engine")
+
+FinishReason = Literal["stop", "length"]
+
+
+class EngineError(RuntimeError):
+    """Generation failed inside llama.cpp (the request cannot be completed)."""
+
+
+class EngineClosedError(EngineError):
+    """The engine is stopping or stopped and takes no new requests."""
+
+
+class ContextOverflowError(ValueError):
+    """Prompt (plus requested completion) does not fit in one slot's context."""
+
+    def __init__(self, limit: int, prompt_tokens: int, max_tokens: int | None) -> None:
+        self.limit, self.prompt_tokens, self.max_tokens = limit, prompt_tokens, max_tokens
+        if max_tokens is None or prompt_tokens >= limit:
+            msg = (
+                f"This model's maximum context length is {limit} tokens. However, your prompt has "
+                f"{prompt_tokens} tokens, which leaves no room for a completion. Shorten the prompt."
+            )
+        else:
+            msg = (
+                f"This model's maximum context length is {limit} tokens. However, you requested "
+                f"{prompt_tokens + max_tokens} tokens ({prompt_tokens} in the prompt, {max_tokens} for the "
+                "completion). Reduce the prompt or max_tokens."
+            )
+        super().__init__(msg)
+
+
+@dataclass(slots=True)
+class Chunk:
+    """A piece of generated text; the last chunk of a request has `finish_reason` set and final counts."""
+
+    text: str
+    finish_reason: FinishReason | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+    error: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class EngineStats:
+    slots: int
+    busy: int
+    queued: int
+    ctx_per_slot: int
+    kv_cells_used: int
+    kv_cells_total: int
+
+
+class Generation:
+    """Handle on one submitted request: async-iterate its chunks; `cancel()` frees its slot."""
+
+    def __init__(self, engine: Engine, req: _Request) -> None:
+        self._engine = engine
+        self._req = req
+        self.id = req.id
+        self.prompt_tokens = len(req.prompt)
+        self.finished = False
+
+    def __aiter__(self) -> Generation:
+        return self
+
+    async def __anext__(self) -> Chunk:
+        if self.finished:
+            raise StopAsyncIteration
+        chunk = await self._req.queue.get()
+        if chunk.error is not None:
+            self.finished = True
+            raise EngineError(chunk.error)
+        if chunk.finish_reason is not None:
+            self.finished = True
+        return chunk
+
+    def cancel(self) -> None:
+        """The consumer went away: stop generating and free the slot (idempotent)."""
+        if not self.finished:
+            self.finished = True
+            self._engine._cancel(self._req)
+
+
+class _Request:
+    __slots__ = (
+        "cached",
+        "cancelled",
+        "endpoint",
+        "first_token_at",
+        "id",
+        "loop",
+        "max_new",
+        "n_generated",
+        "n_prompt_done",
+        "next_token",
+        "params",
+        "prompt",
+        "queue",
+        "sampler",
+        "slot",
+        "submitted",
+        "text",
+    )
+
+    def __init__(self, rid: str, prompt: list[int], params: SamplingParams, max_new: int, endpoint: str,
+                 loop: asyncio.AbstractEventLoop) -> None:
+        self.id = rid
+        self.prompt = prompt
+        self.params = params
+        self.max_new = max_new
+        self.endpoint = endpoint
+        self.loop = loop
+        self.queue: asyncio.Queue[Chunk] = asyncio.Queue()
+        self.submitted = time.monotonic()
+        self.first_token_at: float | None = None
+        self.cancelled = False
+        self.slot: _Slot | None = None
+        self.n_prompt_done = 0
+        self.sampler: SamplerChain | None = None
+        self.text = TextStream(params.stop)
+        self.n_generated = 0
+        self.next_token = -1
+        self.cached = 0
+
+
+class _Slot:
+    __slots__ = ("last_used", "request", "seq", "tokens")
+
+    def __init__(self, seq: int) -> None:
+        self.seq = seq
+        self.tokens: list[int] = []  # exactly the tokens whose KV this sequence holds, by position
+        self.request: _Request | None = None
+        self.last_used = 0.0
+
+
+class _Batch:
+    """A llama_batch over numpy buffers we own, so filling it is vectorised (one seq id per token)."""
+
+    def __init__(self, ll, capacity: int) -> None:
+        self.capacity = capacity
+        self.token = np.zeros(capacity, dtype=np.int32)
+        self.pos = np.zeros(capacity, dtype=np.int32)
+        self.n_seq_id = np.ones(capacity, dtype=np.int32)
+        self.seq = np.zeros(capacity, dtype=np.int32)
+        self.logits = np.zeros(capacity, dtype=np.int8)
+        i32p = ctypes.POINTER(ctypes.c_int32)
+        self._seq_ptrs = (i32p * capacity)(
+            *(ctypes.cast(self.seq.ctypes.data + 4 * i, i32p) for i in range(capacity))
+        )
+        b = ll.llama_batch()
+        b.n_tokens = 0
+        b.token = self.token.ctypes.data_as(i32p)
+        b.embd = None
+        b.pos = self.pos.ctypes.data_as(i32p)
+        b.n_seq_id = self.n_seq_id.ctypes.data_as(i32p)
+        b.seq_id = ctypes.cast(self._seq_ptrs, ctypes.POINTER(i32p))
+        b.logits = self.logits.ctypes.data_as(ctypes.POINTER(ctypes.c_int8))
+        self.struct = b
+
+
+def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+class Engine:
+    """The decode loop and its request queue. Thread-safe submit/cancel; one engine per llama_context."""
+
+    def __init__(
+        self,
+        runtime: LlamaRuntime,
+        metrics: EdgeMetrics | None = None,
+        *,
+        prefix_reuse_min: int = 16,
+        prefix_copy_min: int = 32,
+        tps_window_s: float = 5.0,
+    ) -> None:
+        self.rt = runtime
+        self._ll = runtime.llama
+        self.metrics = metrics or EdgeMetrics()
+        self.parallel = runtime.n_seq_max
+        self.ctx_per_slot = runtime.cfg.ctx_per_seq
+        self.n_batch = runtime.cfg.n_batch
+        self.kv_unified = runtime.cfg.kv_unified
+        self._prefix_reuse_min = prefix_reuse_min
+        self._prefix_copy_min = prefix_copy_min
+        self._slots = [_Slot(i) for i in range(self.parallel)]
+        self._batch = _Batch(self._ll, self.n_batch)
+        self._cv = threading.Condition()
+        self._waiting: deque[_Request] = deque()
+        self._cancels: list[_Request] = []
+        self._running = False
+        self._accepting = True
+        self._thread: threading.Thread | None = None
+        self._ids = itertools.count(1)
+        self._tps_lock = threading.Lock()
+        self._tps: deque[tuple[float, int]] = deque()
+        self._tps_window = tps_window_s
+        self._busy = 0
+        self._fast = runtime.fast
+        self._handoffs: dict[asyncio.AbstractEventLoop, LoopHandoff] = {}
+        self.metrics.bind_engine(
+            slots=lambda: float(self.parallel),
+            busy=lambda: float(self._busy),
+            queued=lambda: float(len(self._waiting)),
+            kv_used=lambda: float(sum(len(s.tokens) for s in self._slots)),
+            kv_total=lambda: float(self.ctx_per_slot * self.parallel),
+            tokens_per_second=self.tokens_per_second,
+        )
+
+    # ------------------------------------------------------------------ public surface
+
+    def start(self) -> None:
+        if self._thread is not None:
+            return
+        self._running = True
+        self._thread = threading.Thread(target=self._run, name="edge-engine", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stop the loop; requests still running end with an error chunk."""
+        with self._cv:
+            self._accepting = False
+            self._running = False
+            self._cv.notify_all()
+        if self._thread is not None:
+            self._thread.join(timeout)
+            self._thread = None
+        for loop, h in list(self._handoffs.items()):
+            self._handoffs.pop(loop, None)
+            if loop.is_closed():
+                h.close()
+            else:
+                try:
+                    loop.call_soon_threadsafe(h.close)
+                except RuntimeError:
+                    h.close()
+
+    def close(self) -> None:
+        self.stop()
+        self.rt.close()
+
+    def stop_accepting(self) -> None:
+        """Drain mode: refuse new requests, keep decoding the ones in flight."""
+        with self._cv:
+            self._accepting = False
+
+    @property
+    def accepting(self) -> bool:
+        return self._accepting
+
+    def stats(self) -> EngineStats:
+        return EngineStats(
+            slots=self.parallel,
+            busy=self._busy,
+            queued=len(self._waiting),
+            ctx_per_slot=self.ctx_per_slot,
+            kv_cells_used=sum(len(s.tokens) for s in self._slots),
+            kv_cells_total=self.ctx_per_slot * self.parallel,
+        )
+
+    def in_flight(self) -> int:
+        return self._busy + len(self._waiting)
+
+    def tokens_per_second(self) -> float:
+        now = time.monotonic()
+        with self._tps_lock:
+            while self._tps and self._tps[0][0] < now - self._tps_window:
+                self._tps.popleft()
+            total = sum(n for _, n in self._tps)
+        return total / self._tps_window
+
+    def tokenize_prompt(self, text: str) -> list[int]:
+        """Plain completion prompt → tokens (BOS added when the model wants one)."""
+        return self.rt.tokenize(text, add_bos=self.rt.add_bos, parse_special=True)
+
+    def tokenize_chat(self, messages: Sequence[dict], tools: list[dict] | None = None) -> list[int]:
+        """Chat messages → prompt tokens through the model's chat template (raises ChatTemplateError)."""
+        text = self.rt.chat_template.render(messages, add_generation_prompt=True, tools=tools)
+        toks = self.rt.tokenize(text, add_bos=False, parse_special=True)
+        if self.rt.add_bos and self.rt.bos >= 0 and (not toks or toks[0] != self.rt.bos):
+            toks.insert(0, self.rt.bos)
+        return toks
+
+    def check_fits(self, n_prompt: int, max_tokens: int | None) -> None:
+        if n_prompt >= self.ctx_per_slot or (max_tokens is not None and n_prompt + max_tokens > self.ctx_per_slot):
+            raise ContextOverflowError(self.ctx_per_slot, n_prompt, max_tokens)
+
+    def submit(self, prompt: list[int], params: SamplingParams, endpoint: str = "completions") -> Generation:
+        """Queue a request (call from the event loop that will consume it). Raises ContextOverflowError."""
+        if not prompt:
+            raise ValueError("prompt is empty")
+        self.check_fits(len(prompt), params.max_tokens)
+        room = self.ctx_per_slot - len(prompt)
+        max_new = room if params.max_tokens is None else min(params.max_tokens, room)
+        loop = asyncio.get_running_loop()
+        if loop not in self._handoffs:
+            for old in [lp for lp in self._handoffs if lp.is_closed()]:
+                self._handoffs.pop(old).close()
+            self._handoffs[loop] = LoopHandoff(loop, self._fast.write, self._put_all)
+        req = _Request(f"{next(self._ids)}", list(prompt), params, max_new, endpoint, loop)
+        with self._cv:
+            if not self._accepting or not self._running:
+                raise EngineClosedError("the edge node is shutting down")
+            self._waiting.append(req)
+            self._cv.notify()
+        return Generation(self, req)
+
+    def _cancel(self, req: _Request) -> None:
+        with self._cv:
+            req.cancelled = True
+            self._cancels.append(req)
+            self._cv.notify()
+
+    # ------------------------------------------------------------------ the loop
+
+    def _run(self) -> None:
+        try:
+            while True:
+                with self._cv:
+                    while self._running and not self._cancels and not self._waiting and self._busy == 0:
+                        self._cv.wait()
+                    if not self._running:
+                        break
+                    cancels, self._cancels = self._cancels, []
+                out: dict[asyncio.AbstractEventLoop, list[tuple[_Request, Chunk]]] = {}
+                for req in cancels:
+                    self._drop(req)
+                self._admit()
+                if self._busy:
+                    self._step(out)
+                self._deliver(out)
+        except Exception as e:  # pragma: no cover - a bug in the loop must not hang clients
+            log.exception("engine loop crashed")
+            self._fail_all(f"engine failure: {e}")
+            return
+        self._fail_all("the edge node is shutting down")
+
+    def _drop(self, req: _Request) -> None:
+        """Forget a cancelled request wherever it is; its slot becomes free now."""
+        if req.slot is None:
+            with self._cv:
+                try:
+                    self._waiting.remove(req)
+                except ValueError:
+                    return
+            self.metrics.cancelled.inc()
+            return
+        self.metrics.cancelled.inc()
+        self._release(req)
+
+    def _release(self, req: _Request) -> None:
+        slot = req.slot
+        if slot is not None:
+            slot.request = None
+            slot.last_used = time.monotonic()
+            self._busy -= 1
+            req.slot = None
+        if req.sampler is not None:
+            req.sampler.free()
+            req.sampler = None
+
+    # ------------------------------------------------------------------ admission and prefix reuse
+
+    def _admit(self) -> None:
+        while True:
+            with self._cv:
+                if not self._waiting:
+                    return
+                free = [s for s in self._slots if s.request is None]
+                if not free:
+                    return
+                req = self._waiting.popleft()
+            if req.cancelled:
+                continue
+            self._assign(req, free)
+
+    def _assign(self, req: _Request, free: list[_Slot]) -> None:
+        ll, fast, mem = self._ll, self._fast, self.rt.memory
+        prompt = req.prompt
+        limit = len(prompt) - 1  # at least one prompt token must be decoded to get logits
+
+        def score(s: _Slot) -> tuple[int, int, float]:
+            # Reuse a slot's cache when it shares enough; otherwise take the slot with the least
+            # cached (least recently used on ties), so useful prefixes survive for later requests.
+            common = min(_common_prefix(s.tokens, prompt), limit)
+            useful = common if common >= self._prefix_reuse_min else 0
+            return useful, -len(s.tokens), -s.last_used
+
+        slot = max(free, key=score)
+        own = min(_common_prefix(slot.tokens, prompt), limit)
+        donor, donor_len = None, own
+        for s in self._slots:
+            if s is slot or len(s.tokens) <= donor_len + self._prefix_copy_min:
+                continue
+            n = min(_common_prefix(s.tokens, prompt), limit)
+            if n >= donor_len + self._prefix_copy_min:
+                donor, donor_len = s, n
+        if donor is not None:
+            if self.kv_unified:
+                fast.memory_seq_rm(mem, slot.seq, -1, -1)
+                fast.memory_seq_cp(mem, donor.seq, slot.seq, 0, donor_len)
+            else:  # separate streams: llama.cpp copies whole sequences only, then we trim
+                fast.memory_seq_cp(mem, donor.seq, slot.seq, -1, -1)
+                fast.memory_seq_rm(mem, slot.seq, donor_len, -1)
+            slot.tokens = donor.tokens[:donor_len]
+            reused = donor_len
+        else:
+            if not fast.memory_seq_rm(mem, slot.seq, own, -1):
+                fast.memory_seq_rm(mem, slot.seq, -1, -1)
+                own = 0
+            del slot.tokens[own:]
+            reused = own
+        req.slot = slot
+        req.n_prompt_done = reused
+        req.cached = reused
+        req.sampler = SamplerChain(ll, req.params, self.rt.n_vocab, sample_fn=fast.sampler_sample)
+        slot.request = req
+        self._busy += 1
+        self.metrics.prompt_tokens.inc(len(prompt))
+        if reused:
+            self.metrics.prompt_tokens_cached.inc(reused)
+
+    # ------------------------------------------------------------------ one decode step
+
+    def _step(self, out: dict) -> None:
+        ll, b = self._ll, self._batch
+        toks: list[int] = []
+        poss: list[int] = []
+        seqs: list[int] = []
+        outs: list[int] = []
+        # (request, first index in batch, n tokens, output row or -1)
+        parts: list[tuple[_Request, int, int, int]] = []
+        for slot in self._slots:
+            req = slot.request
+            if req is not None and req.n_prompt_done >= len(req.prompt):
+                i = len(toks)
+                toks.append(req.next_token)
+                poss.append(len(slot.tokens))
+                seqs.append(slot.seq)
+                outs.append(1)
+                parts.append((req, i, 1, i))
+        budget = self.n_batch - len(toks)
+        if budget > 0:
+            prefilling = [s.request for s in self._slots if s.request is not None
+                          and s.request.n_prompt_done < len(s.request.prompt)]
+            prefilling.sort(key=lambda r: r.submitted)
+            for req in prefilling:
+                if budget <= 0:
+                    break
+                slot = req.slot
+                start = req.n_prompt_done
+                k = min(len(req.prompt) - start, budget)
+                i = len(toks)
+                toks.extend(req.prompt[start:start + k])
+                base = len(slot.tokens)
+                poss.extend(range(base, base + k))
+                seqs.extend([slot.seq] * k)
+                done = start + k == len(req.prompt)
+                outs.extend([0] * (k - 1))
+                outs.append(1 if done else 0)
+                parts.append((req, i, k, i + k - 1 if done else -1))
+                budget -= k
+        n = len(toks)
+        if n == 0:
+            return
+        b.token[:n] = toks
+        b.pos[:n] = poss
+        b.seq[:n] = seqs
+        b.logits[:n] = outs
+        b.struct.n_tokens = n
+        t0 = time.perf_counter()
+        rc = ll.llama_decode(self.rt.ctx, b.struct)
+        dt = time.perf_counter() - t0
+        m = self.metrics
+        m.decode_calls.inc()
+        m.decode_seconds.observe(dt)
+        m.batch_tokens.observe(n)
+        m.batch_sequences.observe(len(parts))
+        if len(parts) > 1:
+            m.multi_sequence_decodes.inc()
+        if rc != 0:
+            self._decode_failed(rc, parts, out)
+            return
+        now = time.monotonic()
+        generated = 0
+        for req, i, k, row in parts:
+            slot = req.slot
+            if req.n_prompt_done < len(req.prompt):
+                slot.tokens.extend(toks[i:i + k])
+                req.n_prompt_done += k
+            else:
+                slot.tokens.append(req.next_token)
+            if row >= 0:
+                generated += self._sample(req, row, now, out)
+        if generated:
+            with self._tps_lock:
+                self._tps.append((now, generated))
+            m.generation_tokens.inc(generated)
+
+    def _sample(self, req: _Request, row: int, now: float, out: dict) -> int:
+        """Sample one token for `req`, emit its text, finish the request if it is done. Returns 1 if counted."""
+        rt = self.rt
+        tok = req.sampler.sample(rt.ctx, row)
+        if req.first_token_at is None:
+            req.first_token_at = now
+            self.metrics.time_to_first_token.observe(now - req.submitted)
+        if rt.is_eog(tok):
+            self._finish(req, "stop", req.text.flush(), out)
+            return 0
+        req.n_generated += 1
+        text = req.text.feed(rt.piece(tok))
+        if req.text.stopped:
+            self._finish(req, "stop", text, out)
+        elif req.n_generated >= req.max_new:
+            self._finish(req, "length", text + req.text.flush(), out)
+        else:
+            req.next_token = tok
+            if text:
+                out.setdefault(req.loop, []).append((req, Chunk(text)))
+        return 1
+
+    def _finish(self, req: _Request, reason: FinishReason, text: str, out: dict) -> None:
+        chunk = Chunk(text, reason, len(req.prompt), req.n_generated, req.cached)
+        out.setdefault(req.loop, []).append((req, chunk))
+        self.metrics.requests.labels(req.endpoint, reason).inc()
+        self._release(req)
+
+    def _decode_failed(self, rc: int, parts, out: dict) -> None:
+        """llama_decode refused the batch: fail those requests, reset their sequences."""
+        why = {1: "no KV cache space for the batch", 2: "decode aborted", -1: "invalid batch"}.get(
+            rc, f"llama_decode failed ({rc})"
+        )
+        log.error("decode failed", rc=rc, reason=why, llama=self.rt.last_llama_error())
+        for req, _i, _k, _row in parts:
+            slot = req.slot
+            if slot is None:
+                continue
+            self._fast.memory_seq_rm(self.rt.memory, slot.seq, -1, -1)
+            slot.tokens = []
+            out.setdefault(req.loop, []).append((req, Chunk("", error=why)))
+            self.metrics.request_errors.labels("decode_failed").inc()
+            self._release(req)
+
+    def _fail_all(self, why: str) -> None:
+        out: dict = {}
+        with self._cv:
+            waiting = list(self._waiting)
+            self._waiting.clear()
+        for req in waiting + [s.request for s in self._slots if s.request is not None]:
+            if not req.cancelled:
+                out.setdefault(req.loop, []).append((req, Chunk("", error=why)))
+            self._release(req)
+        self._deliver(out)
+
+    # ------------------------------------------------------------------ hand-off to asyncio
+
+    @staticmethod
+    def _put_all(items: list[tuple[_Request, Chunk]]) -> None:
+        for req, chunk in items:
+            if not req.cancelled:
+                req.queue.put_nowait(chunk)
+
+    def _deliver(self, out: dict) -> None:
+        for loop, items in out.items():
+            h = self._handoffs.get(loop)
+            if h is not None and not h.push(items):  # loop closed: nobody is listening any more
+                self._handoffs.pop(loop, None)
+                h.close()

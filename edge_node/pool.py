@@ -1,0 +1,343 @@
+"""The gateway's view of an edge tier: which edge nodes exist, how loaded they are, which to try first.
+
+Nodes come from two places: heartbeats (`edge-node serve --gateway ...` posts its load every ~2 s) and
+static endpoints in the tier config (polled on `/health`). With a Redis client, heartbeats are stored in
+Redis (a sorted set of last-seen times plus a hash of node info), so every gateway replica sees every
+node whichever replica received the heartbeat; without one the registry lives in this process.
+A node silent for `ttl_s` is dropped. `candidates()` runs on every request, so it only reads the
+in-memory snapshot: least loaded first, where load = max(our in-flight / slots, reported (busy+queued) / slots),
+round-robin among equals.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+import structlog
+
+from gateway.pool import Endpoint
+
+if TYPE_CHECKING:
+    from gateway.schemas import ParsedRequest
+    from policies.types import Features
+
+__all__ = ["EdgePool", "HeartbeatError", "NodeInfo", "parse_heartbeat"]
+
+log = structlog.get_logger("edge_node.pool")
+
+_CLEANUP_LUA = """
+local ids = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1])
+for _, id in ipairs(ids) do redis.call('HDEL', KEYS[2], id) end
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', ARGV[1])
+return #ids
+"""
+
+
+class HeartbeatError(ValueError):
+    """A heartbeat body that does not describe a node (the gateway answers 400 with this message)."""
+
+
+class NodeInfo(msgspec.Struct, forbid_unknown_fields=False):
+    """What an edge node says about itself in each heartbeat."""
+
+    node_id: str
+    url: str
+    model: str
+    slots: int = 1
+    busy: int = 0
+    queued: int = 0
+    ctx: int = 0
+    tier: str | None = None
+
+
+def parse_heartbeat(body: bytes | Mapping[str, Any] | NodeInfo) -> NodeInfo:
+    """Validate a heartbeat (raw JSON bytes, a decoded dict, or a NodeInfo)."""
+    if isinstance(body, NodeInfo):
+        info = body
+    else:
+        try:
+            if isinstance(body, (bytes, bytearray, memoryview)):
+                info = msgspec.json.decode(body, type=NodeInfo)
+            else:
+                info = msgspec.convert(dict(body), NodeInfo)
+        except (msgspec.ValidationError, msgspec.DecodeError, TypeError) as e:
+            raise HeartbeatError(f"invalid heartbeat: {e}") from None
+    if not info.node_id or not info.url.startswith(("http://", "https://")):
+        raise HeartbeatError("invalid heartbeat: node_id must be set and url must be an http(s) base URL")
+    if info.slots < 1 or info.busy < 0 or info.queued < 0:
+        raise HeartbeatError("invalid heartbeat: slots must be >= 1, busy and queued >= 0")
+    return info
+
+
+def _base_url(url: str) -> str:
+    url = url.rstrip("/")
+    return url.removesuffix("/v1")
+
+
+class EdgePool:
+    """Registry + selection for one edge tier; implements gateway.pool.Pool."""
+
+    def __init__(
+        self,
+        tier: Any,
+        static_endpoints: Sequence[str] = (),
+        model: str = "",
+        redis: Any = None,
+        ttl_s: float = 10.0,
+        *,
+        poll_interval_s: float = 2.0,
+        refresh_interval_s: float = 1.0,
+        failure_threshold: int = 3,
+        cooldown_s: float = 5.0,
+        key_prefix: str = "tiergate:edge",
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        if not isinstance(tier, str):  # a TierConfig: take what it says unless given explicitly
+            static_endpoints = static_endpoints or list(getattr(tier, "endpoints", []) or [])
+            model = model or getattr(tier, "model", "")
+            tier = tier.name
+        self.tier: str = tier
+        self.model = model
+        self.ttl_s = ttl_s
+        self._clock = clock  # wall clock: heartbeat times are shared between replicas through Redis
+        self._redis = redis
+        self._poll_interval = poll_interval_s
+        self._refresh_interval = refresh_interval_s
+        self._failure_threshold = failure_threshold
+        self._cooldown_s = cooldown_s
+        self._k_seen = f"{key_prefix}:{tier}:seen"
+        self._k_info = f"{key_prefix}:{tier}:info"
+        self._nodes: dict[str, Endpoint] = {}  # registered through heartbeats
+        self._static: dict[str, Endpoint] = {}
+        for url in static_endpoints:
+            base = _base_url(url)
+            self._static[base] = Endpoint(id=base, base_url=base, model=model, tier=tier, slots=1,
+                                          extra={"source": "static", "up": True, "draining": False})
+        self._fails: dict[str, int] = {}
+        self._cooldown_until: dict[str, float] = {}
+        self._rr = 0
+        self._tasks: list[asyncio.Task[None]] = []
+        self._session: Any = None
+        self._cleanup = None
+        self._redis_warned = False
+
+    # ------------------------------------------------------------------ Pool protocol
+
+    def candidates(self, request: ParsedRequest | None = None, features: Features | None = None) -> list[Endpoint]:
+        """Usable endpoints, least loaded first; equal loads rotate so traffic spreads."""
+        now, mono = self._clock(), time.monotonic()
+        usable = [e for e in self._all() if self._usable(e, now, mono)]
+        if not usable:
+            return []
+        usable.sort(key=lambda e: e.id)
+        n, rr = len(usable), self._rr
+        self._rr += 1
+        order = {e.id: (i - rr) % n for i, e in enumerate(usable)}
+        usable.sort(key=lambda e: (e.load(), order[e.id]))
+        return usable
+
+    def report(self, endpoint: Endpoint, ok: bool) -> None:
+        """Consecutive failures put an endpoint on a growing cool-down; one success clears it."""
+        if ok:
+            self._fails.pop(endpoint.id, None)
+            self._cooldown_until.pop(endpoint.id, None)
+            return
+        n = self._fails.get(endpoint.id, 0) + 1
+        self._fails[endpoint.id] = n
+        if n >= self._failure_threshold:
+            backoff = min(60.0, self._cooldown_s * 2 ** (n - self._failure_threshold))
+            self._cooldown_until[endpoint.id] = time.monotonic() + backoff
+            log.warning("edge endpoint cooling down", tier=self.tier, endpoint=endpoint.id, failures=n,
+                        seconds=backoff)
+
+    def healthy(self) -> bool:
+        now, mono = self._clock(), time.monotonic()
+        return any(self._usable(e, now, mono) for e in self._all())
+
+    def endpoints(self) -> list[Endpoint]:
+        return list(self._all())
+
+    async def start(self) -> None:
+        if self._tasks:
+            return
+        if self._static:
+            import aiohttp
+
+            self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=min(2.0, self._poll_interval)))
+            self._tasks.append(asyncio.create_task(self._poll_static_loop(), name=f"edge-pool-poll-{self.tier}"))
+        self._tasks.append(asyncio.create_task(self._refresh_loop(), name=f"edge-pool-refresh-{self.tier}"))
+
+    async def stop(self) -> None:
+        for t in self._tasks:
+            t.cancel()
+        for t in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await t
+        self._tasks.clear()
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    # ------------------------------------------------------------------ registration
+
+    async def heartbeat(self, info: bytes | Mapping[str, Any] | NodeInfo) -> Endpoint:
+        """Register or refresh a node. Raises HeartbeatError on a malformed heartbeat."""
+        node = parse_heartbeat(info)
+        now = self._clock()
+        ep = self._apply(node, now)
+        if self._redis is not None:
+            try:
+                pipe = self._redis.pipeline(transaction=True)
+                pipe.zadd(self._k_seen, {node.node_id: now})
+                pipe.hset(self._k_info, node.node_id, msgspec.json.encode(node))
+                await pipe.execute()
+            except Exception as e:  # noqa: BLE001 - Redis down: this replica still knows the node
+                self._redis_failed(e)
+        return ep
+
+    async def deregister(self, node_id: str) -> bool:
+        """Forget a node now (it is draining). True if it was known."""
+        known = self._nodes.pop(node_id, None) is not None
+        self._fails.pop(node_id, None)
+        self._cooldown_until.pop(node_id, None)
+        if self._redis is not None:
+            try:
+                pipe = self._redis.pipeline(transaction=True)
+                pipe.zrem(self._k_seen, node_id)
+                pipe.hdel(self._k_info, node_id)
+                removed, _ = await pipe.execute()
+                known = known or bool(removed)
+            except Exception as e:  # noqa: BLE001 - Redis down: forgotten here, expires there
+                self._redis_failed(e)
+        if known:
+            log.info("edge node deregistered", tier=self.tier, node_id=node_id)
+        return known
+
+    async def refresh(self) -> None:
+        """Expire silent nodes and (with Redis) load every node any replica has heard from."""
+        now = self._clock()
+        if self._redis is None:
+            for nid, ep in list(self._nodes.items()):
+                if now - float(ep.extra.get("seen", 0.0)) > self.ttl_s:
+                    del self._nodes[nid]
+                    log.info("edge node expired", tier=self.tier, node_id=nid)
+            return
+        try:
+            if self._cleanup is None:
+                self._cleanup = self._redis.register_script(_CLEANUP_LUA)
+            await self._cleanup(keys=[self._k_seen, self._k_info], args=[now - self.ttl_s])
+            pipe = self._redis.pipeline(transaction=True)
+            pipe.zrange(self._k_seen, 0, -1, withscores=True)
+            pipe.hgetall(self._k_info)
+            seen_rows, infos = await pipe.execute()
+        except Exception as e:  # noqa: BLE001 - keep the last snapshot while Redis is away
+            self._redis_failed(e)
+            return
+        self._redis_warned = False
+        seen = {_s(k): float(v) for k, v in seen_rows}
+        live: set[str] = set()
+        for k, raw in infos.items():
+            nid = _s(k)
+            if nid not in seen:
+                continue
+            try:
+                node = msgspec.json.decode(raw, type=NodeInfo)
+            except (msgspec.ValidationError, msgspec.DecodeError):
+                continue
+            self._apply(node, seen[nid])
+            live.add(nid)
+        for nid in list(self._nodes):
+            if nid not in live:
+                del self._nodes[nid]
+
+    # ------------------------------------------------------------------ internals
+
+    def _all(self):
+        yield from self._static.values()
+        yield from self._nodes.values()
+
+    def _usable(self, e: Endpoint, now: float, mono: float) -> bool:
+        x = e.extra
+        if x.get("draining"):
+            return False
+        if x.get("source") == "static":
+            if not x.get("up", True):
+                return False
+        elif now - float(x.get("seen", 0.0)) > self.ttl_s:
+            return False
+        until = self._cooldown_until.get(e.id)
+        return until is None or mono >= until
+
+    def _apply(self, node: NodeInfo, seen: float) -> Endpoint:
+        ep = self._nodes.get(node.node_id)
+        load = (node.busy + node.queued) / max(node.slots, 1)
+        if ep is None:
+            ep = Endpoint(id=node.node_id, base_url=_base_url(node.url), model=node.model, tier=self.tier,
+                          slots=node.slots, reported_load=load)
+            self._nodes[node.node_id] = ep
+            log.info("edge node registered", tier=self.tier, node_id=node.node_id, url=node.url,
+                     model=node.model, slots=node.slots)
+        elif seen < float(ep.extra.get("seen", 0.0)):
+            return ep  # an older reading (another replica's snapshot) must not overwrite a newer one
+        else:
+            ep.base_url = _base_url(node.url)
+            ep.model = node.model
+            ep.slots = node.slots
+            ep.reported_load = load
+        ep.extra.update(source="heartbeat", seen=seen, busy=node.busy, queued=node.queued, ctx=node.ctx)
+        return ep
+
+    def _redis_failed(self, e: Exception) -> None:
+        if not self._redis_warned:
+            log.warning("edge registry: redis unavailable, using this replica's view", tier=self.tier,
+                        error=f"{type(e).__name__}: {e}")
+            self._redis_warned = True
+
+    async def _refresh_loop(self) -> None:
+        while True:
+            with contextlib.suppress(Exception):
+                await self.refresh()
+            await asyncio.sleep(self._refresh_interval)
+
+    async def _poll_static_loop(self) -> None:
+        while True:
+            await asyncio.gather(*(self._poll(ep) for ep in list(self._static.values())), return_exceptions=True)
+            await asyncio.sleep(self._poll_interval * random.uniform(0.9, 1.1))
+
+    async def _poll(self, ep: Endpoint) -> None:
+        """Learn a static node's model, slots and load from /health (or /v1/models for other servers)."""
+        x = ep.extra
+        try:
+            async with self._session.get(f"{ep.base_url}/health") as r:
+                if r.status in (200, 503):
+                    body = await r.json(content_type=None)
+                    if isinstance(body, dict) and "slots" in body:
+                        slots = max(int(body.get("slots") or 1), 1)
+                        ep.slots = slots
+                        ep.model = str(body.get("model") or ep.model)
+                        ep.reported_load = (int(body.get("busy", 0)) + int(body.get("queued", 0))) / slots
+                        x.update(up=True, draining=body.get("status") == "draining" or r.status == 503,
+                                 busy=body.get("busy"), queued=body.get("queued"), ctx=body.get("ctx"))
+                        return
+            async with self._session.get(f"{ep.base_url}/v1/models") as r:
+                if r.status == 200:
+                    data = (await r.json(content_type=None)).get("data") or []
+                    if data:
+                        ep.model = str(data[0].get("id") or ep.model)
+                    x.update(up=True, draining=False)
+                    return
+            x["up"] = False
+        except Exception:  # noqa: BLE001 - any failure to reach the node means it is down
+            if x.get("up", True):
+                log.warning("static edge endpoint unreachable", tier=self.tier, endpoint=ep.base_url)
+            x["up"] = False
+
+
+def _s(v: Any) -> str:
+    return v.decode() if isinstance(v, (bytes, bytearray)) else str(v)

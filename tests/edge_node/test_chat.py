@@ -1,0 +1,33 @@
+import pytest
+
+from edge_node.chat import ChatTemplate, ChatTemplateError
+from edge_node.demo_model import CHAT_TEMPLATE
+
+
+def test_model_template_renders_messages_and_generation_prompt():
+    t = ChatTemplate(CHAT_TEMPLATE, bos_token="<s>", eos_token="</s>")
+    out = t.render([{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}])
+    assert out == "<|im_start|>system\nbe brief<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+    assert not t.is_default
+
+
+def test_missing_template_falls_back_to_chatml():
+    t = ChatTemplate(None)
+    assert t.is_default
+    assert t.render([{"role": "user", "content": "x"}]).endswith("<|im_start|>assistant\n")
+
+
+def test_template_can_use_special_tokens_and_raise():
+    t = ChatTemplate("{{ bos_token }}{% if messages[0]['role'] != 'user' %}{{ raise_exception('user first') }}"
+                     "{% endif %}{{ messages[0]['content'] }}", bos_token="<s>")
+    assert t.render([{"role": "user", "content": "a"}]) == "<s>a"
+    with pytest.raises(ChatTemplateError, match="user first"):
+        t.render([{"role": "system", "content": "a"}])
+
+
+def test_broken_or_hostile_templates_fail_cleanly():
+    with pytest.raises(ChatTemplateError, match="does not compile"):
+        ChatTemplate("{% for %}")
+    sneaky = ChatTemplate("{{ messages.__class__.__mro__ }}")
+    with pytest.raises(ChatTemplateError):
+        sneaky.render([{"role": "user", "content": "x"}])

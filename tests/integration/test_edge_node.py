@@ -1,0 +1,276 @@
+"""`edge-node serve` as a real process on the real llama.cpp with a generated INT4 model."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import threading
+
+import httpx
+import pytest
+
+from tests.support.servers import wait_until
+
+pytestmark = pytest.mark.integration
+
+
+def chat_body(text: str, **kw) -> dict:
+    return {"model": "any", "messages": [{"role": "user", "content": text}], **kw}
+
+
+def sse_events(lines) -> list:
+    out = []
+    for line in lines:
+        if line.startswith("data: "):
+            data = line[6:]
+            out.append(data if data == "[DONE]" else json.loads(data))
+    return out
+
+
+async def first_chunk_then_hold(client: httpx.AsyncClient, url: str, body: dict, started: asyncio.Event,
+                                release: asyncio.Event) -> list:
+    """Stream a request; signal after the first content chunk; read the rest after `release`."""
+    events = []
+    async with client.stream("POST", url, json=body) as r:
+        assert r.status_code == 200
+        lines = r.aiter_lines()
+        async for line in lines:
+            if line.startswith("data: "):
+                events.extend(sse_events([line]))
+                if isinstance(events[-1], dict) and events[-1]["choices"] and \
+                        events[-1]["choices"][0]["delta"].get("content"):
+                    break
+        started.set()
+        await release.wait()
+        async for line in lines:
+            events.extend(sse_events([line]))
+    return events
+
+
+@pytest.fixture
+def long_node(edge_node_factory):
+    """A node with room for long generations (thousands of tokens), so a request outlives client round trips."""
+    return edge_node_factory("--parallel", "4", "--ctx", "4096")
+
+
+LONG = 4000
+
+
+def test_overlapping_streams_are_decoded_in_shared_batches(long_node):
+    edge_node = long_node
+    url = edge_node.url + "/v1/chat/completions"
+    n = 3
+
+    async def scenario():
+        async with httpx.AsyncClient(timeout=120) as client:
+            started = [asyncio.Event() for _ in range(n)]
+            release = asyncio.Event()
+            tasks = []
+            for i in range(n):
+                body = chat_body(f"stream {i}", stream=True, max_tokens=1500, temperature=0.8, seed=i)
+                tasks.append(asyncio.create_task(first_chunk_then_hold(client, url, body, started[i], release)))
+                await started[i].wait()  # request i is generating before i+1 starts
+            health = (await client.get(edge_node.url + "/health")).json()
+            release.set()
+            return health, await asyncio.gather(*tasks)
+
+    health, results = asyncio.run(scenario())
+    assert health["busy"] == n  # all three were in slots at the same moment
+    for events in results:
+        assert events[-1] == "[DONE]"
+        assert events[-2]["choices"][0]["finish_reason"] == "length"
+    m = edge_node.metrics()
+    decodes = m[("tiergate_edge_batch_sequences_count", ())]
+    single = m[("tiergate_edge_batch_sequences_bucket", (("le", "1.0"),))]
+    assert decodes - single > 0  # some llama_decode calls carried several sequences
+    assert m[("tiergate_edge_multi_sequence_decodes_total", ())] == decodes - single
+    assert m[("tiergate_edge_generation_tokens_total", ())] >= n * 1500
+
+
+def test_client_disconnect_frees_the_slot_at_once(long_node):
+    edge_node = long_node
+    body = chat_body("never ending", stream=True, max_tokens=LONG, temperature=0.0)
+    with httpx.Client(timeout=60) as client, client.stream("POST", edge_node.url + "/v1/chat/completions",
+                                                           json=body) as r:
+        lines = r.iter_lines()  # keep a reference: dropping the iterator would close the connection
+        for line in lines:
+            if '"content":"' in line and '"content":""' not in line:
+                break
+        assert edge_node.health()["busy"] == 1
+    # leaving the block closed the connection mid-stream
+    wait_until(lambda: edge_node.health()["busy"] == 0, timeout_s=30, what="slot freed")
+    assert edge_node.metric("tiergate_edge_requests_cancelled_total") == 1
+    assert edge_node.metric("tiergate_edge_generation_tokens_total") < LONG
+
+
+def test_queued_request_is_dropped_when_its_client_leaves(edge_node_factory):
+    node = edge_node_factory("--parallel", "1", "--ctx", "4096")
+
+    async def scenario():
+        async with httpx.AsyncClient(timeout=60) as client:
+            started, release = asyncio.Event(), asyncio.Event()
+            running = asyncio.create_task(first_chunk_then_hold(
+                client, node.url + "/v1/chat/completions",
+                chat_body("first", stream=True, max_tokens=LONG, temperature=0.0), started, release))
+            await started.wait()
+            waiting = asyncio.create_task(client.post(node.url + "/v1/completions",
+                                                      json={"model": "m", "prompt": "second", "max_tokens": 5}))
+            for _ in range(500):
+                if (await client.get(node.url + "/health")).json()["queued"] == 1:
+                    break
+                await asyncio.sleep(0.01)
+            queued = (await client.get(node.url + "/health")).json()["queued"]
+            waiting.cancel()
+            for _ in range(500):
+                if (await client.get(node.url + "/health")).json()["queued"] == 0:
+                    break
+                await asyncio.sleep(0.01)
+            after = (await client.get(node.url + "/health")).json()
+            running.cancel()
+            return queued, after
+
+    queued, after = asyncio.run(scenario())
+    assert queued == 1 and after["queued"] == 0
+    assert node.metric("tiergate_edge_requests_cancelled_total") >= 1
+
+
+def test_greedy_batched_output_equals_single_sequence_output(edge_node):
+    prompts = ["What is an edge node?", "Tell me a story about gateways", "2+2=?", "Translate: café au lait"]
+
+    def ask(client, p):
+        r = client.post(edge_node.url + "/v1/chat/completions",
+                        json=chat_body(p, max_tokens=48, temperature=0.0))
+        assert r.status_code == 200, r.text
+        return r.json()["choices"][0]["message"]["content"]
+
+    with httpx.Client(timeout=120) as client:
+        alone = [ask(client, p) for p in prompts]
+    before = edge_node.metric("tiergate_edge_multi_sequence_decodes_total")
+    together: list[str | None] = [None] * len(prompts)
+    barrier = threading.Barrier(len(prompts))
+
+    def worker(i):
+        with httpx.Client(timeout=120) as client:
+            barrier.wait()
+            together[i] = ask(client, prompts[i])
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(len(prompts))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert together == alone
+    assert edge_node.metric("tiergate_edge_multi_sequence_decodes_total") > before
+
+
+def test_prompt_longer_than_context_is_a_400_naming_the_limit(edge_node):
+    r = httpx.post(edge_node.url + "/v1/completions",
+                   json={"model": "m", "prompt": "lorem ipsum dolor " * 800, "max_tokens": 4}, timeout=30)
+    assert r.status_code == 400
+    err = r.json()["error"]
+    assert err["code"] == "context_length_exceeded" and err["type"] == "invalid_request_error"
+    assert "1024 tokens" in err["message"] and err["param"] == "prompt"
+    assert set(err) == {"message", "type", "code", "param"}
+
+
+def test_bad_requests_get_openai_errors(edge_node):
+    cases = [
+        ({"model": "m", "messages": "nope"}, "messages"),
+        ({"model": "m", "messages": [{"role": "user", "content": "x"}], "temperature": 9}, "temperature"),
+        ({"model": "m", "messages": [{"role": "user", "content": "x"}], "n": 3}, "n"),
+    ]
+    for body, param in cases:
+        r = httpx.post(edge_node.url + "/v1/chat/completions", json=body, timeout=30)
+        assert r.status_code == 400, r.text
+        assert r.json()["error"]["param"] == param
+    r = httpx.post(edge_node.url + "/v1/chat/completions", content=b"{not json", timeout=30)
+    assert r.status_code == 400 and "JSON" in r.json()["error"]["message"]
+    assert httpx.get(edge_node.url + "/v1/chat/completions", timeout=30).status_code == 405
+
+
+def test_streaming_usage_and_done_marker(edge_node):
+    body = {"model": "m", "prompt": "Once upon a time", "max_tokens": 12, "stream": True,
+            "stream_options": {"include_usage": True}, "temperature": 0.0}
+    with httpx.stream("POST", edge_node.url + "/v1/completions", json=body, timeout=60) as r:
+        assert r.headers["content-type"].startswith("text/event-stream")
+        events = sse_events(r.iter_lines())
+    assert events[-1] == "[DONE]"
+    usage = events[-2]
+    assert usage["choices"] == [] and usage["usage"]["completion_tokens"] == 12
+    assert usage["usage"]["total_tokens"] == usage["usage"]["prompt_tokens"] + 12
+    finals = [e for e in events[:-2] if e["choices"][0]["finish_reason"]]
+    assert [e["choices"][0]["finish_reason"] for e in finals] == ["length"]
+    text = "".join(e["choices"][0]["text"] for e in events[:-2])
+    whole = httpx.post(edge_node.url + "/v1/completions", json={**body, "stream": False}, timeout=60).json()
+    assert whole["choices"][0]["text"] == text and whole["usage"]["completion_tokens"] == 12
+
+
+def test_stop_string_finishes_with_stop(edge_node):
+    base = chat_body("Count with me", max_tokens=40, temperature=0.0)
+    full = httpx.post(edge_node.url + "/v1/chat/completions", json=base, timeout=60).json()
+    text = full["choices"][0]["message"]["content"]
+    stop = text.split()[len(text.split()) // 2]
+    r = httpx.post(edge_node.url + "/v1/chat/completions", json={**base, "stop": [stop]}, timeout=60).json()
+    assert r["choices"][0]["finish_reason"] == "stop"
+    assert r["choices"][0]["message"]["content"] == text[: text.index(stop)]
+
+
+def test_shared_prefix_is_reported_as_cached_tokens(edge_node):
+    system = {"role": "system", "content": "You are the tiergate edge assistant. Answer briefly and precisely. " * 4}
+    first = {"model": "m", "messages": [system, {"role": "user", "content": "one"}], "max_tokens": 4}
+    second = {"model": "m", "messages": [system, {"role": "user", "content": "two"}], "max_tokens": 4}
+    httpx.post(edge_node.url + "/v1/chat/completions", json=first, timeout=60).raise_for_status()
+    usage = httpx.post(edge_node.url + "/v1/chat/completions", json=second, timeout=60).json()["usage"]
+    assert usage["prompt_tokens_details"]["cached_tokens"] >= 40
+    assert edge_node.metric("tiergate_edge_prompt_tokens_cached_total") >= 40
+
+
+def test_models_health_and_metrics_describe_the_node(edge_node):
+    models = httpx.get(edge_node.url + "/v1/models", timeout=10).json()
+    assert models["data"][0]["id"] == "tiergate-demo-tiny-q4_0" and models["data"][0]["max_model_len"] == 1024
+    h = edge_node.health()
+    assert (h["status"], h["slots"], h["busy"], h["queued"], h["ctx"]) == ("ok", 4, 0, 0, 1024)
+    m = edge_node.metrics()
+    assert m[("tiergate_edge_slots", ())] == 4
+    assert m[("tiergate_edge_kv_cells_total", ())] == 4096
+    for name in ("tiergate_edge_busy_slots", "tiergate_edge_queued_requests", "tiergate_edge_tokens_per_second",
+                 "tiergate_edge_kv_usage_ratio"):
+        assert (name, ()) in m
+
+
+def test_openai_client_streams_from_the_node(edge_node):
+    openai = pytest.importorskip("openai")
+    client = openai.OpenAI(base_url=edge_node.url + "/v1", api_key="unused")
+    stream = client.chat.completions.create(model="tiergate-demo-tiny-q4_0", stream=True, max_tokens=8,
+                                            messages=[{"role": "user", "content": "hello"}])
+    chunks = list(stream)
+    assert chunks[-1].choices[0].finish_reason == "length"
+    assert "".join(c.choices[0].delta.content or "" for c in chunks)
+
+
+def test_sigterm_lets_in_flight_streams_finish_then_exits_cleanly(long_node):
+    edge_node = long_node
+    body = chat_body("long answer", stream=True, max_tokens=1500, temperature=0.0)
+    events = []
+    with httpx.Client(timeout=120) as client, client.stream("POST", edge_node.url + "/v1/chat/completions",
+                                                            json=body) as r:
+        lines = r.iter_lines()
+        for line in lines:
+            if '"content":"' in line and '"content":""' not in line:
+                break
+        edge_node.proc.send_signal(signal.SIGTERM)
+        events = sse_events(lines)
+    assert events[-1] == "[DONE]"
+    assert events[-2]["choices"][0]["finish_reason"] == "length"
+    assert edge_node.proc.wait(60) == 0
+    assert '"draining"' in edge_node.log()
+
+
+def test_non_streaming_client_that_gives_up_frees_its_slot(long_node):
+    body = chat_body("patience", max_tokens=LONG, temperature=0.0)
+    with httpx.Client() as client, pytest.raises(httpx.ReadTimeout):
+        client.post(long_node.url + "/v1/chat/completions", json=body, timeout=httpx.Timeout(60, read=0.5))
+    wait_until(lambda: long_node.health()["busy"] == 0, timeout_s=30, what="slot freed")
+    assert long_node.metric("tiergate_edge_requests_cancelled_total") == 1
+    assert long_node.metric("tiergate_edge_generation_tokens_total") < LONG

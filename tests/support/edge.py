@@ -1,0 +1,178 @@
+"""Real edge nodes for tests: a tiny INT4 demo model built once per session, and `edge-node serve` processes.
+
+`edge_model` builds the tiny llama GGUF (Q4_0, llama.cpp's quantizer) with its tokenizer.json in a
+session tmp dir. `edge_node_factory(...)` starts `python -m edge_node serve` as a real subprocess on a
+free 127.0.0.1 port, waits for /health, and stops every node it started at the end of the test
+(SIGTERM, then SIGKILL). `start_edge_node()` is the same as a context manager, for other fixtures
+(e.g. a gateway test that needs two nodes). Without llama-cpp-python these fixtures skip.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import pytest
+
+__all__ = [
+    "EdgeProcess",
+    "edge_model",
+    "edge_node",
+    "edge_node_factory",
+    "parse_metrics",
+    "run_cli",
+    "start_edge_node",
+]
+
+START_TIMEOUT_S = 120.0
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def parse_metrics(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """Prometheus text → {(sample name, sorted labels): value}."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return out
+
+
+@dataclass
+class EdgeProcess:
+    """One running `edge-node serve` process."""
+
+    proc: subprocess.Popen[bytes]
+    port: int
+    log_path: Path
+    args: list[str] = field(default_factory=list)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def health(self) -> dict:
+        return httpx.get(self.url + "/health", timeout=5).json()
+
+    def metrics(self) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+        return parse_metrics(httpx.get(self.url + "/metrics", timeout=5).text)
+
+    def metric(self, name: str, **labels: str) -> float:
+        return self.metrics().get((name, tuple(sorted(labels.items()))), 0.0)
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def stop(self, sig: int = signal.SIGTERM, timeout_s: float = 30.0) -> int:
+        """Signal the node and wait; SIGKILL if it does not exit in time. Returns the exit code."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+        return self.proc.returncode
+
+
+def _require_llama() -> None:
+    try:
+        import llama_cpp  # noqa: F401
+    except ImportError:
+        pytest.skip("llama-cpp-python is not installed (pip install -e '.[edge]')")
+
+
+@contextmanager
+def start_edge_node(
+    model: Path,
+    *extra_args: str,
+    workdir: Path,
+    port: int | None = None,
+    env: dict[str, str] | None = None,
+    wait: bool = True,
+) -> Iterator[EdgeProcess]:
+    """Run `edge-node serve --model MODEL` on 127.0.0.1 until the block ends."""
+    port = port or _free_port()
+    args = [sys.executable, "-m", "edge_node", "serve", "--model", str(model), "--host", "127.0.0.1",
+            "--port", str(port), "--threads", "1", "--log-format", "json", *extra_args]
+    log_path = workdir / f"edge-{port}.log"
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT,
+                                env={**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})})
+    node = EdgeProcess(proc, port, log_path, args)
+    try:
+        if wait:
+            _wait_healthy(node)
+        yield node
+    finally:
+        node.stop(signal.SIGTERM, timeout_s=20)
+
+
+def _wait_healthy(node: EdgeProcess) -> None:
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if node.proc.poll() is not None:
+            raise RuntimeError(f"edge-node exited with {node.proc.returncode} during start-up:\n{node.log()[-2000:]}")
+        try:
+            if httpx.get(node.url + "/health", timeout=1).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    node.stop(signal.SIGKILL)
+    raise RuntimeError(f"edge-node did not become healthy within {START_TIMEOUT_S}s:\n{node.log()[-2000:]}")
+
+
+@pytest.fixture(scope="session")
+def edge_model(tmp_path_factory: pytest.TempPathFactory):
+    """The tiny demo model (Q4_0 GGUF + tokenizer.json), built once per session."""
+    _require_llama()
+    from edge_node.demo_model import build_demo_model
+
+    return build_demo_model(tmp_path_factory.mktemp("edge-model"), size="tiny", quant="q4_0", seed=0)
+
+
+@pytest.fixture
+def edge_node_factory(edge_model, tmp_path: Path) -> Iterator[Callable[..., EdgeProcess]]:
+    """Start edge nodes: factory(*extra_args, model=None, port=None, env=None, wait=True) -> EdgeProcess."""
+    from contextlib import ExitStack
+
+    with ExitStack() as stack:
+
+        def factory(*extra_args: str, model: Path | None = None, port: int | None = None,
+                    env: dict[str, str] | None = None, wait: bool = True) -> EdgeProcess:
+            return stack.enter_context(start_edge_node(model or edge_model.gguf, *extra_args, workdir=tmp_path,
+                                                       port=port, env=env, wait=wait))
+
+        yield factory
+
+
+@pytest.fixture
+def edge_node(edge_node_factory) -> EdgeProcess:
+    """One edge node with 4 slots and a 1024-token context per slot."""
+    return edge_node_factory("--parallel", "4", "--ctx", "1024")
+
+
+def run_cli(*args: str, timeout_s: float = 120.0, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """Run `python -m edge_node ARGS` to completion (for exit-code and error-message tests)."""
+    return subprocess.run([sys.executable, "-m", "edge_node", *args], capture_output=True, text=True, check=False,
+                          timeout=timeout_s, env={**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})})

@@ -1,0 +1,80 @@
+"""tiergate's semantic cache: exact and semantic hits that are right, shared by every gateway replica.
+
+    cache = build_cache(settings.redis_url, settings.embedder)   # at start-up
+    await cache.start()
+    result = await cache.check(req, tenant, decision.cache)      # hit + header status, never raises
+    ...
+    await cache.store(req, tenant, decision.cache, answer)       # after a complete answer, never raises
+    await cache.invalidate(tenant="acme")                        # admin; raises StoreUnavailable if Redis is down
+    await cache.stop()
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import structlog
+
+from cache.batcher import EmbeddingBatcher
+from cache.embedder import EmbedderError, OnnxEmbedder
+from cache.index import VectorIndex
+from cache.metrics import CacheMetrics, default_metrics
+from cache.semantic import LookupResult, PairScore, SemanticCache
+from cache.settings import DEFAULT_GUARDS, DEFAULT_THRESHOLD, CacheSettings
+from cache.store import MemoryStore, StoreUnavailable
+from cache.types import CachedAnswer, CacheEntry, CacheHit, CacheStatus
+
+__all__ = [
+    "DEFAULT_GUARDS",
+    "DEFAULT_THRESHOLD",
+    "CacheEntry",
+    "CacheHit",
+    "CacheMetrics",
+    "CacheSettings",
+    "CacheStatus",
+    "CachedAnswer",
+    "EmbedderError",
+    "LookupResult",
+    "PairScore",
+    "SemanticCache",
+    "StoreUnavailable",
+    "build_cache",
+]
+
+log = structlog.get_logger("tiergate.cache")
+
+
+def build_cache(
+    redis_url: str | None,
+    embedder_path: str | os.PathLike[str] | None,
+    *,
+    settings: CacheSettings | None = None,
+    metrics: CacheMetrics | None = None,
+    embedder: OnnxEmbedder | None = None,
+) -> SemanticCache:
+    """A cache on Redis (shared by replicas) or in process (redis_url None).
+
+    `embedder_path` is the folder written by `tiergate cache export-embedder` (or a sentence-transformers
+    folder / Hugging Face name with an ONNX model). None gives an exact-match-only cache; a path that cannot
+    be loaded raises `EmbedderError` with what to do, so a misconfigured gateway fails at start-up, not later.
+    Pass `embedder` to share one loaded model between caches (tests, benchmarks).
+    """
+    settings = settings or CacheSettings()
+    metrics = metrics or default_metrics()
+    if embedder is None and embedder_path is not None:
+        embedder = OnnxEmbedder.load(Path(embedder_path) if Path(embedder_path).exists() else str(embedder_path))
+    if embedder is None:
+        log.warning("cache_exact_only", reason="no embedder configured")
+    batcher = (
+        EmbeddingBatcher(embedder, metrics, linger_ms=settings.embed_linger_ms, max_batch=settings.embed_max_batch)
+        if embedder is not None else None
+    )
+    index = VectorIndex(embedder.dim if embedder is not None else 384, hnsw_at=settings.hnsw_at)
+    if redis_url:
+        from cache.redis_store import RedisStore
+
+        store = RedisStore(redis_url, index, settings, metrics)
+    else:
+        store = MemoryStore(index, max_entries=settings.max_entries)
+    return SemanticCache(store, batcher, settings=settings, metrics=metrics)

@@ -10,7 +10,7 @@ from typing import Literal
 
 import msgspec
 
-__all__ = ["CachedAnswer", "CacheHit", "CacheStatus"]
+__all__ = ["CacheEntry", "CacheHit", "CacheStatus", "CachedAnswer"]
 
 CacheStatus = Literal["hit-exact", "hit-semantic", "miss", "bypass"]
 
@@ -33,3 +33,17 @@ class CacheHit(msgspec.Struct, frozen=True):
     kind: Literal["hit-exact", "hit-semantic"]
     similarity: float = 1.0
     entry_id: str = ""
+
+
+class CacheEntry(msgspec.Struct, frozen=True):
+    """One stored answer with what is needed to match it again (what the stores keep)."""
+
+    id: str  # "<tenant tag>-<hash>": also the exact-match key
+    tenant: str
+    namespace: str
+    text: str  # the normalised question text that was matched (for the guards)
+    answer: CachedAnswer
+    embedding: bytes = b""  # float32 little-endian, L2-normalised; empty: exact matching only
+    max_tokens: int | None = None  # the budget the answer was produced under
+    created: float = 0.0  # unix seconds
+    expires_at: float = 0.0  # unix seconds

@@ -1,0 +1,111 @@
+"""Choose the semantic cache's threshold and guards on the calibration half of the labelled pairs.
+
+    .venv/bin/python -m bench.cache.calibrate [--pairs FILE] [--min-precision 0.90]
+
+Rule: with the guards on (all four by default: each targets a false-hit kind reported from the field, whether
+or not these pairs contain many of them), take the lowest threshold on a 0.005 grid whose precision on the
+calibration half is at least --min-precision (the highest recall that keeps precision). `--search-guards`
+also tries every subset of guards. The held-out half is scored once, for the chosen settings only, so its
+numbers are an honest estimate. Each guard's effect (removed alone) is printed too. The result is what
+`cache.settings` ships.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import numpy as np
+
+from bench.cache.pairs import DEFAULT_PAIRS, Pairs, load_pairs, split
+from cache.guards import GUARDS, signature, veto
+
+
+@dataclass(frozen=True)
+class Score:
+    precision: float
+    recall: float
+    hits: int
+
+
+def score(hit: np.ndarray, duplicate: np.ndarray) -> Score:
+    tp = int((hit & duplicate).sum())
+    n = int(hit.sum())
+    return Score(tp / n if n else 1.0, tp / max(int(duplicate.sum()), 1), n)
+
+
+def vetoes(pairs: Pairs) -> dict[str, np.ndarray]:
+    """For each guard alone: which pairs it vetoes (guards are independent, so subsets are unions)."""
+    sigs = {t: signature(t) for t in set(pairs.a) | set(pairs.b)}
+    out = {g: np.zeros(len(pairs.a), bool) for g in GUARDS}
+    for i, (a, b) in enumerate(zip(pairs.a, pairs.b, strict=True)):
+        for g in GUARDS:
+            out[g][i] = veto(sigs[a], sigs[b], (g,)) is not None
+    return out
+
+
+def calibrate(pairs: Pairs, cal: np.ndarray, min_precision: float,
+              subsets: list[tuple[str, ...]]) -> tuple[float, tuple[str, ...], Score]:
+    cos = pairs.cosine[cal]
+    dup = pairs.duplicate[cal]
+    per_guard = {g: v[cal] for g, v in vetoes(pairs).items()}
+    best: tuple[float, tuple[str, ...], Score] | None = None
+    for subset in subsets:
+        vetoed = _union(per_guard, subset, len(cal))
+        for t in np.round(np.arange(0.80, 0.995, 0.005), 3):
+            s = score((cos >= t) & ~vetoed, dup)
+            if s.precision < min_precision or s.hits < 50:
+                continue
+            key = (s.recall, -len(subset), t)
+            if best is None or key > (best[2].recall, -len(best[1]), best[0]):
+                best = (float(t), subset, s)
+    if best is None:
+        raise SystemExit(f"no setting reaches precision {min_precision} on the calibration pairs")
+    return best
+
+
+def _union(per_guard: dict[str, np.ndarray], guards: Iterable[str], n: int) -> np.ndarray:
+    out = np.zeros(n, bool)
+    for g in guards:
+        out |= per_guard[g]
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--pairs", default=str(DEFAULT_PAIRS))
+    ap.add_argument("--min-precision", type=float, default=0.90)
+    ap.add_argument("--search-guards", action="store_true", help="also try every subset of guards")
+    args = ap.parse_args()
+    from pathlib import Path
+
+    pairs = load_pairs(Path(args.pairs))
+    cal, held = split(len(pairs.a))
+    subsets = [GUARDS]
+    if args.search_guards:
+        subsets = [s for k in range(len(GUARDS) + 1) for s in itertools.combinations(GUARDS, k)]
+    threshold, guards, cal_score = calibrate(pairs, cal, args.min_precision, subsets)
+    cal_vetoes = {g: v[cal] for g, v in vetoes(pairs).items()}
+    ablation = {
+        f"without {g}": score((pairs.cosine[cal] >= threshold)
+                              & ~_union(cal_vetoes, [x for x in guards if x != g], len(cal)),
+                              pairs.duplicate[cal]).__dict__
+        for g in guards
+    }
+    held_vetoes = {g: v[held] for g, v in vetoes(pairs).items()}
+    held_score = score((pairs.cosine[held] >= threshold) & ~_union(held_vetoes, guards, len(held)),
+                       pairs.duplicate[held])
+    print(json.dumps({
+        "threshold": threshold,
+        "guards": list(guards),
+        "calibration": {"pairs": len(cal), **cal_score.__dict__},
+        "calibration_ablation": ablation,
+        "held_out": {"pairs": len(held), **held_score.__dict__},
+    }, indent=2))
+
+
+if __name__ == "__main__":
+    main()

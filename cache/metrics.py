@@ -1,0 +1,48 @@
+"""The cache's Prometheus metrics (prefix `tiergate_cache_`).
+
+One `CacheMetrics` per registry: the process-wide default is shared by every cache in the process (a
+registry refuses duplicate names), and tests pass their own `CollectorRegistry` to read exact values.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
+
+__all__ = ["CacheMetrics", "default_metrics"]
+
+_LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0)
+
+
+class CacheMetrics:
+    def __init__(self, registry: CollectorRegistry = REGISTRY) -> None:
+        p = "tiergate_cache_"
+        r = registry
+        self.lookups = Counter(p + "lookups", "Cache lookups by result", ["result"], registry=r)
+        self.skipped = Counter(p + "skipped", "Requests not looked up or not stored, by reason", ["reason"],
+                               registry=r)
+        self.semantic_skipped = Counter(p + "semantic_skipped", "Lookups limited to exact matching, by reason",
+                                        ["reason"], registry=r)
+        self.vetoes = Counter(p + "vetoes", "Semantic candidates rejected by a guard", ["guard"], registry=r)
+        self.stores = Counter(p + "stores", "Answers offered to the cache, by result", ["result"], registry=r)
+        self.evictions = Counter(p + "evictions", "Entries evicted by the size bound", registry=r)
+        self.invalidations = Counter(p + "invalidated_entries", "Entries removed by invalidation", ["scope"],
+                                     registry=r)
+        self.errors = Counter(p + "errors", "Cache failures (each became a bypass or a skipped store)", ["op"],
+                              registry=r)
+        self.resyncs = Counter(p + "index_resyncs", "Full reloads of the in-process index from Redis", registry=r)
+        self.embedding_seconds = Histogram(p + "embedding_seconds", "Time to embed one batch of texts",
+                                           buckets=_LATENCY_BUCKETS, registry=r)
+        self.embedding_batch = Histogram(p + "embedding_batch_size", "Texts embedded together",
+                                         buckets=(1, 2, 4, 8, 16, 32, 64), registry=r)
+        self.lookup_seconds = Histogram(p + "lookup_seconds", "Whole lookup time, embedding included",
+                                        ["result"], buckets=_LATENCY_BUCKETS, registry=r)
+        self.entries = Gauge(p + "entries", "Entries in this process's nearest-neighbour index", registry=r)
+        self.redis_up = Gauge(p + "redis_up", "1 when the cache's Redis answered its last command", registry=r)
+
+
+@cache
+def default_metrics() -> CacheMetrics:
+    """The metrics on the default registry, created once per process on first use."""
+    return CacheMetrics(REGISTRY)

@@ -1,0 +1,121 @@
+"""Where entries live, and the in-process store used when no Redis is configured.
+
+A store owns the entries *and* keeps a `VectorIndex` in step with them: the in-process store directly,
+the Redis store by following a change stream that every gateway process shares. Both evict the entries
+closest to expiry first when `max_entries` is exceeded (with one TTL for all, that is oldest first).
+"""
+
+from __future__ import annotations
+
+import heapq
+import time
+from typing import Protocol
+
+import numpy as np
+
+from cache.index import VectorIndex
+from cache.keys import tenant_tag
+from cache.types import CacheEntry
+
+__all__ = ["MemoryStore", "Store", "StoreUnavailable"]
+
+
+class StoreUnavailable(Exception):
+    """The store cannot answer right now (Redis down or slow): the caller bypasses the cache."""
+
+
+class Store(Protocol):
+    index: VectorIndex
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+    def available(self) -> bool:
+        """False while the store is known to be down (requests bypass without trying)."""
+        ...
+
+    async def get_many(self, entry_ids: list[str]) -> list[CacheEntry | None]: ...
+
+    async def put(self, entry: CacheEntry, vector: np.ndarray | None) -> int:
+        """Store (replace) an entry; returns how many entries were evicted to make room."""
+        ...
+
+    async def delete(self, entry_id: str) -> int: ...
+
+    async def delete_tenant(self, tenant: str) -> int: ...
+
+    async def delete_all(self) -> int: ...
+
+
+class MemoryStore:
+    """Entries in a dict; for a single gateway process (the embedded default)."""
+
+    def __init__(self, index: VectorIndex, *, max_entries: int) -> None:
+        self.index = index
+        self._max = max_entries
+        self._entries: dict[str, CacheEntry] = {}
+        self._order: list[tuple[float, str]] = []  # (expires_at, id), stale items skipped lazily
+
+    async def start(self) -> None:
+        return None
+
+    async def stop(self) -> None:
+        return None
+
+    def available(self) -> bool:
+        return True
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    async def get_many(self, entry_ids: list[str]) -> list[CacheEntry | None]:
+        now = time.time()
+        out: list[CacheEntry | None] = []
+        for eid in entry_ids:
+            e = self._entries.get(eid)
+            if e is not None and e.expires_at <= now:
+                self._drop(eid)
+                e = None
+            out.append(e)
+        return out
+
+    async def put(self, entry: CacheEntry, vector: np.ndarray | None) -> int:
+        self._entries[entry.id] = entry
+        heapq.heappush(self._order, (entry.expires_at, entry.id))
+        if vector is not None:
+            self.index.upsert(entry.id, entry.namespace, entry.id.split("-", 1)[0], vector, entry.expires_at)
+        else:
+            self.index.remove(entry.id)
+        evicted = 0
+        while len(self._entries) > self._max and self._order:
+            exp, eid = heapq.heappop(self._order)
+            e = self._entries.get(eid)
+            if e is not None and e.expires_at == exp:
+                self._drop(eid)
+                evicted += 1
+        if len(self._order) > 4 * max(len(self._entries), 1024):  # drop stale heap items now and then
+            self._order = [(e.expires_at, i) for i, e in self._entries.items()]
+            heapq.heapify(self._order)
+        return evicted
+
+    async def delete(self, entry_id: str) -> int:
+        return 1 if self._drop(entry_id) else 0
+
+    async def delete_tenant(self, tenant: str) -> int:
+        prefix = tenant_tag(tenant) + "-"
+        doomed = [eid for eid in self._entries if eid.startswith(prefix)]
+        for eid in doomed:
+            self._drop(eid)
+        return len(doomed)
+
+    async def delete_all(self) -> int:
+        n = len(self._entries)
+        self._entries.clear()
+        self._order.clear()
+        self.index.clear()
+        return n
+
+    def _drop(self, entry_id: str) -> bool:
+        self.index.remove(entry_id)
+        return self._entries.pop(entry_id, None) is not None

@@ -1,0 +1,60 @@
+"""Small builders shared by the cache tests."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+
+from cache.metrics import CacheMetrics
+from cache.settings import CacheSettings
+from cache.types import CachedAnswer
+from gateway.schemas import ChatRequest, CompletionRequest, Message
+from policies.types import CacheRule
+
+RULE = CacheRule(threshold=0.94)
+# Generous timeouts: the test machine's two cores are shared, and a test about hits must not turn into a
+# bypass because Redis or the embedder was descheduled for 100 ms. Timeout behaviour has its own tests.
+SETTINGS = CacheSettings(redis_timeout_s=2.0, lookup_timeout_s=10.0, sweep_every_s=0.2)
+
+
+def chat(text: str, *, model: str = "tiergate-edge", system: str | None = None, **params: Any) -> ChatRequest:
+    params.setdefault("temperature", 0.0)
+    msgs = [Message(role="system", content=system)] if system else []
+    msgs.append(Message(role="user", content=text))
+    return ChatRequest(model=model, messages=msgs, **params)
+
+
+def completion(prompt: str | list[str], **params: Any) -> CompletionRequest:
+    params.setdefault("temperature", 0.0)
+    return CompletionRequest(model="tiergate-edge", prompt=prompt, **params)
+
+
+def answer(text: str = "an answer", *, finish_reason: str = "stop", completion_tokens: int = 3) -> CachedAnswer:
+    return CachedAnswer(kind="chat", text=text, finish_reason=finish_reason, model="tiergate-edge", tier="edge",
+                        prompt_tokens=5, completion_tokens=completion_tokens)
+
+
+def fresh_metrics() -> tuple[CacheMetrics, CollectorRegistry]:
+    registry = CollectorRegistry()
+    return CacheMetrics(registry), registry
+
+
+def sample(registry: CollectorRegistry, name: str, **labels: str) -> float:
+    return registry.get_sample_value(name, labels) or 0.0
+
+
+async def eventually(predicate: Callable[[], bool | Awaitable[bool]], what: str, timeout_s: float = 20.0) -> None:
+    """Poll until the predicate holds (propagation between processes is asynchronous by design)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        result = predicate()
+        if not isinstance(result, bool):
+            result = await result
+        if result:
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"timed out waiting for {what}")

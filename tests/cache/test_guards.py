@@ -1,0 +1,61 @@
+import pytest
+
+from cache.guards import GUARDS, signature, veto
+
+
+def judge(a: str, b: str) -> str | None:
+    return veto(signature(a), signature(b))
+
+
+@pytest.mark.parametrize(
+    ("a", "b", "guard"),
+    [
+        ("What major events happened in 2002?", "What major events happened in 1992?", "numbers"),
+        ("If you could keep only five possessions?", "If you could keep only three possessions?", "numbers"),
+        ("Round 1 of TCS Codevita", "Round 2 of TCS Codevita", "numbers"),
+        ("Why is my code not compiling?", "Why is my code compiling?", "negation"),
+        ("Why doesn't the app start?", "Why does the app start?", "negation"),
+        ("Rehab center near Boone County, Arkansas?", "Rehab center near Garland County, Arkansas?", "keywords"),
+        ("How does it compare to C#?", "How does it compare to C++?", "keywords"),
+        ("How is Messi better than Ronaldo?", "How is Ronaldo better than Messi?", "order"),
+        ("convert a string to an integer in JS", "convert an integer to a string in JS", "order"),
+        ("How do you convert kilometers to miles?", "How do you convert miles to kilometers?", "order"),
+    ],
+)
+def test_known_false_hit_kinds_are_vetoed(a: str, b: str, guard: str) -> None:
+    assert judge(a, b) == guard
+    assert judge(b, a) == guard  # symmetric
+
+
+@pytest.mark.parametrize(
+    ("a", "b"),
+    [
+        ("How do I invest my money wisely?", "How can I invest my money wisely?"),
+        ("Which app is best for WhatsApp backups?", "which app is best for whatsapp backups"),
+        ("What is the capital of France?", "Tell me the capital of France."),
+        ("How can I lose weight fast?", "What is the fastest way to lose weight?"),
+        ("Is 2 + 2 equal to 4?", "Is 2+2 equal to 4?"),
+        ("What is 1,000 times three?", "What is 1000 times 3?"),
+    ],
+)
+def test_paraphrases_pass(a: str, b: str) -> None:
+    assert judge(a, b) is None
+
+
+def test_a_capitalised_first_word_is_not_a_name() -> None:
+    assert signature("Where is the station?").keywords == frozenset()
+    assert "london" in signature("Where is London?").keywords
+    assert "nasa" in signature("NASA launches").keywords  # ALL-CAPS counts even at the start
+
+
+def test_only_enabled_guards_apply() -> None:
+    a, b = signature("happened in 2002"), signature("happened in 1992")
+    assert veto(a, b, ()) is None
+    assert veto(a, b, ("negation",)) is None
+    assert veto(a, b, GUARDS) == "numbers"
+
+
+@pytest.mark.parametrize("text", ["", "   ", "\x00\x01\x02", "\ud800 broken surrogate", "🙂" * 50, "a" * 100_000])
+def test_odd_text_never_raises(text: str) -> None:
+    sig = signature(text)
+    assert veto(sig, signature("hello")) in (None, *GUARDS)

@@ -1,0 +1,107 @@
+import dataclasses
+
+import pytest
+
+from cache.keys import (
+    DEFAULT_TEMPERATURE,
+    answer_fits,
+    effective_temperature,
+    normalize_text,
+    request_key,
+    tenant_tag,
+    uncacheable_reason,
+)
+from gateway.schemas import ChatRequest, Message
+from tests.cache.helpers import RULE, answer, chat, completion
+
+
+def test_exact_key_ignores_whitespace_noise_but_not_case() -> None:
+    k1 = request_key(chat("What is Rust?\r\n"), "t")
+    k2 = request_key(chat("What is Rust?   "), "t")
+    k3 = request_key(chat("what is rust?"), "t")
+    assert k1.entry_id == k2.entry_id
+    assert k1.entry_id != k3.entry_id
+
+
+@pytest.mark.parametrize(
+    "other",
+    [
+        {"tenant": "other"},
+        {"model": "tiergate-cloud"},
+        {"temperature": 0.2},
+        {"top_p": 0.5},
+        {"seed": 7},
+        {"stop": ["\n"]},
+        {"system": "You answer in French."},
+        {"response_format": {"type": "json_object"}},
+    ],
+)
+def test_namespace_changes_with_what_changes_answers(other: dict) -> None:
+    tenant = other.pop("tenant", "t")
+    base = request_key(chat("What is Rust?"), "t")
+    changed = request_key(chat("What is Rust?", **other), tenant)
+    assert changed.namespace != base.namespace
+    assert changed.entry_id != base.entry_id
+
+
+def test_namespace_ignores_what_does_not_change_answers() -> None:
+    base = request_key(chat("What is Rust?"), "t")
+    for params in ({"stream": True}, {"user": "u-123"}, {"max_tokens": 50}):
+        k = request_key(chat("What is Rust?", **params), "t")
+        assert (k.namespace, k.entry_id) == (base.namespace, base.entry_id)
+
+
+def test_entry_id_starts_with_the_tenant_tag() -> None:
+    k = request_key(chat("hi"), "acme")
+    assert k.entry_id.startswith(tenant_tag("acme") + "-")
+    assert tenant_tag("acme") != tenant_tag("acme2")
+
+
+def test_chat_matches_the_last_user_message_under_its_context() -> None:
+    k = request_key(chat("What is Rust?", system="Be brief."), "t")
+    assert k.text == "What is Rust?" and k.semantic_ok
+    ends_with_assistant = ChatRequest(model="m", temperature=0, messages=[
+        Message(role="user", content="hi"), Message(role="assistant", content="Hello")])
+    k2 = request_key(ends_with_assistant, "t")
+    assert not k2.semantic_ok and k2.text == ""
+
+
+def test_completion_prompts() -> None:
+    assert request_key(completion("Once upon a time"), "t").text == "Once upon a time"
+    assert request_key(completion(["Once upon a time"]), "t").text == "Once upon a time"
+    assert uncacheable_reason(completion(["a", "b"]), RULE) == "batch_prompt"
+
+
+def test_missing_temperature_counts_as_the_openai_default() -> None:
+    req = chat("hi", temperature=None)
+    assert effective_temperature(req) == DEFAULT_TEMPERATURE == 1.0
+    assert uncacheable_reason(req, RULE) == "temperature"
+    assert uncacheable_reason(req, dataclasses.replace(RULE, max_temperature=1.0)) is None
+
+
+@pytest.mark.parametrize(
+    ("params", "reason"),
+    [
+        ({"temperature": 0.9}, "temperature"),
+        ({"n": 2}, "n"),
+        ({"logprobs": True}, "logprobs"),
+        ({}, None),
+    ],
+)
+def test_uncacheable_reasons(params: dict, reason: str | None) -> None:
+    assert uncacheable_reason(chat("hi", **params), RULE) == reason
+    assert uncacheable_reason(chat("hi"), dataclasses.replace(RULE, enabled=False)) == "disabled"
+
+
+def test_an_answer_fits_a_budget_it_finished_within() -> None:
+    done = answer(completion_tokens=20)
+    cut = answer(finish_reason="length", completion_tokens=50)
+    assert answer_fits(done, 100, 30) and answer_fits(done, 100, None)
+    assert not answer_fits(done, 100, 10)
+    assert answer_fits(cut, 50, 50) and not answer_fits(cut, 50, 200) and not answer_fits(cut, 50, None)
+
+
+def test_normalize_text_handles_junk() -> None:
+    assert normalize_text("\ud800x") == "\ufffdx"
+    assert normalize_text("  a  \n\n") == "a"
+    assert request_key(chat("\x00\ud800"), "\ud800").entry_id  # no exception

@@ -1,0 +1,51 @@
+"""Two OS processes sharing one Redis cache: what one stores, the other hits (exact and semantic)."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from cache import build_cache
+from tests.cache.helpers import RULE, SETTINGS, chat, eventually, fresh_metrics
+
+pytestmark = [pytest.mark.integration, pytest.mark.anyio]
+
+_CHILD = textwrap.dedent(
+    """
+    import asyncio, sys
+    from cache import build_cache
+    from tests.cache.helpers import RULE, SETTINGS, answer, chat
+
+    async def main(url, embedder):
+        cache = build_cache(url, embedder, settings=SETTINGS)
+        await cache.start()
+        ok = await cache.store(chat("How do I invest my money wisely?"), "acme", RULE, answer("From the child."))
+        await cache.stop()
+        print("stored" if ok else "not stored")
+
+    asyncio.run(main(sys.argv[1], sys.argv[2]))
+    """
+)
+
+
+async def test_an_entry_stored_by_another_process_is_hit_here(redis_url, embedder_dir, onnx_embedder) -> None:
+    metrics, _ = fresh_metrics()
+    here = build_cache(redis_url, None, embedder=onnx_embedder, metrics=metrics, settings=SETTINGS)
+    await here.start()
+    try:
+        child = await asyncio.to_thread(  # the child's stream events are read by this loop meanwhile
+            subprocess.run, [sys.executable, "-c", _CHILD, redis_url, str(embedder_dir)], capture_output=True,
+            text=True, timeout=120, check=False)
+        assert child.returncode == 0 and child.stdout.strip().splitlines()[-1] == "stored", child.stderr[-2000:]
+        exact = await here.check(chat("How do I invest my money wisely?"), "acme", RULE)
+        assert exact.status == "hit-exact" and exact.hit.answer.text == "From the child."
+        await eventually(lambda: exact.hit.entry_id in here.index, "the stream to bring the child's entry")
+        para = await here.check(chat("How can I invest my money wisely?"), "acme", RULE)
+        assert para.status == "hit-semantic" and para.hit.answer.text == "From the child."
+        assert (await here.check(chat("How can I invest my money wisely?"), "other", RULE)).status == "miss"
+    finally:
+        await here.stop()

@@ -1,0 +1,277 @@
+"""The semantic cache on a real redis-server: two caches (as two gateway processes would) sharing it."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+
+import pytest
+import redis
+import redis.asyncio
+
+from cache import CacheSettings, SemanticCache, build_cache
+from tests.cache.helpers import RULE, SETTINGS, answer, chat, eventually, fresh_metrics, sample
+
+pytestmark = [pytest.mark.integration, pytest.mark.anyio]
+
+
+@pytest.fixture
+def make_cache(redis_url, onnx_embedder):
+    made: list[SemanticCache] = []
+
+    async def make(settings: CacheSettings | None = None):
+        metrics, registry = fresh_metrics()
+        cache = build_cache(redis_url, None, embedder=onnx_embedder, metrics=metrics,
+                            settings=settings or SETTINGS)
+        await cache.start()
+        made.append(cache)
+        return cache, registry
+
+    yield make
+    # caches are stopped by each test's own event loop (see `stop_all`)
+
+
+async def stop_all(*caches: SemanticCache) -> None:
+    for c in caches:
+        await c.stop()
+
+
+async def test_hits_are_shared_between_two_processes(make_cache):
+    a, _ = await make_cache()
+    b, reg_b = await make_cache()
+    try:
+        asked = chat("How do I invest my money wisely?")
+        assert await b.lookup(asked, "acme", RULE) is None
+        assert await a.store(asked, "acme", RULE, answer("Diversify."))
+
+        exact = await b.lookup(asked, "acme", RULE)  # exact: straight from Redis, no index needed
+        assert exact is not None and exact.kind == "hit-exact" and exact.answer.text == "Diversify."
+
+        entry_id = exact.entry_id
+        await eventually(lambda: entry_id in b.index, "b's index to receive a's entry")
+        para = await b.check(chat("How can I invest my money wisely?"), "acme", RULE)
+        assert para.status == "hit-semantic", para
+        assert para.hit.answer.text == "Diversify." and RULE.threshold <= para.hit.similarity < 1.0
+        assert sample(reg_b, "tiergate_cache_lookups_total", result="hit-semantic") == 1
+        assert sample(reg_b, "tiergate_cache_lookups_total", result="hit-exact") == 1
+
+        guarded = await b.check(chat("How do I invest my money wisely in 2016?"), "acme", RULE)
+        assert guarded.status == "miss"
+    finally:
+        await stop_all(a, b)
+
+
+async def test_a_process_started_later_loads_existing_entries(make_cache):
+    a, _ = await make_cache()
+    try:
+        await a.store(chat("What are the best places to visit in Mumbai?"), "acme", RULE, answer("Gateway of India."))
+        late, _ = await make_cache()
+        try:
+            assert len(late.index) == 1  # loaded by SCAN at start, not from the stream
+            hit = await late.lookup(chat("What are the best places to visit in Mumbai ?"), "acme", RULE)
+            assert hit is not None and hit.answer.text == "Gateway of India."
+        finally:
+            await late.stop()
+    finally:
+        await a.stop()
+
+
+async def test_no_hit_ever_crosses_tenants(make_cache):
+    a, _ = await make_cache()
+    b, _ = await make_cache()
+    try:
+        q = chat("How do I invest my money wisely?")
+        await a.store(q, "tenant-one", RULE, answer("for tenant one"))
+        await eventually(lambda: len(b.index) == 1, "b's index to receive the entry")
+        for cache in (a, b):
+            assert await cache.lookup(q, "tenant-two", RULE) is None
+            assert await cache.lookup(chat("How can I invest my money wisely?"), "tenant-two", RULE) is None
+            assert (await cache.lookup(q, "tenant-one", RULE)).answer.text == "for tenant one"
+    finally:
+        await stop_all(a, b)
+
+
+async def test_entries_expire_with_their_ttl(make_cache, redis_url):
+    a, _ = await make_cache()
+    b, _ = await make_cache()
+    try:
+        short = dataclasses.replace(RULE, ttl_s=1)
+        q = chat("Why is the sky blue?")
+        await a.store(q, "acme", short, answer("Rayleigh scattering."))
+        assert await b.lookup(q, "acme", short) is not None
+        await eventually(lambda: len(b.index) == 1, "b to index the entry")
+        client = redis.Redis.from_url(redis_url)
+        try:
+            await eventually(lambda: not client.keys("tiergate:cache:e:*"), "Redis to expire the entry")
+        finally:
+            client.close()
+        assert await a.lookup(q, "acme", short) is None
+        assert await b.lookup(chat("Why is the sky so blue?"), "acme", short) is None
+        await eventually(lambda: len(a.index) == 0 and len(b.index) == 0, "the indexes to drop the expired entry")
+    finally:
+        await stop_all(a, b)
+
+
+async def test_size_bound_evicts_soonest_expiring_everywhere(make_cache):
+    settings = dataclasses.replace(SETTINGS, max_entries=3)
+    a, reg_a = await make_cache(settings)
+    b, _ = await make_cache(settings)
+    try:
+        questions = ["What is the capital of France?", "How tall is Mount Everest?", "Who wrote Hamlet?",
+                     "What is photosynthesis?", "How do vaccines work?"]
+        for i, q in enumerate(questions):
+            rule = dataclasses.replace(RULE, ttl_s=1000 + i)  # later questions expire later
+            assert await a.store(chat(q), "acme", rule, answer(f"answer {i}"))
+        assert sample(reg_a, "tiergate_cache_evictions_total") == 2
+        hits = [await b.lookup(chat(q), "acme", RULE) is not None for q in questions]
+        assert hits == [False, False, True, True, True]
+        await eventually(lambda: len(a.index) == 3 and len(b.index) == 3, "both indexes to hold 3 entries")
+    finally:
+        await stop_all(a, b)
+
+
+async def test_invalidation_by_entry_tenant_and_all(make_cache):
+    a, reg_a = await make_cache()
+    b, _ = await make_cache()
+    try:
+        q1, q2 = chat("How do I learn Python quickly?"), chat("What is a black hole?")
+        for tenant in ("t1", "t2"):
+            await a.store(q1, tenant, RULE, answer("q1"))
+            await a.store(q2, tenant, RULE, answer("q2"))
+        await eventually(lambda: len(b.index) == 4, "b to index four entries")
+
+        hit = await b.lookup(q1, "t1", RULE)
+        assert await b.invalidate(tenant="t2", entry_id=hit.entry_id) == 0  # not t2's entry: untouched
+        assert await b.invalidate(entry_id=hit.entry_id) == 1
+        assert await a.lookup(q1, "t1", RULE) is None
+        assert await a.lookup(q2, "t1", RULE) is not None
+        await eventually(lambda: len(a.index) == 3, "a to drop the invalidated entry")
+
+        assert await a.invalidate(tenant="t2") == 2
+        assert await b.lookup(q1, "t2", RULE) is None and await b.lookup(q2, "t2", RULE) is None
+        assert await b.lookup(q2, "t1", RULE) is not None
+        await eventually(lambda: len(b.index) == 1, "b to drop t2's entries")
+
+        assert await b.invalidate() == 1
+        assert await a.lookup(q2, "t1", RULE) is None
+        await eventually(lambda: len(a.index) == 0 and len(b.index) == 0, "both indexes to be empty")
+        assert sample(reg_a, "tiergate_cache_invalidated_entries_total", scope="tenant") == 2
+    finally:
+        await stop_all(a, b)
+
+
+async def test_redis_killed_and_restarted_bypasses_then_recovers(make_cache, redis_server):
+    a, reg_a = await make_cache()
+    b, _ = await make_cache()
+    statuses: list[str] = []
+    stop_traffic = asyncio.Event()
+
+    async def traffic() -> None:  # requests keep coming while Redis dies and comes back
+        i = 0
+        while not stop_traffic.is_set():
+            q = chat(f"How do I make sourdough bread number {i % 7}?")
+            res = await b.check(q, "acme", RULE)
+            statuses.append(res.status)
+            if res.status == "miss":
+                await b.store(q, "acme", RULE, answer("bread"))
+            i += 1
+            await asyncio.sleep(0.005)
+
+    try:
+        q = chat("How do I make sourdough bread?")
+        await a.store(q, "acme", RULE, answer("Feed the starter."))
+        assert (await b.check(q, "acme", RULE)).status == "hit-exact"
+        runner = asyncio.create_task(traffic())
+
+        redis_server.stop()
+        for _ in range(20):  # while Redis is dead: never an exception, always a bypass
+            res = await a.check(chat("How do I make sourdough bread at home?"), "acme", RULE)
+            assert res.status == "bypass" and res.hit is None
+            assert await a.store(q, "acme", RULE, answer("x")) is False
+        assert sample(reg_a, "tiergate_cache_lookups_total", result="bypass") == 20
+        assert sample(reg_a, "tiergate_cache_redis_up") == 0
+
+        redis_server.start()  # a new, empty Redis on the same port
+        await eventually(lambda: a.backend.available() and b.backend.available(), "both caches to reconnect")
+        assert (await a.check(q, "acme", RULE)).status == "miss"  # the restarted Redis is empty
+        await a.store(q, "acme", RULE, answer("Again."))
+        res = await b.check(chat("How do I make sourdough bread?"), "acme", RULE)
+        assert res.status == "hit-exact" and res.hit.answer.text == "Again."
+        await eventually(lambda: statuses[-1] == "hit-exact", "traffic to hit the cache again")
+        stop_traffic.set()
+        await runner  # re-raises anything the traffic saw: there must be nothing
+        assert "bypass" in statuses and set(statuses) <= {"miss", "hit-exact", "hit-semantic", "bypass"}
+        after = statuses[statuses.index("bypass"):]
+        assert "hit-exact" in after[after.index("miss") if "miss" in after else 0:]
+    finally:
+        stop_traffic.set()
+        await stop_all(a, b)
+
+
+async def test_slow_redis_is_bypassed_within_the_timeout(make_cache, redis_url):
+    a, reg_a = await make_cache(dataclasses.replace(SETTINGS, redis_timeout_s=0.3))  # Redis sleeps 1.5 s
+    try:
+        q = chat("What is the speed of light?")
+        await a.store(q, "acme", RULE, answer("c"))
+        client = redis.asyncio.Redis.from_url(redis_url)
+        try:
+            sleeper = asyncio.create_task(client.execute_command("DEBUG", "SLEEP", "1.5"))  # Redis hangs
+            await asyncio.sleep(0.2)
+            res = await a.check(q, "acme", RULE)
+            assert res.status == "bypass" and not sleeper.done()  # answered while Redis was still asleep
+            await sleeper
+        finally:
+            await client.aclose()
+        await eventually(lambda: a.backend.available(), "the cache to see Redis answer again")
+        assert (await a.check(q, "acme", RULE)).status == "hit-exact"
+        assert sample(reg_a, "tiergate_cache_lookups_total", result="bypass") == 1
+    finally:
+        await a.stop()
+
+
+async def test_a_gateway_starts_while_redis_is_down_and_catches_up(redis_server, onnx_embedder):
+    redis_server.stop()
+    metrics, _ = fresh_metrics()
+    cache = build_cache(redis_server.url, None, embedder=onnx_embedder, metrics=metrics, settings=SETTINGS)
+    try:
+        await cache.start()  # returns after the first failed attempt, not after a long wait
+        q = chat("What is the tallest mountain?")
+        assert (await cache.check(q, "acme", RULE)).status == "bypass"
+        assert await cache.store(q, "acme", RULE, answer("Everest")) is False
+        redis_server.start()
+        await eventually(lambda: cache.backend.available(), "the cache to connect")
+        assert await cache.store(q, "acme", RULE, answer("Everest"))
+        assert (await cache.check(q, "acme", RULE)).status == "hit-exact"
+    finally:
+        await cache.stop()
+        redis_server.start()
+
+
+def test_cli_invalidate_against_redis(redis_url, onnx_embedder):
+    from typer.testing import CliRunner
+
+    from cache.cli import cache_app
+
+    async def fill() -> None:
+        metrics, _ = fresh_metrics()
+        cache = build_cache(redis_url, None, embedder=onnx_embedder, metrics=metrics, settings=SETTINGS)
+        await cache.start()
+        try:
+            for tenant in ("t1", "t2"):
+                await cache.store(chat("What is Redis?"), tenant, RULE, answer("A server."))
+        finally:
+            await cache.stop()
+
+    asyncio.run(fill())
+    runner = CliRunner()
+    res = runner.invoke(cache_app, ["invalidate", "--tenant", "t1", "--redis", redis_url])
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout.strip().splitlines()[-1]) == {"ok": True, "removed": 1}
+    res = runner.invoke(cache_app, ["invalidate", "--all", "--redis", redis_url])
+    assert json.loads(res.stdout.strip().splitlines()[-1]) == {"ok": True, "removed": 1}
+    client = redis.Redis.from_url(redis_url)
+    try:
+        assert client.keys("tiergate:cache:e:*") == []
+    finally:
+        client.close()

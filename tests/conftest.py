@@ -1,14 +1,10 @@
 """Shared fixtures: real servers for integration tests live in tests/support/ and are registered here."""
 
 import os
-from pathlib import Path
 
 import pytest
 
-pytest_plugins = []
-for _mod in ("redis", "edge", "vllm", "embedder"):
-    if (Path(__file__).parent / "support" / f"{_mod}.py").exists():
-        pytest_plugins.append(f"tests.support.{_mod}")
+pytest_plugins = ["tests.support.redis", "tests.support.edge", "tests.support.vllm", "tests.support.embedder"]
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import signal
 import subprocess
 import sys
@@ -116,8 +117,9 @@ def launch(
     except VllmStartError as exc:
         server.terminate()
         if stop_requested:
+            shutil.rmtree(workdir, ignore_errors=True)
             raise typer.Exit(0) from None
-        _err.print(f"[red]error[/red] {exc}", highlight=False)
+        _err.print(f"[red]error[/red] {exc}", highlight=False)  # the work dir (and log) stay for a look
         raise typer.Exit(1) from None
     _err.print(f"[green]ready[/green] {server.base_url} serving {spec.model_name!r} after {took:.0f}s")
     while server.alive():
@@ -127,6 +129,8 @@ def launch(
         time.sleep(0.2)
     code = server.terminate(grace_s=0)
     _err.print(f"vLLM exited with code {code}")
+    if stop_requested or code == 0:
+        shutil.rmtree(workdir, ignore_errors=True)  # caches and sockets; the log too unless --log was given
     raise typer.Exit(0 if stop_requested else (code or 0))
 
 

@@ -179,8 +179,9 @@ def main() -> None:
             finally:
                 ll.stop()
     finally:
+        upstream_rss = peak_rss_mib(upstream.pid)
         upstream.stop()
-    report = {"args": vars(args), "upstream_peak_rss_mib": peak_rss_mib(upstream.pid), "results": results,
+    report = {"args": vars(args), "upstream_peak_rss_mib": upstream_rss, "results": results,
               "when": time.strftime("%Y-%m-%d %H:%M:%S")}
     (RESULTS / "overhead.json").write_text(json.dumps(report, indent=2))
     print(table(report))

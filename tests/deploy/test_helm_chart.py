@@ -337,7 +337,7 @@ def test_every_vllm_flag_the_chart_renders_exists_in_vllm(rendered):
     for objs in rendered.values():
         for t in _pod_templates(objs):
             for c in t["spec"]["containers"]:
-                cmd = c["command"]
+                cmd = list(c.get("command") or []) + list(c.get("args") or [])  # sidecars may use the image's
                 if cmd[:2] == ["/bin/sh", "-c"]:
                     line = next((ln for ln in cmd[2].splitlines() if ln.startswith("exec 'vllm'")), None)
                     cmd = shlex.split(line[5:]) if line else []

@@ -1,0 +1,181 @@
+"""schemathesis against a real gateway's own `/openapi.json` (uvicorn on a free port, instant `ok` backends).
+
+Every operation the document lists is fuzzed with schema-conforming (positive) and schema-violating (negative)
+inputs; chat and text completions get a valid `model` most of the time so that requests also get past routing
+into dispatch, streaming and the cache. For every answer:
+- the gateway's own code never answers 5xx (with healthy instant backends no upstream error is possible either);
+- every error is the OpenAI shape `{"error": {"message", "type", "code", "param"}}`;
+- a 200 completion is a complete answer: JSON with choices, or SSE chunks ending in `data: [DONE]`;
+- schemathesis' own checks pass (status codes, content types, headers and bodies as documented);
+- the gateway is still healthy and ready afterwards (no crash).
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+from collections import Counter
+
+import httpx
+import msgspec
+import pytest
+import schemathesis
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from schemathesis import GenerationMode
+from schemathesis.checks import load_all_checks
+from schemathesis.specs.openapi.checks import (
+    negative_data_rejection,
+    positive_data_acceptance,
+    response_schema_conformance,
+)
+
+from gateway.openapi import openapi_document
+from tests.gateway.conftest import stack
+
+AUTH = {"Authorization": "Bearer key-alpha-1"}
+MODELS = ["auto", "auto", "tiergate-edge", "tiergate-cloud", None]  # None: keep what schemathesis generated
+_DOC = json.loads(openapi_document())
+OPERATIONS = [(path, method.upper()) for path, item in _DOC["paths"].items() for method in item]
+EXAMPLES = {"POST": 150, "GET": 25}
+load_all_checks()
+# Relaxed checks, each for a reason:
+# - positive_data_acceptance: schema-valid bodies the gateway refuses with 400 (empty `messages`, `max_tokens: 0`,
+#   ...) are a known gap in the document, asserted on its own below;
+# - response_schema_conformance on SSE answers: the document gives `text/event-stream` as `{type: string}` (the
+#   OpenAPI 3.1 way to say "a stream"); schemathesis reads that as the schema of each event, so SSE bodies are
+#   checked by `check_answer` instead;
+# - negative_data_rejection when the test itself made a negative case valid again (a valid key added).
+
+
+@pytest.fixture(scope="module")
+def gateway(tmp_path_factory):
+    with stack(tmp_path_factory.mktemp("fuzz-gw")) as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def schema(gateway):
+    live = httpx.get(gateway["gw"].url + "/openapi.json", timeout=10)
+    assert live.status_code == 200 and live.json() == _DOC  # what we fuzz is what the gateway serves
+    return schemathesis.openapi.from_url(gateway["gw"].url + "/openapi.json")
+
+
+def check_error_shape(r) -> dict:
+    body = r.json()
+    assert set(body) == {"error"}, body
+    err = body["error"]
+    assert set(err) == {"message", "type", "code", "param"}, err
+    assert isinstance(err["message"], str) and err["message"] and isinstance(err["type"], str)
+    assert err["code"] is None or isinstance(err["code"], str)
+    assert err["param"] is None or isinstance(err["param"], str)
+    assert "Traceback" not in r.text
+    return err
+
+
+def header(r, name: str) -> str:
+    """schemathesis' Response keeps headers as lower-cased name -> list of values."""
+    values = r.headers.get(name.lower()) or [""]
+    return values[0]
+
+
+def check_answer(path: str, r) -> None:
+    ctype = header(r, "content-type")
+    if ctype.startswith("text/event-stream"):
+        events = [line[6:] for line in r.text.splitlines() if line.startswith("data: ")]
+        assert events and events[-1] == "[DONE]", r.text[-300:]
+        chunks = [msgspec.json.decode(e) for e in events[:-1]]
+        assert not any("error" in c for c in chunks), chunks  # healthy backends: no mid-stream error
+        assert all("choices" in c for c in chunks)
+    else:
+        body = r.json()
+        assert body["choices"] and "usage" in body
+    assert header(r, "x-request-id") and header(r, "x-tiergate-tier") in ("edge", "cloud", "cache")
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("mode", [GenerationMode.POSITIVE, GenerationMode.NEGATIVE], ids=lambda m: m.value)
+@pytest.mark.parametrize("path, method", OPERATIONS, ids=[f"{m} {p}" for p, m in OPERATIONS])
+def test_operation(gateway, schema, path, method, mode):
+    op = schema[path][method]
+    has_input = bool(op.body) or any(True for _ in op.iter_parameters())
+    if mode is GenerationMode.NEGATIVE and not has_input:
+        pytest.skip("no inputs to violate")
+    url = gateway["gw"].url
+    statuses: Counter[int] = Counter()
+    rejected_valid: Counter[str] = Counter()  # schema-valid bodies refused with 400, by `param`
+    strategy = st.tuples(op.as_strategy(generation_mode=mode), st.sampled_from(MODELS),
+                         st.sampled_from([True, True, True, False]))
+
+    @settings(max_examples=EXAMPLES[method], deadline=None, database=None, suppress_health_check=list(HealthCheck))
+    @given(drawn=strategy)
+    def run(drawn):
+        case, model, with_key = drawn
+        positive = mode is GenerationMode.POSITIVE
+        if positive and path.endswith("completions") and model is not None and isinstance(case.body, dict):
+            case.body["model"] = model  # still schema-valid: `model` is any string
+        # Negative cases: half of them carry a valid key so that their bad bodies get past authentication;
+        # such a case may no longer violate the schema (its violation may have been the header).
+        headers = AUTH if positive or with_key else None
+        mutated = not positive and with_key
+        r = case.call(base_url=url, headers=headers, timeout=30)
+        statuses[r.status_code] += 1
+        assert r.status_code < 500, f"{r.status_code} from the gateway: {r.text[:500]}"
+        if path in ("/healthz", "/readyz", "/metrics"):
+            assert r.status_code == 200
+        elif r.status_code >= 400:
+            err = check_error_shape(r)
+            if mode is GenerationMode.POSITIVE and r.status_code == 400:
+                rejected_valid[str(err["param"])] += 1
+        elif path.endswith("completions"):
+            check_answer(path, r)
+        excluded = [positive_data_acceptance] + ([negative_data_rejection] if mutated else [])
+        if header(r, "content-type").startswith("text/event-stream"):
+            excluded.append(response_schema_conformance)
+        case.validate_response(r, headers=headers, excluded_checks=excluded)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # schemathesis' strategies trip a hypothesis deprecation warning
+        run()
+    print(f"{method} {path} {mode.value}: statuses {dict(sorted(statuses.items()))}; schema-valid but refused, "
+          f"by param: {dict(rejected_valid)}")
+    if path.endswith("completions") and mode is GenerationMode.POSITIVE:
+        assert statuses[200] > 0, statuses  # the fuzzing did reach dispatch, not only validation
+    health = httpx.get(url + "/readyz", timeout=5)
+    assert health.status_code == 200 and health.json()["ready"]
+
+
+# ---- found by fuzzing: failing until gateway/app.py is fixed (see docs/reliability.md) ------------------------
+
+@pytest.mark.xfail(strict=True, reason="bug: deeply nested JSON in a free-form field raises RecursionError in "
+                                        "decoding, which the gateway answers with 500 internal_error")
+def test_deeply_nested_json_is_a_400(gateway):
+    deep = b'{"a":' * 20_000 + b"1" + b"}" * 20_000
+    body = b'{"model":"auto","messages":[{"role":"user","content":"x"}],"response_format":' + deep + b"}"
+    r = httpx.post(gateway["gw"].url + "/v1/chat/completions", content=body, timeout=30,
+                   headers={**AUTH, "content-type": "application/json"})
+    assert r.status_code == 400, (r.status_code, r.text[:300])
+    assert check_error_shape(r)["code"] == "invalid_json"
+
+
+REFUSED_BUT_DOCUMENTED_VALID = [
+    ("ChatRequest", "/v1/chat/completions", {"model": "auto", "messages": []}),
+    ("ChatRequest", "/v1/chat/completions", {"model": "auto", "messages": [{"role": "user"}], "max_tokens": 0}),
+    ("ChatRequest", "/v1/chat/completions", {"model": "auto", "messages": [{"role": "user"}], "top_p": 0}),
+    ("ChatRequest", "/v1/chat/completions", {"model": "auto", "messages": [{"role": "user"}], "n": 2}),
+    ("ChatRequest", "/v1/chat/completions", {"model": "auto", "messages": [{"role": "user"}], "temperature": 3}),
+    ("CompletionRequest", "/v1/completions", {"model": "auto", "prompt": ["a", "b"]}),
+]
+
+
+@pytest.mark.xfail(strict=True, reason="doc gap: /openapi.json does not state the gateway's own limits (messages "
+                                        "non-empty, max_tokens >= 1, 0 < top_p <= 1, n == 1, 0 <= temperature <= 2, "
+                                        "prompt list of one); see docs/reliability.md")
+@pytest.mark.parametrize("name, path, body", REFUSED_BUT_DOCUMENTED_VALID)
+def test_what_the_gateway_refuses_the_document_forbids(gateway, name, path, body):
+    import jsonschema
+
+    r = httpx.post(gateway["gw"].url + path, json=body, headers=AUTH, timeout=30)
+    assert r.status_code == 400 and check_error_shape(r)["param"]
+    validator = jsonschema.Draft202012Validator({"$ref": f"#/components/schemas/{name}", **_DOC})
+    assert not validator.is_valid(body), f"{body} is valid per /openapi.json but the gateway answers 400"

@@ -147,7 +147,7 @@ class Gateway:
                 continue
             pool = self._make_pool(name, tier)
             await pool.start()
-            new_routes[name] = Route(name, pool, Admission(_capacity_of(tier, pool)))
+            new_routes[name] = Route(name, pool, Admission(_capacity_of(tier, pool), max_waiting=tier.queue.max_waiting))
             self._tier_configs[name] = tier
         stale = [r for n, r in self._routes.items() if new_routes.get(n) is not r]
         self._routes = new_routes
@@ -257,9 +257,10 @@ class Gateway:
         if self.cache is None or not rule.enabled or ctx.req.kind == "chat" and ctx.req.tools:
             ctx.cache = "bypass"
             return None
-        hit = await self.cache.lookup(ctx.req, ctx.tenant.id, rule)
+        result = await self.cache.check(ctx.req, ctx.tenant.id, rule)
+        hit = result.hit
         if hit is None:
-            ctx.cache = "miss" if self.cache.accepts(ctx.req, rule) else "bypass"
+            ctx.cache = result.status  # "miss", or "bypass" when uncacheable or the store is unreachable
             return None
         ctx.cache, ctx.similarity = hit.kind, (hit.similarity if hit.kind == "hit-semantic" else None)
         return hit

@@ -6,6 +6,8 @@ into a JSON response (or an SSE error event once a stream has begun). Nothing el
 
 from __future__ import annotations
 
+import re
+
 import msgspec
 
 __all__ = [
@@ -84,7 +86,10 @@ def from_validation(exc: msgspec.ValidationError | msgspec.DecodeError) -> OpenA
         param = None
         if " - at `" in text:
             text, _, path = text.partition(" - at `")
-            param = path.rstrip("`").removeprefix("$.")
+            param = path.rstrip("`").removeprefix("$").removeprefix(".")
+        missing = re.match(r"Object missing required field `([^`]+)`", text)
+        if missing:  # name the missing field itself, not the object that lacks it
+            param = f"{param}.{missing.group(1)}" if param else missing.group(1)
         where = f" (field `{param}`)" if param else ""
         return bad_request(f"Invalid request{where}: {text}", code="invalid_field", param=param)
     return bad_request(f"Request body is not valid JSON: {text}", code="invalid_json")

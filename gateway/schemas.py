@@ -116,11 +116,17 @@ _encoder = msgspec.json.Encoder()
 
 def decode_chat(body: bytes) -> ChatRequest:
     """Decode and validate a chat request; raises msgspec.ValidationError / DecodeError."""
-    return _chat_decoder.decode(body)
+    try:
+        return _chat_decoder.decode(body)
+    except RecursionError:  # free-form fields (tools, response_format) nested thousands deep
+        raise msgspec.DecodeError("JSON is nested too deeply") from None
 
 
 def decode_completion(body: bytes) -> CompletionRequest:
-    return _completion_decoder.decode(body)
+    try:
+        return _completion_decoder.decode(body)
+    except RecursionError:
+        raise msgspec.DecodeError("JSON is nested too deeply") from None
 
 
 def encode(obj: Any) -> bytes:

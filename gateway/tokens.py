@@ -94,10 +94,13 @@ def resolve_tokenizer(spec: str, base_dir: Path | None = None) -> Path:
     path = Path(spec).expanduser()
     if not path.is_absolute() and base_dir is not None:
         path = base_dir / path
-    if path.is_dir():
-        path = path / "tokenizer.json"
-    if path.is_file():
-        return path
+    try:
+        if path.is_dir():
+            path = path / "tokenizer.json"
+        if path.is_file():
+            return path
+    except OSError as exc:  # e.g. a name longer than the file system allows
+        raise TokenizerNotFound(f"tokenizer path {spec[:80]!r}…: {exc.strerror or exc}") from None
     if spec.count("/") == 1 and not spec.endswith(".json") and not spec.startswith((".", "/", "~")):
         cached = _hf_cached(spec)
         if cached is not None:

@@ -653,7 +653,8 @@ def semantic_issues(policy: Policy, check_files: bool = True) -> list[Issue]:
 def _file_issues(policy: Policy) -> list[Issue]:
     """Files the policy names must exist. A missing tokenizer that the gateway can replace by its built-in
     one (builtin:demo before `tiergate prepare`, an HF name not cached here) is a warning, not an error."""
-    from gateway.tokens import TokenizerNotFound, resolve_tokenizer
+    from gateway.complexity import ComplexityModel
+    from gateway.tokens import TokenizerNotFound, load_tokenizer, resolve_tokenizer
 
     issues = []
     specs: list[tuple[tuple[str | int, ...], str]] = []
@@ -664,7 +665,11 @@ def _file_issues(policy: Policy) -> list[Issue]:
             specs.append((("tiers", name, "tokenizer"), tier.tokenizer))
     for path, spec in specs:
         try:
-            resolve_tokenizer(spec, policy.base_dir)
+            found = resolve_tokenizer(spec, policy.base_dir)
+            try:  # a file that exists but does not load (half-copied) must not reach the request path
+                load_tokenizer(found)
+            except Exception as exc:
+                issues.append(Issue(path, f"tokenizer file {str(found)!r} does not load: {exc}"))
         except TokenizerNotFound as exc:
             if spec.startswith("builtin:") and spec not in ("builtin:demo",):
                 issues.append(Issue(path, str(exc)))
@@ -676,9 +681,18 @@ def _file_issues(policy: Policy) -> list[Issue]:
                                           f"a cached Hugging Face model name, or {BUILTIN_TOKENIZER}"))
     if policy.complexity_model is not None:
         p = policy.resolve_path(policy.complexity_model)
-        if not p.is_file():
-            issues.append(Issue(("complexity_model",), f"complexity model {str(p)!r} does not exist "
+        try:
+            exists = p.is_file()
+        except OSError:
+            exists = False
+        if not exists:
+            issues.append(Issue(("complexity_model",), f"complexity model {str(p)[:200]!r} does not exist "
                                                        "(train one with `tiergate classifier train`)"))
+        else:
+            try:
+                ComplexityModel.load(p)
+            except Exception as exc:
+                issues.append(Issue(("complexity_model",), f"complexity model {str(p)!r} does not load: {exc}"))
     return issues
 
 

@@ -135,9 +135,6 @@ def test_broken_policy_written_during_traffic(tmp_path: Path):
     assert figures["in_flight_streams_across_reloads"] > 0
 
 
-@pytest.mark.xfail(strict=True, reason="bug: a policy naming a complexity model (or tokenizer) file that exists "
-                                        "but does not load passes validation, is adopted, and then every request "
-                                        "fails with 500; see docs/reliability.md")
 def test_policy_whose_model_file_does_not_load_is_rejected(tmp_path: Path):
     with aiohttp_server(make_app(4, "ok", model="edge-model")) as edge, \
             aiohttp_server(make_app(4, "ok", model="cloud-model")) as cloud:

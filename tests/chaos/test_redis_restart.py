@@ -133,8 +133,6 @@ def _first(outcomes, after: float, pred) -> float | None:
 
 # ---- found by this chaos test: failing until fixed (see docs/reliability.md) ---------------------------------
 
-@pytest.mark.xfail(strict=True, reason="bug: while Redis is down the cache is bypassed but x-tiergate-cache says "
-                                        "`miss` (gateway/app.py _lookup ignores the cache's own status)")
 def test_cache_header_says_bypass_while_redis_is_down(tmp_path: Path, redis_server, redis_url):
     with aiohttp_server(make_app(3, "ok", model="edge-model")) as edge, \
             aiohttp_server(make_app(3, "ok", model="cloud-model")) as cloud:

@@ -147,8 +147,6 @@ def test_operation(gateway, schema, path, method, mode):
 
 # ---- found by fuzzing: failing until gateway/app.py is fixed (see docs/reliability.md) ------------------------
 
-@pytest.mark.xfail(strict=True, reason="bug: deeply nested JSON in a free-form field raises RecursionError in "
-                                        "decoding, which the gateway answers with 500 internal_error")
 def test_deeply_nested_json_is_a_400(gateway):
     deep = b'{"a":' * 20_000 + b"1" + b"}" * 20_000
     body = b'{"model":"auto","messages":[{"role":"user","content":"x"}],"response_format":' + deep + b"}"

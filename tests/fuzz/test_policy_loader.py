@@ -232,8 +232,6 @@ def test_mutated_policies(doc):
 
 # ---- found by fuzzing: failing until fixed (see docs/reliability.md) -------------------------------------------
 
-@pytest.mark.xfail(strict=True, raises=OSError, reason="bug: a path too long for the OS in `tokenizer` or "
-                                                        "`complexity_model` raises OSError, not PolicyError")
 @pytest.mark.parametrize("line", ["  e: {kind: edge, model: m, tokenizer: '%s.json'}",
                                   "  e: {kind: edge, model: m}\ncomplexity_model: '%s'"])
 def test_overlong_file_name_is_a_policy_error(line):

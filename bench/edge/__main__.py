@@ -35,6 +35,7 @@ from pathlib import Path
 
 import aiohttp
 import psutil
+from bench.report import write_section
 
 REPO = Path(__file__).resolve().parents[2]
 DOCS = REPO / "docs" / "benchmarks.md"
@@ -253,15 +254,7 @@ def render(results: dict[int, dict[str, Round]], rss: dict[str, float]) -> str:
 
 
 def write_docs(body: str) -> None:
-    text = DOCS.read_text() if DOCS.exists() else "# Benchmarks\n"
-    section = f"{SECTION}\n\n{body.strip()}\n"
-    if SECTION in text:
-        start = text.index(SECTION)
-        nxt = text.find("\n## ", start + len(SECTION))
-        text = text[:start] + section + (text[nxt:] if nxt != -1 else "")
-    else:
-        text = text.rstrip() + "\n\n" + section
-    DOCS.write_text(text)
+    write_section(SECTION, body, DOCS)
 
 
 def main() -> None:

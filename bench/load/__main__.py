@@ -42,6 +42,7 @@ from pathlib import Path
 import aiohttp
 
 from bench.procs import Server, cpu_seconds, free_port, peak_rss_mib
+from bench.report import write_section
 
 REPO = Path(__file__).resolve().parents[2]
 DOCS = REPO / "docs" / "benchmarks.md"
@@ -329,15 +330,7 @@ def _mc(a: dict) -> str:
 
 
 def write_docs(body: str) -> None:
-    text = DOCS.read_text() if DOCS.exists() else "# Benchmarks\n"
-    section = f"{SECTION}\n\n{body.strip()}\n"
-    if SECTION in text:
-        start = text.index(SECTION)
-        nxt = text.find("\n## ", start + len(SECTION))
-        text = text[:start] + section + (text[nxt:] if nxt != -1 else "")
-    else:
-        text = text.rstrip() + "\n\n" + section
-    DOCS.write_text(text)
+    write_section(SECTION, body, DOCS)
 
 
 # -------------------------------------------------------------------------------------------------- main

@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from bench.router.subjects import subjects
+from bench.report import write_section
 
 REPO = Path(__file__).resolve().parents[2]
 DATA = REPO.parent / "shared" / "data" / "routing" / "mmlu_dev.jsonl"
@@ -238,14 +239,7 @@ def markdown(r: dict[str, Any]) -> str:
 
 
 def write_docs(section: str) -> None:
-    text = DOCS.read_text() if DOCS.exists() else "# Benchmarks\n"
-    if HEADING in text:
-        start = text.index(HEADING)
-        nxt = text.find("\n## ", start + len(HEADING))
-        text = text[:start] + section.rstrip() + "\n" + (text[nxt:] if nxt != -1 else "")
-    else:
-        text = text.rstrip() + "\n\n" + section.rstrip() + "\n"
-    DOCS.write_text(text)
+    write_section(HEADING, section, DOCS)
 
 
 def main() -> None:

@@ -521,7 +521,13 @@ class Gateway:
         q = request.query_params
         if not (q.get("tenant") or q.get("entry") or q.get("all") == "true"):
             raise bad_request("Say what to invalidate: ?tenant=ID, ?entry=ID or ?all=true.")
-        n = await self.cache.invalidate(tenant=q.get("tenant"), entry_id=q.get("entry"))
+        from cache.store import StoreUnavailable
+
+        try:
+            n = await self.cache.invalidate(tenant=q.get("tenant"), entry_id=q.get("entry"))
+        except StoreUnavailable as exc:
+            raise OpenAIError(503, f"The cache store is unreachable: {exc}", type="server_error",
+                              code="cache_unavailable") from None
         return JSONResponse({"ok": True, "removed": n})
 
 

@@ -54,7 +54,7 @@ class CacheRule:
 
     enabled: bool = True
     semantic: bool = True
-    threshold: float = 0.92  # minimum cosine similarity for a semantic hit (guards apply on top)
+    threshold: float = 0.94  # minimum cosine similarity for a semantic hit (guards apply on top)
     ttl_s: int = 3600
     max_temperature: float = 0.3  # requests sampled hotter than this are neither looked up nor stored
 

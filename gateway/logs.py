@@ -33,7 +33,7 @@ def configure_logging(fmt: str = "json", level: str = "info") -> None:
         ],
         wrapper_class=structlog.make_filtering_bound_logger(lvl),
         logger_factory=structlog.PrintLoggerFactory(sys.stderr),
-        cache_logger_on_first_use=True,
+        cache_logger_on_first_use=False,  # True would hide logs from structlog.testing.capture_logs in tests
     )
     logging.basicConfig(level=max(lvl, logging.WARNING), stream=sys.stderr, format="%(levelname)s %(name)s %(message)s")
 

@@ -108,7 +108,9 @@ def test_edge_node_killed_mid_traffic(tmp_path: Path, edge_model, edge_node_fact
     assert figures["lost"] == 0, [o for o in outcomes if o.kind == "lost"][:5]
     assert in_flight_on_a, "the kill did not catch a stream mid-way"
     # Streams mid-way on the killed node: an explicit SSE error, then [DONE].
-    assert all(o.kind == "error_sse" and o.code.startswith("upstream_") for o in in_flight_on_a), in_flight_on_a
+    # (A stream may also complete in the instant between reading the clock and the signal landing.)
+    assert all(o.kind == "complete" or (o.kind == "error_sse" and o.code.startswith("upstream_"))
+               for o in in_flight_on_a), in_flight_on_a
     # Only requests already running on the killed node may fail; everything sent after the kill is answered.
     assert all(o.kind == "complete" for o in after), Counter(o.error_kind for o in after if o.kind != "complete")
     errors = [o for o in outcomes if o.kind != "complete"]

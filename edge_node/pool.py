@@ -252,8 +252,11 @@ class EdgePool:
                 continue
             self._apply(node, seen[nid])
             live.add(nid)
-        for nid in list(self._nodes):
-            if nid not in live:
+        # An empty registry while this replica heard from nodes within the TTL means Redis lost its data
+        # (a restart without persistence): keep those nodes until they expire; their next heartbeats refill Redis.
+        restarted = not seen and not infos
+        for nid, ep in list(self._nodes.items()):
+            if nid not in live and not (restarted and now - float(ep.extra.get("seen", 0.0)) <= self.ttl_s):
                 del self._nodes[nid]
 
     # ------------------------------------------------------------------ internals

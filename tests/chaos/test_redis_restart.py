@@ -151,8 +151,6 @@ def test_cache_header_says_bypass_while_redis_is_down(tmp_path: Path, redis_serv
                 redis_server.start()
 
 
-@pytest.mark.xfail(strict=True, reason="bug: after Redis restarts empty, EdgePool.refresh drops every node this "
-                                        "replica heard from until its next heartbeat (edge_node/pool.py)")
 def test_redis_restart_does_not_unregister_live_edge_nodes(tmp_path: Path, redis_server, redis_url):
     with aiohttp_server(make_app(3, "ok", model="edge-model")) as edge, \
             aiohttp_server(make_app(3, "ok", model="cloud-model")) as cloud:

@@ -114,28 +114,42 @@ def test_pool_reads_real_load_and_routes_least_loaded_away_from_it(vllm_servers)
     rng = random.Random(1)
 
     async def scenario():
-        pool = CloudPool("cloud", MODEL_NAME, [a.base_url, b.base_url], strategy="least_load", poll_interval_s=0.2)
+        pool = CloudPool("cloud", MODEL_NAME, [a.base_url, b.base_url], strategy="least_load", poll_interval_s=0.2,
+                         poll_timeout_s=10.0)  # a busy CPU server can answer /metrics slowly
         await pool.start()
         try:
             by_url = {ep.base_url: ep for ep in pool.endpoints()}
             ep_a, ep_b = by_url[a.base_url], by_url[b.base_url]
             idle = (pool.reading(ep_a.id), pool.reading(ep_b.id))
             async with aiohttp.ClientSession() as session:
-                # Long generations sent straight to server A (not through the pool: inflight stays 0).
+                # Long generations sent straight to server A (not through the pool: inflight stays 0),
+                # re-sent back to back until the pool has seen them: a tiny model can finish one batch
+                # between two polls, so a single burst races the poller.
                 _, body = chat(sentence(rng, 20), sentence(rng, 5), max_tokens=200)
-                busy = [asyncio.create_task(session.post(a.base_url + "/v1/chat/completions", json=body))
-                        for _ in range(6)]
-                seen = None
-                for _ in range(600):
-                    await asyncio.sleep(0.1)
-                    reading = pool.reading(ep_a.id)
-                    if reading and reading.running + reading.waiting >= 1:
-                        seen = reading
-                        break
-                order_while_busy = [e.id for e in pool.candidates(chat("x", "y")[0], None)]
-                loads_while_busy = (ep_a.load(), ep_b.load())
-                for resp in await asyncio.gather(*busy):
-                    resp.release()
+                stop = asyncio.Event()
+                statuses: list[int] = []
+
+                async def keep_busy() -> None:
+                    while not stop.is_set():
+                        async with session.post(a.base_url + "/v1/chat/completions", json=body) as resp:
+                            statuses.append(resp.status)
+                            await resp.read()
+
+                busy = [asyncio.create_task(keep_busy()) for _ in range(6)]
+                seen = order_while_busy = loads_while_busy = None
+                try:
+                    for _ in range(600):
+                        await asyncio.sleep(0.05)
+                        assert all(s == 200 for s in statuses), f"server A refused the load: {statuses}"
+                        reading = pool.reading(ep_a.id)
+                        if reading and reading.running + reading.waiting >= 1:
+                            seen = reading
+                            order_while_busy = [e.id for e in pool.candidates(chat("x", "y")[0], None)]
+                            loads_while_busy = (ep_a.load(), ep_b.load())
+                            break
+                finally:
+                    stop.set()
+                    await asyncio.gather(*busy)
             await pool.refresh()
             return idle, seen, order_while_busy, loads_while_busy, ep_a, ep_b, (ep_a.load(), ep_b.load())
         finally:

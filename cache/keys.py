@@ -14,12 +14,15 @@ request's budget is valid for it (see `answer_fits`).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import math
 import unicodedata
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+
+import msgspec
 
 from cache.embedder import clean_text
 
@@ -60,6 +63,7 @@ class RequestKey:
     max_tokens: int | None
 
 
+@functools.lru_cache(maxsize=4096)
 def tenant_tag(tenant: str) -> str:
     return hashlib.sha256(clean_text(tenant).encode()).hexdigest()[:16]
 
@@ -104,9 +108,17 @@ def answer_fits(answer: CachedAnswer, stored_max_tokens: int | None, max_tokens:
     return max_tokens is None or answer.completion_tokens <= max_tokens
 
 
+_canonical = msgspec.json.Encoder(order="sorted", enc_hook=str).encode
+
+
 def _h(obj: Any) -> str:
-    data = json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
-    return hashlib.sha256(clean_text(data).encode("utf-8")).hexdigest()
+    """sha256 of canonical JSON (sorted keys); text that is not valid UTF-8 takes the slower, cleaning path."""
+    try:
+        data = _canonical(obj)
+    except (UnicodeEncodeError, msgspec.EncodeError, TypeError):
+        data = clean_text(json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
+                                     default=str)).encode("utf-8")
+    return hashlib.sha256(data).hexdigest()
 
 
 def _params(req: ParsedRequest) -> dict[str, Any]:

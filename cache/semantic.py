@@ -49,6 +49,7 @@ class LookupResult:
     hit: CacheHit | None
     status: CacheStatus  # what the x-tiergate-cache header says
     reason: str | None = None  # why it bypassed (not cacheable, store down, ...)
+    key: RequestKey | None = None  # hand it back to `store` so the request is not hashed twice
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,17 +99,20 @@ class SemanticCache:
     async def check(self, req: ParsedRequest, tenant: str, rule: CacheRule) -> LookupResult:
         """`lookup` plus the status for the response header and why it bypassed. Never raises."""
         started = time.perf_counter()
+        key = None
         try:
             reason = uncacheable_reason(req, rule)
             if reason is not None:
                 self.metrics.skipped.labels(reason).inc()
                 return LookupResult(None, "bypass", reason)
-            result = await asyncio.wait_for(self._lookup(req, tenant, rule), self.settings.lookup_timeout_s)
+            key = request_key(req, tenant)
+            async with asyncio.timeout(self.settings.lookup_timeout_s):
+                result = await self._lookup(key, rule)
         except StoreUnavailable:
-            result = LookupResult(None, "bypass", "store_unavailable")
+            result = LookupResult(None, "bypass", "store_unavailable", key)
         except TimeoutError:
             self.metrics.errors.labels("lookup_timeout").inc()
-            result = LookupResult(None, "bypass", "timeout")
+            result = LookupResult(None, "bypass", "timeout", key)
         except Exception as exc:
             self.metrics.errors.labels("lookup").inc()
             log.exception("cache_lookup_error", error=repr(exc))
@@ -117,8 +121,11 @@ class SemanticCache:
         self.metrics.lookup_seconds.labels(result.status).observe(time.perf_counter() - started)
         return result
 
-    async def store(self, req: ParsedRequest, tenant: str, rule: CacheRule, answer: CachedAnswer) -> bool:
-        """Offer a complete answer; True when it was stored. Never raises."""
+    async def store(self, req: ParsedRequest, tenant: str, rule: CacheRule, answer: CachedAnswer,
+                    key: RequestKey | None = None) -> bool:
+        """Offer a complete answer; True when it was stored. Never raises.
+
+        `key` is the one `check` returned for this request (computed again when not given)."""
         try:
             reason = uncacheable_reason(req, rule)
             if reason is None and (answer.finish_reason not in _STORABLE_FINISH or not answer.text):
@@ -131,8 +138,10 @@ class SemanticCache:
             if not self.backend.available():
                 self.metrics.stores.labels("bypass").inc()
                 return False
-            stored = await asyncio.wait_for(self._store(req, tenant, rule, answer),
-                                            self.settings.lookup_timeout_s)
+            if key is None or key.tenant != tenant:
+                key = request_key(req, tenant)
+            async with asyncio.timeout(self.settings.lookup_timeout_s):
+                stored = await self._store(key, answer, rule)
             self.metrics.stores.labels("stored" if stored else "skipped").inc()
             return stored
         except (StoreUnavailable, TimeoutError):
@@ -189,32 +198,32 @@ class SemanticCache:
         return out
 
     # -- internals ------------------------------------------------------------------------------------------
-    async def _lookup(self, req: ParsedRequest, tenant: str, rule: CacheRule) -> LookupResult:
+    async def _lookup(self, key: RequestKey, rule: CacheRule) -> LookupResult:
         if not self.backend.available():
             raise StoreUnavailable("store down")
-        key = request_key(req, tenant)
         (exact,) = await self.backend.get_many([key.entry_id])
         if exact is not None and self._owned(exact, key) and exact.text == key.text and answer_fits(
                 exact.answer, exact.max_tokens, key.max_tokens):
-            return LookupResult(CacheHit(exact.answer, "hit-exact", 1.0, exact.id), "hit-exact")
+            return LookupResult(CacheHit(exact.answer, "hit-exact", 1.0, exact.id), "hit-exact", key=key)
+        miss = LookupResult(None, "miss", key=key)
         if not rule.semantic or self.batcher is None:
-            return LookupResult(None, "miss")
+            return miss
         if not key.semantic_ok:
             self.metrics.semantic_skipped.labels("no_question").inc()
-            return LookupResult(None, "miss")
+            return miss
         if len(key.text) > self.settings.max_semantic_chars:
             self.metrics.semantic_skipped.labels("too_long").inc()
-            return LookupResult(None, "miss")
+            return miss
         vec = await self.batcher.embed(key.text)
         if vec.truncated:
             self.metrics.semantic_skipped.labels("too_long").inc()
-            return LookupResult(None, "miss")
+            return miss
         self._remember(key.entry_id, vec)
         margin = 0.02  # HNSW similarities are int8 approximations: re-scored exactly below
         cands = [(eid, s) for eid, s in self.index.search(key.namespace, vec.values, self.settings.candidates)
                  if s >= rule.threshold - margin and eid != key.entry_id]
         if not cands:
-            return LookupResult(None, "miss")
+            return miss
         entries = await self.backend.get_many([eid for eid, _ in cands])
         scored = []
         for (_, approx), e in zip(cands, entries, strict=True):
@@ -228,8 +237,9 @@ class SemanticCache:
         for sim, e in scored:
             reason = self._judge(sim, e.text, key.text, rule.threshold)
             if reason is None and answer_fits(e.answer, e.max_tokens, key.max_tokens):
-                return LookupResult(CacheHit(e.answer, "hit-semantic", round(sim, 4), e.id), "hit-semantic")
-        return LookupResult(None, "miss")
+                return LookupResult(CacheHit(e.answer, "hit-semantic", round(sim, 4), e.id), "hit-semantic",
+                                    key=key)
+        return miss
 
     def _judge(self, sim: float, stored: str, asked: str, threshold: float) -> str | None:
         if sim < threshold:
@@ -246,8 +256,7 @@ class SemanticCache:
         self.metrics.errors.labels("foreign_entry").inc()
         return False
 
-    async def _store(self, req: ParsedRequest, tenant: str, rule: CacheRule, answer: CachedAnswer) -> bool:
-        key = request_key(req, tenant)
+    async def _store(self, key: RequestKey, answer: CachedAnswer, rule: CacheRule) -> bool:
         if len(key.text) > self.settings.max_stored_chars:
             return False
         vec = self._stash.pop(key.entry_id, None)

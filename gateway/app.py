@@ -14,6 +14,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import msgspec
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -39,6 +40,9 @@ from gateway.settings import Settings
 from gateway.upstream import UpstreamClient, UpstreamFailure
 from policies.types import Decision, Features
 
+if TYPE_CHECKING:
+    from cache.keys import RequestKey
+
 __all__ = ["Gateway", "create_app"]
 
 log = get_logger("tiergate.gateway")
@@ -62,6 +66,7 @@ class _Ctx:
     features: Features | None = None
     decision: Decision | None = None
     cache: str = "bypass"
+    cache_key: RequestKey | None = None  # from the lookup, reused by the store
     similarity: float | None = None
     holds_tenant_slot: bool = False  # counted in the tenant's concurrency; whoever ends the answer releases it
 
@@ -201,7 +206,7 @@ class Gateway:
             else:
                 ctx.features = self.classifier.features(req, ctx.tenant.id, ctx.tenant.priority, request.headers)
             ctx.decision = decision = self.policy_store.current.engine.decide(ctx.features)
-            metrics.DECISIONS.labels(decision.rule, decision.tier or "reject").inc()
+            metrics.child(metrics.DECISIONS, decision.rule, decision.tier or "reject").inc()
             if decision.reject is not None:
                 r = decision.reject
                 raise OpenAIError(r.status, r.message, code=r.code)
@@ -258,6 +263,7 @@ class Gateway:
             ctx.cache = "bypass"
             return None
         result = await self.cache.check(ctx.req, ctx.tenant.id, rule)
+        ctx.cache_key = result.key
         hit = result.hit
         if hit is None:
             ctx.cache = result.status  # "miss", or "bypass" when uncacheable or the store is unreachable
@@ -405,20 +411,20 @@ class Gateway:
 
     async def _store(self, ctx: _Ctx, answer: CachedAnswer) -> None:
         if self.cache is not None:
-            await self.cache.store(ctx.req, ctx.tenant.id, ctx.decision.cache, answer)
+            await self.cache.store(ctx.req, ctx.tenant.id, ctx.decision.cache, answer, ctx.cache_key)
 
     def _account(self, ctx: _Ctx, tier: str, status: int, overhead: float, prompt_tokens: int = 0,
                  completion_tokens: int = 0) -> None:
         elapsed = time.perf_counter() - ctx.started
         rule = ctx.decision.rule if ctx.decision else "-"
-        metrics.REQUESTS.labels(ctx.endpoint, tier, rule, ctx.cache, str(status)).inc()
-        metrics.DURATION.labels(tier).observe(elapsed)
+        metrics.child(metrics.REQUESTS, ctx.endpoint, tier, rule, ctx.cache, str(status)).inc()
+        metrics.child(metrics.DURATION, tier).observe(elapsed)
         metrics.OVERHEAD.observe(overhead)
         self.dashboard.stats.record(tier, ctx.cache, status, elapsed)
         if prompt_tokens:
-            metrics.TOKENS.labels(tier, "prompt").inc(prompt_tokens)
+            metrics.child(metrics.TOKENS, tier, "prompt").inc(prompt_tokens)
         if completion_tokens:
-            metrics.TOKENS.labels(tier, "completion").inc(completion_tokens)
+            metrics.child(metrics.TOKENS, tier, "completion").inc(completion_tokens)
         f = ctx.features
         log.info("request", request_id=ctx.request_id, tenant=ctx.tenant.id if ctx.tenant else None,
                  endpoint=ctx.endpoint, tier=tier, rule=rule, cache=ctx.cache, status=status,

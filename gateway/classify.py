@@ -61,6 +61,9 @@ class Classifier:
         self._fixed_complexity = complexity
         self._lock = threading.Lock()
         self._counters: dict[tuple[str | None, Path], TokenCounter] = {}
+        # (policy, requested model) -> counter, for the policy in force: resolving the tokenizer spec walks
+        # the policy's tiers and rules, which is worth doing once per policy, not once per request.
+        self._by_model: tuple[Policy | None, dict[str | None, TokenCounter]] = (None, {})
         self._models: dict[Path, ComplexityModel] = {}
         self._featurizer: Featurizer | None = complexity.featurizer if complexity is not None else None
         self.warm_up()
@@ -77,6 +80,20 @@ class Classifier:
 
     def counter_for(self, policy: Policy, requested_model: str | None = None) -> TokenCounter:
         """The token counter for a request naming `requested_model` under `policy`."""
+        memo_policy, memo = self._by_model
+        if memo_policy is policy:
+            counter = memo.get(requested_model)
+            if counter is not None:
+                return counter
+        else:
+            memo = {}
+            self._by_model = (policy, memo)
+        if len(memo) < 1024:  # requested names come from clients: bound what they can make us keep
+            counter = memo[requested_model] = self._counter_for_spec(policy, requested_model)
+            return counter
+        return self._counter_for_spec(policy, requested_model)
+
+    def _counter_for_spec(self, policy: Policy, requested_model: str | None) -> TokenCounter:
         spec = self._tokenizer_spec(policy, requested_model)
         key = (spec, policy.base_dir)
         counter = self._counters.get(key)

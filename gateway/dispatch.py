@@ -54,7 +54,7 @@ class Attempt:
         self._done = True
         self.endpoint.inflight -= 1
         self.route.admission.release()
-        metrics.INFLIGHT.labels(self.tier).dec()
+        metrics.child(metrics.INFLIGHT, self.tier).dec()
         if not ok:
             self.route.pool.report(self.endpoint, False)
 
@@ -85,17 +85,17 @@ class Dispatcher:
             if not candidates:
                 last = upstream_error(503, f"No healthy backend in tier `{tier}`.", code="tier_unavailable")
                 continue
-            metrics.QUEUED.labels(tier).inc()
+            metrics.child(metrics.QUEUED, tier).inc()
             try:
                 admitted = await route.admission.acquire(features.priority, decision.timeouts.queue_s)
             finally:
-                metrics.QUEUED.labels(tier).dec()
+                metrics.child(metrics.QUEUED, tier).dec()
             if not admitted:
                 metrics.SHED.labels(tier, features.priority.name.lower()).inc()
                 last = rate_limited(f"Tier `{tier}` is saturated; retry shortly.", decision.timeouts.queue_s,
                                     code="tier_saturated")
                 continue
-            metrics.INFLIGHT.labels(tier).inc()
+            metrics.child(metrics.INFLIGHT, tier).inc()
             for ep in candidates:
                 ep.inflight += 1
                 started = time.perf_counter()
@@ -114,7 +114,7 @@ class Dispatcher:
                     metrics.UPSTREAM_ERRORS.labels(tier, f.kind).inc()
                     if not f.retryable:  # the backend judged the request itself (4xx): pass its verdict on
                         route.admission.release()
-                        metrics.INFLIGHT.labels(tier).dec()
+                        metrics.child(metrics.INFLIGHT, tier).dec()
                         raise _client_error_from(f) from None
                     route.pool.report(ep, False)
                     last = upstream_error(f.status, f"Tier `{tier}`: {f}", code=f"upstream_{f.kind}")
@@ -124,14 +124,14 @@ class Dispatcher:
                         resp.close()
                     ep.inflight -= 1
                     route.admission.release()
-                    metrics.INFLIGHT.labels(tier).dec()
+                    metrics.child(metrics.INFLIGHT, tier).dec()
                     raise
                 route.pool.report(ep, True)
                 return Attempt(tier, ep, resp, route, started,
                                fallback_from=decision.tier if tier != decision.tier else None,
                                events=events, first=first, first_at=first_at)
             route.admission.release()
-            metrics.INFLIGHT.labels(tier).dec()
+            metrics.child(metrics.INFLIGHT, tier).dec()
         raise last or upstream_error(503, "No tier is available for this request.", code="no_tier_available")
 
 

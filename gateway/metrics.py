@@ -6,7 +6,27 @@ packages define theirs in their own modules and everything is served from the de
 
 from __future__ import annotations
 
+from typing import TypeVar
+
 from prometheus_client import Counter, Gauge, Histogram
+from prometheus_client.metrics import MetricWrapperBase
+
+_M = TypeVar("_M", bound=MetricWrapperBase)
+_CHILDREN: dict[tuple[MetricWrapperBase, tuple[str, ...]], MetricWrapperBase] = {}
+
+
+def child(metric: _M, *values: str) -> _M:
+    """`metric.labels(*values)`, remembered: the request path labels the same few series on every request,
+    and `labels()` validates and takes a lock each time. Label values here come from bounded sets (tiers,
+    rules, statuses), and the memo stops growing at 10,000 series anyway."""
+    key = (metric, values)
+    found = _CHILDREN.get(key)
+    if found is None:
+        found = metric.labels(*values)
+        if len(_CHILDREN) < 10_000:
+            _CHILDREN[key] = found
+    return found  # type: ignore[return-value]
+
 
 _LATENCY = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 _OVERHEAD = (0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1)

@@ -133,6 +133,20 @@ def _usage(c: Chunk) -> dict[str, Any]:
     }
 
 
+async def _terminated(frames: AsyncIterator[bytes], gen: Generation) -> AsyncIterator[bytes]:
+    """An SSE body that always ends with `[DONE]`: an engine failure mid-stream becomes an error event first,
+    and the generation is cancelled however the stream ends (finished, failed or the client gone)."""
+    try:
+        async for chunk in frames:
+            yield chunk
+        yield b"data: [DONE]\n\n"
+    except EngineError as e:
+        yield _sse({"error": {"message": str(e), "type": "server_error", "code": "engine_error", "param": None}})
+        yield b"data: [DONE]\n\n"
+    finally:
+        gen.cancel()
+
+
 async def _wait_disconnect(request: Request) -> None:
     while True:
         msg = await request.receive()
@@ -259,26 +273,18 @@ def create_app(state: ServerState) -> Starlette:
                 obj["usage"] = None
             return _sse(obj)
 
-        async def stream() -> AsyncIterator[bytes]:
-            try:
-                yield frame({"role": "assistant", "content": ""}, None)
-                async for c in gen:
-                    if c.text:
-                        yield frame({"content": c.text}, None)
-                    if c.finish_reason is not None:
-                        yield frame({}, c.finish_reason)
-                        if include_usage:
-                            yield _sse({"id": rid, "object": "chat.completion.chunk", "created": created,
-                                        "model": model, "choices": [], "usage": _usage(c)})
-                yield b"data: [DONE]\n\n"
-            except EngineError as e:
-                yield _sse({"error": {"message": str(e), "type": "server_error", "code": "engine_error",
-                                      "param": None}})
-                yield b"data: [DONE]\n\n"
-            finally:
-                gen.cancel()
+        async def frames() -> AsyncIterator[bytes]:
+            yield frame({"role": "assistant", "content": ""}, None)
+            async for c in gen:
+                if c.text:
+                    yield frame({"content": c.text}, None)
+                if c.finish_reason is not None:
+                    yield frame({}, c.finish_reason)
+                    if include_usage:
+                        yield _sse({"id": rid, "object": "chat.completion.chunk", "created": created,
+                                    "model": model, "choices": [], "usage": _usage(c)})
 
-        return _SSEResponse(stream(), media_type="text/event-stream", headers=_SSE_HEADERS)
+        return _SSEResponse(_terminated(frames(), gen), media_type="text/event-stream", headers=_SSE_HEADERS)
 
     # ---------------------------------------------------------------- completions
 
@@ -324,27 +330,19 @@ def create_app(state: ServerState) -> Starlette:
                 obj["usage"] = None
             return _sse(obj)
 
-        async def stream() -> AsyncIterator[bytes]:
-            try:
-                if echo:
-                    yield frame(echo, None)
-                async for c in gen:
-                    if c.finish_reason is not None:
-                        yield frame(c.text, c.finish_reason)
-                        if include_usage:
-                            yield _sse({"id": rid, "object": "text_completion", "created": created,
-                                        "model": model, "choices": [], "usage": _usage(c)})
-                    elif c.text:
-                        yield frame(c.text, None)
-                yield b"data: [DONE]\n\n"
-            except EngineError as e:
-                yield _sse({"error": {"message": str(e), "type": "server_error", "code": "engine_error",
-                                      "param": None}})
-                yield b"data: [DONE]\n\n"
-            finally:
-                gen.cancel()
+        async def frames() -> AsyncIterator[bytes]:
+            if echo:
+                yield frame(echo, None)
+            async for c in gen:
+                if c.finish_reason is not None:
+                    yield frame(c.text, c.finish_reason)
+                    if include_usage:
+                        yield _sse({"id": rid, "object": "text_completion", "created": created,
+                                    "model": model, "choices": [], "usage": _usage(c)})
+                elif c.text:
+                    yield frame(c.text, None)
 
-        return _SSEResponse(stream(), media_type="text/event-stream", headers=_SSE_HEADERS)
+        return _SSEResponse(_terminated(frames(), gen), media_type="text/event-stream", headers=_SSE_HEADERS)
 
     # ---------------------------------------------------------------- info
 

@@ -16,7 +16,7 @@ import contextlib
 import random
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import msgspec
 import structlog
@@ -43,16 +43,22 @@ class HeartbeatError(ValueError):
     """A heartbeat body that does not describe a node (the gateway answers 400 with this message)."""
 
 
+_MAX_SLOTS = 65_536
+_MAX_QUEUE = 1_000_000
+_MAX_CTX = 16_777_216
+
+
 class NodeInfo(msgspec.Struct, forbid_unknown_fields=False):
     """What an edge node says about itself in each heartbeat."""
 
     node_id: str
     url: str
     model: str
-    slots: int = 1
-    busy: int = 0
-    queued: int = 0
-    ctx: int = 0
+    # Bounded so that a bad or hostile node cannot push absurd numbers into the load arithmetic.
+    slots: Annotated[int, msgspec.Meta(ge=1, le=_MAX_SLOTS)] = 1
+    busy: Annotated[int, msgspec.Meta(ge=0, le=_MAX_QUEUE)] = 0
+    queued: Annotated[int, msgspec.Meta(ge=0, le=_MAX_QUEUE)] = 0
+    ctx: Annotated[int, msgspec.Meta(ge=0, le=_MAX_CTX)] = 0
     tier: str | None = None
 
 
@@ -70,8 +76,10 @@ def parse_heartbeat(body: bytes | Mapping[str, Any] | NodeInfo) -> NodeInfo:
             raise HeartbeatError(f"invalid heartbeat: {e}") from None
     if not info.node_id or not info.url.startswith(("http://", "https://")):
         raise HeartbeatError("invalid heartbeat: node_id must be set and url must be an http(s) base URL")
-    if info.slots < 1 or info.busy < 0 or info.queued < 0:
-        raise HeartbeatError("invalid heartbeat: slots must be >= 1, busy and queued >= 0")
+    if not (1 <= info.slots <= _MAX_SLOTS and 0 <= info.busy <= _MAX_QUEUE and 0 <= info.queued <= _MAX_QUEUE
+            and 0 <= info.ctx <= _MAX_CTX):  # a NodeInfo built in code skips the decoder's checks
+        raise HeartbeatError(f"invalid heartbeat: slots must be 1..{_MAX_SLOTS}, busy and queued 0..{_MAX_QUEUE}, "
+                             f"ctx 0..{_MAX_CTX}")
     return info
 
 

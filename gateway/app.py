@@ -249,7 +249,8 @@ class Gateway:
             raise bad_request("`prompt` must be a string or a list of exactly one string.", param="prompt")
         mt = req.effective_max_tokens()
         if mt is not None and mt < 1:
-            raise bad_request("`max_tokens` must be at least 1.", param="max_tokens")
+            field = "max_completion_tokens" if getattr(req, "max_completion_tokens", None) is not None else "max_tokens"
+            raise bad_request(f"`{field}` must be at least 1.", param=field)
         if req.n is not None and req.n != 1:
             raise bad_request("Only `n: 1` is supported.", param="n")
         if req.temperature is not None and not 0 <= req.temperature <= 2:
@@ -525,6 +526,9 @@ class Gateway:
         if self.cache is None:
             raise OpenAIError(409, "The cache is disabled.", code="cache_disabled")
         q = request.query_params
+        for name in ("tenant", "entry"):
+            if name in q and not q[name]:
+                raise bad_request(f"`{name}` must not be empty.", param=name)
         if not (q.get("tenant") or q.get("entry") or q.get("all") == "true"):
             raise bad_request("Say what to invalidate: ?tenant=ID, ?entry=ID or ?all=true.")
         from cache.store import StoreUnavailable

@@ -1,80 +1,236 @@
-"""The OpenAPI document for the gateway's HTTP surface, generated from the same msgspec structs that parse requests."""
+"""The OpenAPI 3.1 document of the gateway's whole HTTP surface, served at `/openapi.json`.
+
+Request bodies are generated from the msgspec structs that decode them (gateway/schemas.py, edge_node/pool.py), so
+the types cannot drift from the parser. `_LIMITS` adds what the handlers refuse beyond the types
+(`Gateway._validate`, `parse_heartbeat`): a body the document allows is one the gateway accepts, and the reverse.
+tests/gateway/test_openapi.py checks both sides of every limit against a live gateway; tests/fuzz fuzzes the rest.
+"""
 
 from __future__ import annotations
 
 from functools import lru_cache
+from typing import Any
 
 import msgspec
 
-from gateway.schemas import ChatRequest, CompletionRequest
-
 __all__ = ["openapi_document"]
 
-_ERROR = {
-    "type": "object",
-    "required": ["error"],
-    "properties": {"error": {"type": "object", "required": ["message", "type"], "properties": {
-        "message": {"type": "string"}, "type": {"type": "string"},
-        "code": {"type": ["string", "null"]}, "param": {"type": ["string", "null"]}}}},
+Schema = dict[str, Any]
+
+# What `Gateway._validate` and `parse_heartbeat` refuse with 400 although the type allows it: struct -> field ->
+# JSON Schema keywords for the field's value of that `type` (msgspec writes `X | None` as `anyOf: [X, null]`).
+_SAMPLING = {
+    "temperature": {"type": "number", "minimum": 0, "maximum": 2},
+    "top_p": {"type": "number", "exclusiveMinimum": 0, "maximum": 1},
+    "n": {"type": "integer", "const": 1},
 }
-_ANSWER = {"type": "object", "required": ["id", "object", "created", "model", "choices"], "properties": {
-    "id": {"type": "string"}, "object": {"type": "string"}, "created": {"type": "integer"},
-    "model": {"type": "string"}, "choices": {"type": "array", "items": {"type": "object"}},
-    "usage": {"type": "object"}}}
+_LIMITS: dict[str, dict[str, Schema]] = {
+    # The chat `max_tokens` limit is conditional: see `_chat_max_tokens`.
+    "ChatRequest": {"messages": {"type": "array", "minItems": 1},
+                    "max_completion_tokens": {"type": "integer", "minimum": 1}, **_SAMPLING},
+    "CompletionRequest": {"prompt": {"type": "array", "minItems": 1, "maxItems": 1},
+                          "max_tokens": {"type": "integer", "minimum": 1}, **_SAMPLING},
+    # slots, busy, queued and ctx carry their bounds in the struct (msgspec.Meta) and so in its schema already.
+    "NodeInfo": {"node_id": {"type": "string", "minLength": 1}, "url": {"type": "string", "pattern": "^https?://"}},
+}
+_MODEL = ("`auto` (the routing policy picks the tier) or a model `/v1/models` lists; any other name is answered "
+          "404 `model_not_found`.")
+
+
+def _narrow(prop: Schema, limit: Schema) -> None:
+    """Add `limit` to the one branch of `prop` of the limit's type; fails loudly if the struct's type changed."""
+    (branch,) = [b for b in prop.get("anyOf", [prop]) if b.get("type") == limit["type"]]
+    branch.update(limit)
+
+
+def _chat_max_tokens(chat: Schema) -> None:
+    """`max_completion_tokens` takes precedence, so `max_tokens` is checked only when the other is absent or null."""
+    chat["properties"]["max_tokens"]["description"] = "At least 1; ignored when `max_completion_tokens` is set."
+    chat["if"] = {"required": ["max_completion_tokens"], "properties": {"max_completion_tokens": {"type": "integer"}}}
+    chat["else"] = {"properties": {"max_tokens": {"anyOf": [{"type": "integer", "minimum": 1}, {"type": "null"}]}}}
+
+
+def _request_schemas() -> dict[str, Schema]:
+    from edge_node.pool import NodeInfo
+    from gateway.schemas import ChatRequest, CompletionRequest
+
+    _, components = msgspec.json.schema_components((ChatRequest, CompletionRequest, NodeInfo),
+                                                   ref_template="#/components/schemas/{name}")
+    for struct, limits in _LIMITS.items():
+        for field, limit in limits.items():
+            _narrow(components[struct]["properties"][field], limit)
+    for struct in ("ChatRequest", "CompletionRequest"):
+        components[struct]["properties"]["model"]["description"] = _MODEL
+    _chat_max_tokens(components["ChatRequest"])
+    components["NodeInfo"]["description"] = ("An edge node's heartbeat: registers it (first time) or refreshes its "
+                                             "load; `tier` names an edge tier, default the policy's first.")
+    components["Deregistration"] = {
+        "type": "object", "required": ["node_id"],
+        "properties": {"node_id": {"type": "string", "minLength": 1},
+                       "tier": {"type": ["string", "null"], "description": "Edge tier; default the policy's first."}},
+        "additionalProperties": {"type": ["string", "null"]},  # decoded as dict[str, str | None]
+    }
+    return components
+
+
+def _obj(required: list[str], **props: Schema) -> Schema:
+    return {"type": "object", "required": required, "properties": props}
+
+
+_STR, _INT, _BOOL = {"type": "string"}, {"type": "integer"}, {"type": "boolean"}
+_ANSWERS: dict[str, Schema] = {
+    "Error": _obj(["error"], error=_obj(["message", "type", "code", "param"], message=_STR, type=_STR,
+                                        code={"type": ["string", "null"]},
+                                        param={"type": ["string", "null"], "description": "The offending field."})),
+    "Completion": {**_obj(["id", "object", "created", "model", "choices"], id=_STR, object=_STR, created=_INT,
+                          model=_STR, choices={"type": "array", "items": {"type": "object"}}, usage={"type": "object"}),
+                   "description": "The backend's answer, relayed as it came (or rendered from the cache)."},
+    "ModelList": _obj(["object", "data"], object={"const": "list"}, data={"type": "array", "items": _obj(
+        ["id", "object", "created", "owned_by"], id=_STR, object={"const": "model"}, created=_INT, owned_by=_STR)}),
+    "Readiness": _obj(["ready", "draining", "policy", "tiers"], ready=_BOOL, draining=_BOOL, policy=_STR,
+                      tiers={"type": "object", "additionalProperties": _BOOL, "description": "Tier -> healthy."}),
+    "ReloadResult": _obj(["ok", "version", "error"], ok=_BOOL, version=_STR, error={"type": ["string", "null"]}),
+    "DashboardData": _obj(["generated_at", "started_at", "ready", "draining", "traffic", "tiers", "policy"],
+                          traffic={"type": "object"}, tiers={"type": "array"}, policy={"type": "object"}),
+}
+_SECURITY_SCHEMES = {
+    "apiKey": {"type": "http", "scheme": "bearer", "description": "A tenant's API key."},
+    "adminKey": {"type": "http", "scheme": "bearer",
+                 "description": "TIERGATE_ADMIN_KEY; while it is unset, admin routes answer 403 `admin_disabled`."},
+    "edgeToken": {"type": "http", "scheme": "bearer", "description": "TIERGATE_EDGE_TOKEN; while it is unset, "
+                  "callers on loopback need no token and any other caller gets 401."},
+    "dashboardKey": {"type": "apiKey", "in": "query", "name": "key",
+                     "description": "The admin key in the URL, for a browser: `/dashboard` answers 303 with a cookie."},
+    "dashboardCookie": {"type": "apiKey", "in": "cookie", "name": "tiergate_dashboard",
+                        "description": "The cookie `?key=` sets (an HMAC of the admin key, not the key)."},
+}
 _HEADERS = {
-    "x-request-id": "Request id (echoed when the client sent one).",
-    "x-tiergate-tier": "Tier that answered: edge, cloud or cache.",
-    "x-tiergate-cache": "hit-exact, hit-semantic, miss or bypass.",
-    "x-tiergate-rule": "Name of the policy rule that routed the request.",
-    "x-tiergate-overhead-ms": "Time spent in the gateway itself, in milliseconds.",
+    "x-request-id": (True, "Request id (echoed when the client sent one)."),
+    "x-tiergate-tier": (True, "Tier that answered: edge, cloud or cache."),
+    "x-tiergate-cache": (True, "hit-exact, hit-semantic, miss or bypass."),
+    "x-tiergate-rule": (True, "Name of the policy rule that routed the request."),
+    "x-tiergate-overhead-ms": (True, "Time spent in the gateway itself, in milliseconds."),
+    "x-tiergate-fallback-from": (False, "The tier the decision named first, when a fallback tier answered."),
+    "x-tiergate-similarity": (False, "Similarity of the cached request, on a semantic hit."),
 }
 
 
-def _errors(*codes: int) -> dict[str, object]:
-    return {str(c): {"description": "Error in the OpenAI format.",
-                     "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}}
-            for c in codes}
+def _ref(name: str) -> Schema:
+    return {"$ref": f"#/components/schemas/{name}"}
 
 
-def _completion_op(schema: str, summary: str) -> dict[str, object]:
-    return {"post": {
-        "summary": summary,
-        "security": [{"bearer": []}],
-        "requestBody": {"required": True,
-                        "content": {"application/json": {"schema": {"$ref": f"#/components/schemas/{schema}"}}}},
-        "responses": {
-            "200": {"description": "A completion (JSON), or SSE chunks ending in `data: [DONE]` when `stream` is true.",
-                    "headers": {h: {"schema": {"type": "string"}, "description": d} for h, d in _HEADERS.items()},
-                    "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Completion"}},
-                                "text/event-stream": {"schema": {"type": "string"}}}},
-            **_errors(400, 401, 404, 413, 429, 502, 503, 504),
-        }}}
+def _json(description: str, schema: Schema, **extra: Any) -> Schema:
+    return {"description": description, "content": {"application/json": {"schema": schema}}, **extra}
+
+
+def _error(description: str, **extra: Any) -> Schema:
+    return _json(description, _ref("Error"), **extra)
+
+
+def _op(summary: str, responses: dict[str, Schema], security: list[str] | None = None, **extra: Any) -> Schema:
+    """One operation; `security` lists alternative schemes, any one of which suffices."""
+    op: Schema = {"summary": summary, **extra, "responses": responses}
+    if security:
+        op["security"] = [{name: []} for name in security]
+    return op
+
+
+def _body(schema: Schema) -> Schema:
+    return {"required": True, "content": {"application/json": {"schema": schema}}}
+
+
+_TOO_LARGE = _error("Body over TIERGATE_MAX_BODY_BYTES (`body_too_large`).")
+_ADMIN_ERRORS = {"401": _error("Missing or wrong admin key."), "403": _error("TIERGATE_ADMIN_KEY is not set.")}
+_EDGE_ERRORS = {"401": _error("Missing or wrong edge token."),
+                "404": _error("No such edge tier in the active policy (`no_edge_tier`)."), "413": _TOO_LARGE}
+_HTML = {"text/html": {"schema": _STR}}
+
+
+def _completion(schema: str, summary: str) -> Schema:
+    headers = {h: {"schema": _STR, "required": req, "description": d} for h, (req, d) in _HEADERS.items()}
+    return {"post": _op(summary, security=["apiKey"], requestBody=_body(_ref(schema)), responses={
+        "200": {"description": "A completion (JSON), or SSE chunks ending in `data: [DONE]` when `stream` is true.",
+                "headers": headers,
+                "content": {"application/json": {"schema": _ref("Completion")},
+                            "text/event-stream": {"schema": _STR}}},
+        "400": _error("The body does not match this schema; `param` names the field."),
+        "401": _error("Missing or invalid API key."),
+        "404": _error("Unknown `model` (`model_not_found`)."),
+        "413": _error("Body over TIERGATE_MAX_BODY_BYTES (`body_too_large`) or prompt text over "
+                      "TIERGATE_MAX_PROMPT_CHARS characters (`prompt_too_large`)."),
+        "429": _error("The tenant's rate or concurrency limit, or the tier saturated past its queue time.",
+                      headers={"retry-after": {"schema": _STR, "required": True, "description": "Seconds."}}),
+        "502": _error("The backends failed or answered malformed before anything was sent (`upstream_*`)."),
+        "503": _error("No healthy backend in any tier the decision allows."),
+        "504": _error("The backends timed out (`upstream_timeout`)."),
+        "4XX": _error("A policy rule's `reject` (its own status and code), or a backend's verdict on the request "
+                      "relayed as it is (e.g. `context_length_exceeded`)."),
+        "5XX": _error("A policy rule's `reject` with a 5xx status."),
+    })}
+
+
+def _paths() -> dict[str, Schema]:
+    ok = {"ok": {"const": True}}
+    return {
+        "/v1/chat/completions": _completion("ChatRequest", "Create a chat completion."),
+        "/v1/completions": _completion("CompletionRequest", "Create a text completion."),
+        "/v1/models": {"get": _op("List models: `auto` and one per tier.", security=["apiKey"], responses={
+            "200": _json("The models.", _ref("ModelList")), "401": _error("Missing or invalid API key.")})},
+        "/healthz": {"get": _op("Liveness.", {"200": _json("Alive.", _obj(["ok"], **ok))})},
+        "/readyz": {"get": _op("Readiness: not draining, and a tier has a healthy backend.", {
+            "200": _json("Ready.", _ref("Readiness")), "503": _json("Not ready.", _ref("Readiness"))})},
+        "/metrics": {"get": _op("Prometheus metrics.", {"200": {"description": "The exposition format.",
+                                                                "content": {"text/plain": {"schema": _STR}}}})},
+        "/openapi.json": {"get": _op("This document.", {"200": _json("OpenAPI 3.1.", {"type": "object"})})},
+        "/edge/v1/heartbeat": {"post": _op(
+            "An edge node registers, then reports its load every ~2 s; silent for ~10 s, it is dropped.",
+            security=["edgeToken"], requestBody=_body(_ref("NodeInfo")), responses={
+                "200": _json("Registered or refreshed.", _obj(["ok", "tier"], **ok, tier=_STR)),
+                "400": _error("Not a valid heartbeat (`invalid_heartbeat`)."), **_EDGE_ERRORS})},
+        "/edge/v1/deregister": {"post": _op(
+            "A draining edge node leaves at once.", security=["edgeToken"], requestBody=_body(_ref("Deregistration")),
+            responses={"200": _json("Forgotten; `known` says whether the node was registered.",
+                                    _obj(["ok", "known"], **ok, known=_BOOL)),
+                       "400": _error("Not a valid deregistration (`invalid_heartbeat`)."), **_EDGE_ERRORS})},
+        "/admin/policy/reload": {"post": _op("Re-read the policy file now.", security=["adminKey"], responses={
+            "200": _json("Adopted, or unchanged.", _ref("ReloadResult")),
+            "422": _json("Rejected (`error` says why); the previous policy keeps serving.", _ref("ReloadResult")),
+            **_ADMIN_ERRORS})},
+        "/admin/cache/invalidate": {"post": _op(
+            "Remove cache entries: one entry, a tenant's, or all. Give at least one of the three parameters.",
+            security=["adminKey"], parameters=[
+                {"name": "entry", "in": "query", "schema": _STR,
+                 "description": "One entry (with `tenant`: only if it is that tenant's)."},
+                {"name": "tenant", "in": "query", "schema": _STR, "description": "Every entry of this tenant."},
+                {"name": "all", "in": "query", "schema": _STR, "description": "`true` alone: every entry."}],
+            responses={"200": _json("Removed.", _obj(["ok", "removed"], **ok, removed=_INT)),
+                       "400": _error("None of `entry`, `tenant`, `all=true` given."), **_ADMIN_ERRORS,
+                       "409": _error("The cache is disabled (`cache_disabled`)."),
+                       "503": _error("The cache store is unreachable (`cache_unavailable`).")})},
+        "/dashboard": {"get": _op("The live status page, for people.",
+                                  security=["adminKey", "dashboardCookie", "dashboardKey"], responses={
+            "200": {"description": "The page.", "content": _HTML},
+            "303": {"description": "A valid `?key=`: sets the cookie and redirects to the bare URL.",
+                    "headers": {"location": {"schema": _STR}, "set-cookie": {"schema": _STR}}},
+            "401": {"description": "The sign-in page.", "content": _HTML},
+            "403": {"description": "TIERGATE_ADMIN_KEY is not set.", "content": _HTML}})},
+        "/dashboard/data": {"get": _op("What the status page shows, as JSON.",
+                                       security=["adminKey", "dashboardCookie", "dashboardKey"], responses={
+            "200": _json("Traffic, tiers and policy.", _ref("DashboardData")), **_ADMIN_ERRORS})},
+    }
+
+
+_DESCRIPTION = ("OpenAI-compatible gateway routing between edge (llama.cpp), cloud (vLLM) and a semantic cache. "
+                "Errors are OpenAI-shaped: `{\"error\": {\"message\", \"type\", \"code\", \"param\"}}`. "
+                "Integer fields take integers as written (`16`; `16.0` and `1.6e1` are refused), which JSON Schema's "
+                "`integer` cannot say.")
 
 
 @lru_cache(maxsize=1)
 def openapi_document() -> bytes:
-    (chat, completion), components = msgspec.json.schema_components(
-        (ChatRequest, CompletionRequest), ref_template="#/components/schemas/{name}")
-    components.update({"Error": _ERROR, "Completion": _ANSWER})
-    plain = {"200": {"description": "OK", "content": {"application/json": {"schema": {"type": "object"}}}}}
-    doc = {
+    return msgspec.json.encode({
         "openapi": "3.1.0",
-        "info": {"title": "tiergate", "version": "0.1.0",
-                 "description": "OpenAI-compatible gateway routing between edge (llama.cpp), cloud (vLLM) and a semantic cache."},
-        "components": {"schemas": components,
-                       "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}}},
-        "paths": {
-            "/v1/chat/completions": _completion_op("ChatRequest", "Create a chat completion."),
-            "/v1/completions": _completion_op("CompletionRequest", "Create a text completion."),
-            "/v1/models": {"get": {"summary": "List models: `auto` and one per tier.", "security": [{"bearer": []}],
-                                   "responses": {**plain, **_errors(401)}}},
-            "/healthz": {"get": {"summary": "Liveness.", "responses": plain}},
-            "/readyz": {"get": {"summary": "Readiness: policy loaded and a tier reachable.",
-                                "responses": {**plain, "503": {"description": "Not ready."}}}},
-            "/metrics": {"get": {"summary": "Prometheus metrics.",
-                                 "responses": {"200": {"description": "OK",
-                                                       "content": {"text/plain": {"schema": {"type": "string"}}}}}}},
-        },
-    }
-    assert chat and completion
-    return msgspec.json.encode(doc)
+        "info": {"title": "tiergate", "version": "0.1.0", "description": _DESCRIPTION},
+        "components": {"schemas": {**_request_schemas(), **_ANSWERS}, "securitySchemes": _SECURITY_SCHEMES},
+        "paths": _paths(),
+    })

@@ -1,12 +1,15 @@
 """schemathesis against a real gateway's own `/openapi.json` (uvicorn on a free port, instant `ok` backends).
 
 Every operation the document lists is fuzzed with schema-conforming (positive) and schema-violating (negative)
-inputs; chat and text completions get a valid `model` most of the time so that requests also get past routing
-into dispatch, streaming and the cache. For every answer:
+inputs, with the credential its `security` names (API key, admin key or edge token); chat and text completions get
+a valid `model` most of the time so that requests also get past routing into dispatch, streaming and the cache.
+Edge registration is fuzzed on a gateway of its own, so that the nodes it registers do not receive the
+completions. For every answer:
 - the gateway's own code never answers 5xx (with healthy instant backends no upstream error is possible either);
-- every error is the OpenAI shape `{"error": {"message", "type", "code", "param"}}`;
+- every error the document gives as `Error` is the OpenAI shape `{"error": {"message", "type", "code", "param"}}`;
 - a 200 completion is a complete answer: JSON with choices, or SSE chunks ending in `data: [DONE]`;
-- schemathesis' own checks pass (status codes, content types, headers and bodies as documented);
+- schemathesis' own checks pass (status codes, content types, headers and bodies as documented; schema-valid
+  inputs accepted, schema-violating ones refused);
 - the gateway is still healthy and ready afterwards (no crash).
 """
 
@@ -17,6 +20,7 @@ import warnings
 from collections import Counter
 
 import httpx
+import jsonschema
 import msgspec
 import pytest
 import schemathesis
@@ -34,23 +38,37 @@ from gateway.openapi import openapi_document
 from tests.gateway.conftest import stack
 
 AUTH = {"Authorization": "Bearer key-alpha-1"}
+ADMIN_KEY, EDGE_TOKEN = "fuzz-admin-key", "fuzz-edge-token"
+CREDENTIALS = {"apiKey": AUTH, "adminKey": {"Authorization": f"Bearer {ADMIN_KEY}"},
+               "edgeToken": {"Authorization": f"Bearer {EDGE_TOKEN}"}}
 MODELS = ["auto", "auto", "tiergate-edge", "tiergate-cloud", None]  # None: keep what schemathesis generated
 _DOC = json.loads(openapi_document())
 OPERATIONS = [(path, method.upper()) for path, item in _DOC["paths"].items() for method in item]
 EXAMPLES = {"POST": 150, "GET": 25}
 load_all_checks()
 # Relaxed checks, each for a reason:
-# - positive_data_acceptance: schema-valid bodies the gateway refuses with 400 (empty `messages`, `max_tokens: 0`,
-#   ...) are a known gap in the document, asserted on its own below;
+# - positive_data_acceptance on /admin/cache/invalidate: "at least one of `entry`, `tenant`, `all=true`" cannot be
+#   said with OpenAPI parameters (the operation's description says it);
 # - response_schema_conformance on SSE answers: the document gives `text/event-stream` as `{type: string}` (the
 #   OpenAPI 3.1 way to say "a stream"); schemathesis reads that as the schema of each event, so SSE bodies are
 #   checked by `check_answer` instead;
-# - negative_data_rejection when the test itself made a negative case valid again (a valid key added).
+# - negative_data_rejection when the test itself made a negative case valid again (a valid key added); such a case
+#   must still be refused when its body violates the document.
+
+
+FUZZ_SETTINGS = {"admin_key": ADMIN_KEY, "edge_token": EDGE_TOKEN}
 
 
 @pytest.fixture(scope="module")
 def gateway(tmp_path_factory):
-    with stack(tmp_path_factory.mktemp("fuzz-gw")) as s:
+    with stack(tmp_path_factory.mktemp("fuzz-gw"), settings=FUZZ_SETTINGS) as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def edge_gateway(tmp_path_factory):
+    """Fuzzed heartbeats register nodes at made-up URLs: on this gateway they cannot disturb the completions."""
+    with stack(tmp_path_factory.mktemp("fuzz-edge-gw"), settings=FUZZ_SETTINGS) as s:
         yield s
 
 
@@ -59,6 +77,41 @@ def schema(gateway):
     live = httpx.get(gateway["gw"].url + "/openapi.json", timeout=10)
     assert live.status_code == 200 and live.json() == _DOC  # what we fuzz is what the gateway serves
     return schemathesis.openapi.from_url(gateway["gw"].url + "/openapi.json")
+
+
+def credentials(path: str, method: str) -> dict[str, str] | None:
+    """The header for the first security scheme the operation accepts (None: it needs none)."""
+    security = _DOC["paths"][path][method.lower()].get("security")
+    return CREDENTIALS[next(iter(security[0]))] if security else None
+
+
+def documented_error(path: str, method: str, status: int) -> bool:
+    """Does the document give this answer as an OpenAI error (exact status first, then its `4XX`/`5XX` range)?"""
+    responses = _DOC["paths"][path][method.lower()]["responses"]
+    documented = responses.get(str(status)) or responses.get(f"{status // 100}XX") or {}
+    schema = documented.get("content", {}).get("application/json", {}).get("schema", {})
+    return schema.get("$ref") == "#/components/schemas/Error"
+
+
+def body_violates_document(path: str, method: str, body) -> bool:
+    body_doc = _DOC["paths"][path][method.lower()].get("requestBody")
+    if body_doc is None:
+        return False
+    schema = body_doc["content"]["application/json"]["schema"]
+    return not jsonschema.Draft202012Validator({**schema, **_DOC}).is_valid(body)
+
+
+def whole_floats_as_ints(value):
+    """`2.0` spelled `2`. JSON Schema counts `2.0` as an integer, but the gateway's strict msgspec decoding refuses a
+    number with a fraction or an exponent for an integer field (the document says so in words; JSON Schema cannot).
+    Same value, so the case stays schema-valid; float fields accept `2` as well."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, list):
+        return [whole_floats_as_ints(v) for v in value]
+    if isinstance(value, dict):
+        return {k: whole_floats_as_ints(v) for k, v in value.items()}
+    return value
 
 
 def check_error_shape(r) -> dict:
@@ -96,12 +149,13 @@ def check_answer(path: str, r) -> None:
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("mode", [GenerationMode.POSITIVE, GenerationMode.NEGATIVE], ids=lambda m: m.value)
 @pytest.mark.parametrize("path, method", OPERATIONS, ids=[f"{m} {p}" for p, m in OPERATIONS])
-def test_operation(gateway, schema, path, method, mode):
+def test_operation(gateway, edge_gateway, schema, path, method, mode):
     op = schema[path][method]
     has_input = bool(op.body) or any(True for _ in op.iter_parameters())
     if mode is GenerationMode.NEGATIVE and not has_input:
         pytest.skip("no inputs to violate")
-    url = gateway["gw"].url
+    url = (edge_gateway if path.startswith("/edge/") else gateway)["gw"].url
+    auth = credentials(path, method)
     statuses: Counter[int] = Counter()
     rejected_valid: Counter[str] = Counter()  # schema-valid bodies refused with 400, by `param`
     strategy = st.tuples(op.as_strategy(generation_mode=mode), st.sampled_from(MODELS),
@@ -112,24 +166,30 @@ def test_operation(gateway, schema, path, method, mode):
     def run(drawn):
         case, model, with_key = drawn
         positive = mode is GenerationMode.POSITIVE
+        if positive and isinstance(case.body, (dict, list)):
+            case.body = whole_floats_as_ints(case.body)
         if positive and path.endswith("completions") and model is not None and isinstance(case.body, dict):
             case.body["model"] = model  # still schema-valid: `model` is any string
         # Negative cases: half of them carry a valid key so that their bad bodies get past authentication;
         # such a case may no longer violate the schema (its violation may have been the header).
-        headers = AUTH if positive or with_key else None
-        mutated = not positive and with_key
+        headers = auth if positive or with_key else None
+        mutated = not positive and with_key and auth is not None
         r = case.call(base_url=url, headers=headers, timeout=30)
         statuses[r.status_code] += 1
         assert r.status_code < 500, f"{r.status_code} from the gateway: {r.text[:500]}"
-        if path in ("/healthz", "/readyz", "/metrics"):
+        if path in ("/healthz", "/readyz", "/metrics", "/openapi.json"):
             assert r.status_code == 200
-        elif r.status_code >= 400:
+        elif r.status_code >= 400 and documented_error(path, method, r.status_code):
             err = check_error_shape(r)
             if mode is GenerationMode.POSITIVE and r.status_code == 400:
                 rejected_valid[str(err["param"])] += 1
-        elif path.endswith("completions"):
+        elif r.status_code == 200 and path.endswith("completions"):
             check_answer(path, r)
-        excluded = [positive_data_acceptance] + ([negative_data_rejection] if mutated else [])
+        if mutated and body_violates_document(path, method, case.body):
+            assert r.status_code >= 400, f"accepted a body the document forbids: {case.body!r:.500}"
+        excluded = [negative_data_rejection] if mutated else []
+        if path == "/admin/cache/invalidate":
+            excluded.append(positive_data_acceptance)
         if header(r, "content-type").startswith("text/event-stream"):
             excluded.append(response_schema_conformance)
         case.validate_response(r, headers=headers, excluded_checks=excluded)
@@ -145,7 +205,7 @@ def test_operation(gateway, schema, path, method, mode):
     assert health.status_code == 200 and health.json()["ready"]
 
 
-# ---- found by fuzzing: failing until gateway/app.py is fixed (see docs/reliability.md) ------------------------
+# ---- found by fuzzing, fixed (see docs/reliability.md, gaps 1 and 8) ------------------------------------------
 
 def test_deeply_nested_json_is_a_400(gateway):
     deep = b'{"a":' * 20_000 + b"1" + b"}" * 20_000
@@ -156,24 +216,36 @@ def test_deeply_nested_json_is_a_400(gateway):
     assert check_error_shape(r)["code"] == "invalid_json"
 
 
-REFUSED_BUT_DOCUMENTED_VALID = [
+REFUSED_AND_DOCUMENTED_INVALID = [
     ("ChatRequest", "/v1/chat/completions", {"model": "auto", "messages": []}),
     ("ChatRequest", "/v1/chat/completions", {"model": "auto", "messages": [{"role": "user"}], "max_tokens": 0}),
     ("ChatRequest", "/v1/chat/completions", {"model": "auto", "messages": [{"role": "user"}], "top_p": 0}),
     ("ChatRequest", "/v1/chat/completions", {"model": "auto", "messages": [{"role": "user"}], "n": 2}),
     ("ChatRequest", "/v1/chat/completions", {"model": "auto", "messages": [{"role": "user"}], "temperature": 3}),
+    ("ChatRequest", "/v1/chat/completions",
+     {"model": "auto", "messages": [{"role": "user"}], "max_tokens": 5, "max_completion_tokens": 0}),
+    ("ChatRequest", "/v1/chat/completions", {"model": "auto", "messages": [{"role": "user"}], "top_p": 1.5}),
+    ("ChatRequest", "/v1/chat/completions", {"model": "auto", "messages": [{"role": "user"}], "temperature": -1}),
     ("CompletionRequest", "/v1/completions", {"model": "auto", "prompt": ["a", "b"]}),
+    ("CompletionRequest", "/v1/completions", {"model": "auto", "prompt": []}),
+    ("CompletionRequest", "/v1/completions", {"model": "auto", "prompt": "a", "max_tokens": 0}),
+    ("CompletionRequest", "/v1/completions", {"model": "auto", "prompt": "a", "n": 0}),
 ]
 
 
-@pytest.mark.xfail(strict=True, reason="doc gap: /openapi.json does not state the gateway's own limits (messages "
-                                        "non-empty, max_tokens >= 1, 0 < top_p <= 1, n == 1, 0 <= temperature <= 2, "
-                                        "prompt list of one); see docs/reliability.md")
-@pytest.mark.parametrize("name, path, body", REFUSED_BUT_DOCUMENTED_VALID)
+@pytest.mark.parametrize("name, path, body", REFUSED_AND_DOCUMENTED_INVALID)
 def test_what_the_gateway_refuses_the_document_forbids(gateway, name, path, body):
-    import jsonschema
-
     r = httpx.post(gateway["gw"].url + path, json=body, headers=AUTH, timeout=30)
     assert r.status_code == 400 and check_error_shape(r)["param"]
     validator = jsonschema.Draft202012Validator({"$ref": f"#/components/schemas/{name}", **_DOC})
     assert not validator.is_valid(body), f"{body} is valid per /openapi.json but the gateway answers 400"
+
+
+# ---- found while documenting the edge routes (gap 9 in docs/reliability.md, fixed) ----
+
+def test_heartbeat_with_integers_too_large_for_a_float_is_not_a_500(edge_gateway):
+    body = b'{"node_id": "huge", "url": "http://127.0.0.1:1", "model": "m", "busy": 1' + b"0" * 400 + b"}"
+    r = httpx.post(edge_gateway["gw"].url + "/edge/v1/heartbeat", content=body, timeout=30,
+                   headers={**CREDENTIALS["edgeToken"], "content-type": "application/json"})
+    assert r.status_code == 400, (r.status_code, r.text[:300])
+    assert r.json()["error"]["type"] == "invalid_request_error"

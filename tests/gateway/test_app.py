@@ -118,7 +118,9 @@ def _err(r: httpx.Response) -> dict:
     ({"model": "gpt-17", "messages": [{"role": "user", "content": "x"}]}, 404, "model_not_found", "gpt-17"),
     ({"model": "auto", "messages": [{"role": "user", "content": "x"}], "n": 3}, 400, "invalid_request", "n"),
     ({"model": "auto", "messages": [{"role": "user", "content": "x"}], "max_tokens": 0}, 400, "invalid_request",
-     "max_tokens"),
+     "`max_tokens`"),
+    ({"model": "auto", "messages": [{"role": "user", "content": "x"}], "max_tokens": 9, "max_completion_tokens": 0},
+     400, "invalid_request", "`max_completion_tokens`"),
     ({"model": "auto", "messages": [{"role": "user", "content": "x"}], "temperature": 7}, 400, "invalid_request",
      "temperature"),
 ])

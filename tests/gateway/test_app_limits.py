@@ -154,6 +154,8 @@ def test_admin_reload_and_cache_invalidation(tmp_path):
                           headers={"Authorization": "Bearer key-alpha-1"}).status_code == 200  # last good policy
         r = httpx.post(base + "/v1/chat/completions", json=chat, headers={"Authorization": "Bearer key-alpha-1"})
         assert r.headers["x-tiergate-cache"] == "hit-exact"
+        r = httpx.post(base + "/admin/cache/invalidate?all=true&tenant=", headers=adm)
+        assert r.status_code == 400 and r.json()["error"]["param"] == "tenant"  # not "the tenant named ''"
         r = httpx.post(base + "/admin/cache/invalidate?tenant=alpha", headers=adm)
         assert r.status_code == 200 and r.json()["removed"] >= 1
         r = httpx.post(base + "/v1/chat/completions", json=chat, headers={"Authorization": "Bearer key-alpha-1"})

@@ -1,0 +1,101 @@
+"""`/openapi.json` describes the gateway as it is: every route it serves, and exactly the limits it enforces.
+
+Each limit is probed on both sides of its boundary against a live gateway: the document allows the body exactly
+when the gateway accepts it (anything but 400). The fuzz tests (tests/fuzz/test_openapi_fuzz.py) cover the rest.
+"""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import jsonschema
+import pytest
+
+from gateway.openapi import openapi_document
+from tests.gateway.conftest import stack
+
+DOC = json.loads(openapi_document())
+API, EDGE = {"Authorization": "Bearer key-alpha-1"}, {"Authorization": "Bearer edge-t"}
+CHAT = {"model": "auto", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+TEXT = {"model": "auto", "prompt": "hi", "max_tokens": 2}
+NODE = {"node_id": "n1", "url": "http://127.0.0.1:1", "model": "m"}
+
+# (path, body, allowed): the base body with one field changed; None removes the field.
+PROBES = [
+    *[("/v1/chat/completions", {**CHAT, **change}, ok) for change, ok in [
+        ({}, True), ({"messages": []}, False),
+        ({"max_tokens": 0}, False), ({"max_tokens": 1}, True), ({"max_tokens": None}, True),
+        ({"max_completion_tokens": 0}, False), ({"max_completion_tokens": 1}, True),
+        ({"max_tokens": 0, "max_completion_tokens": 1}, True),  # max_completion_tokens takes precedence
+        ({"max_tokens": 0, "max_completion_tokens": None}, False),
+        ({"temperature": -0.01}, False), ({"temperature": 0}, True), ({"temperature": 2}, True),
+        ({"temperature": 2.01}, False),
+        ({"top_p": 0}, False), ({"top_p": 0.01}, True), ({"top_p": 1}, True), ({"top_p": 1.01}, False),
+        ({"n": 0}, False), ({"n": 1}, True), ({"n": 2}, False), ({"n": None}, True),
+    ]],
+    *[("/v1/completions", {**TEXT, **change}, ok) for change, ok in [
+        ({}, True), ({"prompt": ""}, True), ({"prompt": []}, False), ({"prompt": ["a"]}, True),
+        ({"prompt": ["a", "b"]}, False), ({"max_tokens": 0}, False), ({"max_tokens": 1}, True),
+        ({"temperature": 2.01}, False), ({"top_p": 0}, False), ({"n": 2}, False), ({"n": 1}, True),
+    ]],
+    *[("/edge/v1/heartbeat", {**NODE, **change}, ok) for change, ok in [
+        ({}, True), ({"node_id": ""}, False), ({"url": "ftp://x"}, False), ({"url": "https://x"}, True),
+        ({"slots": 0}, False), ({"slots": 1}, True), ({"busy": -1}, False), ({"busy": 0}, True),
+        ({"queued": -1}, False), ({"queued": 0}, True),
+    ]],
+    *[("/edge/v1/deregister", body, ok) for body, ok in [
+        ({"node_id": "n1"}, True), ({"node_id": "n1", "tier": None}, True), ({"node_id": ""}, False),
+        ({"node_id": None}, False), ({}, False), ({"node_id": "n1", "slots": 1}, False),
+    ]],
+]
+
+
+@pytest.fixture(scope="module")
+def gw(tmp_path_factory):
+    with stack(tmp_path_factory.mktemp("openapi-gw"), settings={"edge_token": "edge-t", "admin_key": "adm"}) as s:
+        yield s["gw"]
+
+
+def allowed_by_document(path: str, body: dict) -> bool:
+    schema = DOC["paths"][path]["post"]["requestBody"]["content"]["application/json"]["schema"]
+    return jsonschema.Draft202012Validator({**schema, **DOC}).is_valid(body)
+
+
+@pytest.mark.parametrize("path, body, allowed", PROBES, ids=[f"{p} {json.dumps(b)}" for p, b, _ in PROBES])
+def test_the_document_allows_exactly_what_the_gateway_accepts(gw, path, body, allowed):
+    r = httpx.post(gw.url + path, json=body, headers=EDGE if path.startswith("/edge/") else API, timeout=30)
+    assert r.status_code < 500, r.text
+    assert (r.status_code != 400) is allowed, (r.status_code, r.text[:300])
+    assert allowed_by_document(path, body) is allowed
+
+
+def test_every_route_is_documented_and_every_documented_route_exists(gw):
+    served = {(route.path, method.lower()) for route in gw.server.config.app.routes
+              for method in route.methods - {"HEAD"}}
+    documented = {(path, method) for path, item in DOC["paths"].items() for method in item}
+    assert served == documented
+
+
+def test_every_operation_states_its_auth_and_errors():
+    schemes = DOC["components"]["securitySchemes"]
+    public = {"/healthz", "/readyz", "/metrics", "/openapi.json"}
+    for path, item in DOC["paths"].items():
+        for op in item.values():
+            security = [name for requirement in op.get("security", []) for name in requirement]
+            assert set(security) <= set(schemes)
+            assert bool(security) is (path not in public), path
+            if path.startswith("/admin/"):
+                assert security == ["adminKey"]
+            if path.startswith("/dashboard"):
+                assert security[0] == "adminKey"
+            if path.startswith("/edge/"):
+                assert security == ["edgeToken"]
+            if security and path != "/dashboard":  # the page itself answers people in HTML
+                assert op["responses"]["401"]["content"]["application/json"]["schema"] == {
+                    "$ref": "#/components/schemas/Error"}
+
+
+def test_the_gateway_serves_this_document(gw):
+    r = httpx.get(gw.url + "/openapi.json")
+    assert r.status_code == 200 and r.json() == DOC

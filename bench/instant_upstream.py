@@ -4,12 +4,19 @@ Also the test suite's stand-in at the HTTP boundary: a `mode` makes it fail in t
 (HTTP 500, a stream cut short, silence, a 400 verdict on the request).
 
 Run: python -m bench.instant_upstream --port 9001 [--chunks 8] [--mode ok|error500|cut|hang|reject]
+                                         [--ttft-ms 0] [--tbt-ms 0] [--echo]
+
+`--ttft-ms` / `--tbt-ms` (default 0: instant) make every answer take a fixed, model-like time: the first token after
+`ttft_ms`, each further token `tbt_ms` later (a JSON answer is sent whole once its last token is "generated").
+`--echo` makes the first token name the question (`q<hash of the last message or prompt>`), so a client can tell
+which request an answer was generated for (a cache benchmark checks that a hit returns the right answer).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import hashlib
 import time
 
 import msgspec
@@ -31,8 +38,14 @@ class _Req(msgspec.Struct):
 _dec = msgspec.json.Decoder(_Req)
 
 
-def make_app(chunks: int = 8, mode: str = "ok", model: str = "instant", slots: int = 64) -> web.Application:
-    """`mode` may be changed at run time through app["mode"] (tests flip a healthy backend into a broken one)."""
+def make_app(chunks: int = 8, mode: str = "ok", model: str = "instant", slots: int = 64, *, ttft_ms: float = 0.0,
+             tbt_ms: float = 0.0, echo: bool = False) -> web.Application:
+    """`mode` may be changed at run time through app["mode"] (tests flip a healthy backend into a broken one).
+
+    `ttft_ms` / `tbt_ms` add a fixed generation time (time to the first token, then between tokens); 0 is instant.
+    `echo` replaces the first token by `q<12 hex digits>`, a hash of the request's last message (or prompt).
+    """
+    ttft_s, tbt_s = max(ttft_ms, 0.0) / 1000, max(tbt_ms, 0.0) / 1000
     app = web.Application()
     app["mode"] = mode  # noqa: aiohttp AppKey advice is for libraries
     app["hits"] = 0
@@ -51,12 +64,18 @@ def make_app(chunks: int = 8, mode: str = "ok", model: str = "instant", slots: i
         if m == "hang":
             await asyncio.sleep(3600)
         n = min(chunks, body.max_tokens or chunks)
+        words = [f"w{i} " for i in range(n)]
+        if echo and n:
+            asked = body.messages[-1] if body.messages else body.prompt
+            words[0] = f"q{hashlib.sha256(_enc(asked)).hexdigest()[:12]} "
         created = int(time.time())
         finish = "length" if body.max_tokens is not None and body.max_tokens <= chunks else "stop"
         if not body.stream:
             if m == "slow":
                 await asyncio.sleep(0.05 * n)  # a backend that takes time to generate
-            text = "".join(f"w{i} " for i in range(n))
+            if ttft_s or tbt_s:
+                await asyncio.sleep(ttft_s + tbt_s * max(n - 1, 0))
+            text = "".join(words)
             choice = ({"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish} if chat
                       else {"index": 0, "text": text, "finish_reason": finish})
             return web.Response(body=_enc({"id": "x", "object": "chat.completion" if chat else "text_completion",
@@ -73,8 +92,10 @@ def make_app(chunks: int = 8, mode: str = "ok", model: str = "instant", slots: i
                 return resp
             if m == "slow":
                 await asyncio.sleep(0.05)
-            choice = {"index": 0, "delta": {"content": f"w{i} "}, "finish_reason": None} if chat else \
-                {"index": 0, "text": f"w{i} ", "finish_reason": None}
+            if ttft_s and i == 0 or tbt_s and i > 0:
+                await asyncio.sleep(ttft_s if i == 0 else tbt_s)
+            choice = {"index": 0, "delta": {"content": words[i]}, "finish_reason": None} if chat else \
+                {"index": 0, "text": words[i], "finish_reason": None}
             await resp.write(b"data: " + _enc({"id": "x", "object": obj, "created": created, "model": body.model,
                                                 "choices": [choice]}) + b"\n\n")
         last = {"index": 0, "delta": {}, "finish_reason": finish} if chat else \
@@ -109,14 +130,16 @@ def make_app(chunks: int = 8, mode: str = "ok", model: str = "instant", slots: i
     return app
 
 
-def serve(port: int, chunks: int = 8, mode: str = "ok") -> None:
+def serve(port: int, chunks: int = 8, mode: str = "ok", ttft_ms: float = 0.0, tbt_ms: float = 0.0,
+          echo: bool = False) -> None:
     try:
         import uvloop
 
         uvloop.install()
     except ImportError:
         pass
-    web.run_app(make_app(chunks, mode), host="127.0.0.1", port=port, access_log=None, print=None)
+    web.run_app(make_app(chunks, mode, ttft_ms=ttft_ms, tbt_ms=tbt_ms, echo=echo), host="127.0.0.1", port=port,
+                access_log=None, print=None)
 
 
 if __name__ == "__main__":
@@ -124,5 +147,8 @@ if __name__ == "__main__":
     ap.add_argument("--port", type=int, default=9001)
     ap.add_argument("--chunks", type=int, default=8)
     ap.add_argument("--mode", default="ok")
+    ap.add_argument("--ttft-ms", type=float, default=0.0, help="fixed time to the first token (default: instant)")
+    ap.add_argument("--tbt-ms", type=float, default=0.0, help="fixed time between tokens (default: instant)")
+    ap.add_argument("--echo", action="store_true", help="first token: a hash of the question (default: w0)")
     a = ap.parse_args()
-    serve(a.port, a.chunks, a.mode)
+    serve(a.port, a.chunks, a.mode, a.ttft_ms, a.tbt_ms, a.echo)

@@ -108,7 +108,8 @@ class SemanticCache:
             key = request_key(req, tenant)
             async with asyncio.timeout(self.settings.lookup_timeout_s):
                 result = await self._lookup(key, rule)
-        except StoreUnavailable:
+        except StoreUnavailable:  # down, or slower than its per-command timeout: counted by reason
+            self.metrics.skipped.labels("store_unavailable").inc()
             result = LookupResult(None, "bypass", "store_unavailable", key)
         except TimeoutError:
             self.metrics.errors.labels("lookup_timeout").inc()

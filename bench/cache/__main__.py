@@ -1,6 +1,11 @@
-"""Semantic cache benchmark: accuracy on labelled pairs, lookup latency at scale, embedding speed, memory.
+"""Semantic cache benchmark: accuracy on labelled pairs, lookup latency at scale, embedding speed, memory, and
+hit vs miss latency end to end through a real gateway.
 
     .venv/bin/python -m bench.cache [--scales 10k,100k,1m] [--write-docs]
+    .venv/bin/python -m bench.cache --only e2e [--e2e-requests 300] [--e2e-stores memory,redis] [--write-docs]
+
+`--only accuracy,scales,e2e` runs some parts and keeps the others' last results (bench/results/cache.json), so
+`--write-docs` always writes the whole section.
 
 One run prints, side by side:
 - precision / recall on the held-out half of ../shared/data/cache/qqp_pairs_dev.jsonl for tiergate's shipped
@@ -9,7 +14,10 @@ One run prints, side by side:
   re-scoring, guards) and with embedding (a real ~20-word prompt through the batcher), at 10k and 100k
   entries in a real redis-server and 1M entries in the in-process store (synthetic low-rank vectors);
 - embedding p50 for a ~20-word prompt on one thread;
-- peak RSS of each scale's process (each scale runs in its own child process) and of redis-server.
+- peak RSS of each scale's process (each scale runs in its own child process) and of redis-server;
+- end to end (bench/cache/e2e.py): `tiergate serve` with the exported embedder, in-process store and Redis, in front
+  of the instant upstream with a fixed generation time; p50/p99 of misses, exact hits and semantic hits (JSON and
+  SSE), the `x-tiergate-cache` header tally, peak RSS of gateway, upstream and redis-server.
 """
 
 from __future__ import annotations
@@ -29,6 +37,9 @@ from typing import Any
 
 import numpy as np
 
+from bench.cache.e2e import render as e2e_render
+from bench.cache.e2e import run as run_e2e
+from bench.cache.e2e import wait_redis as _wait_redis
 from bench.procs import free_port, peak_rss_mib
 from bench.report import write_section
 
@@ -302,25 +313,11 @@ def run_scale(name: str) -> dict[str, Any]:
             shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _wait_redis(port: int) -> None:
-    import socket
-
-    deadline = time.monotonic() + 15
-    while time.monotonic() < deadline:
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.5) as s:
-                s.sendall(b"PING\r\n")
-                if s.recv(16).startswith(b"+PONG"):
-                    return
-        except OSError:
-            time.sleep(0.05)
-    raise RuntimeError("redis-server did not start")
-
-
 # -- report ---------------------------------------------------------------------------------------------------
-def render(acc: dict[str, Any], emb: dict[str, float], scales: list[dict[str, Any]], command: str) -> str:
+def render(acc: dict[str, Any], emb: dict[str, float], scales: list[dict[str, Any]], command: str,
+           e2e: dict[str, Any] | None = None, when: str | None = None) -> str:
     lines = [HEADING, "", (f"Command: `{command}` (machine: 2 shared cores, no GPU; "
-             f"{time.strftime('%Y-%m-%d')}). Each scale runs in its own process."), ""]
+             f"{when or time.strftime('%Y-%m-%d')}). Each scale runs in its own process."), ""]
     lines += [(f"Accuracy on the held-out half of `qqp_pairs_dev.jsonl` ({acc['held_out_pairs']} pairs, "
               f"{acc['duplicates']} duplicates; the other half chose the threshold and guards), same int8 MiniLM "
               "embedder:"), "", "| rule | precision | recall | hits |", "|---|---|---|---|"]
@@ -359,6 +356,8 @@ def render(acc: dict[str, Any], emb: dict[str, float], scales: list[dict[str, An
         "- Timings depend on the other work on the two shared cores; p99 especially.",
         "",
     ]
+    if e2e:
+        lines += e2e_render(e2e)
     return "\n".join(lines)
 
 
@@ -366,16 +365,29 @@ def write_docs(section: str) -> None:
     write_section(HEADING, section, DOCS)
 
 
+PARTS = ("accuracy", "scales", "e2e")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description="tiergate semantic cache benchmark")
     ap.add_argument("--scales", default="10k,100k,1m")
+    ap.add_argument("--only", help=("comma-separated parts to run: accuracy (with embedding speed), scales, e2e "
+                                    "(hit vs miss through a real gateway); the other parts are kept from the last "
+                                    "results (bench/results/cache.json). Default: all"))
+    ap.add_argument("--e2e-requests", type=int, default=300, help="e2e: requests per kind (miss, exact, semantic) "
+                                                                  "and mode (JSON, SSE)")
+    ap.add_argument("--e2e-stores", default="memory,redis", help="e2e: cache stores to run the gateway with")
+    ap.add_argument("--upstream-ttft-ms", type=float, default=80.0, help="e2e: the upstream's time to first token")
+    ap.add_argument("--upstream-tbt-ms", type=float, default=5.0, help="e2e: the upstream's time between tokens")
     ap.add_argument("--write-docs", action="store_true", help="replace this benchmark's section of docs/benchmarks.md")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--render", action="store_true", help="re-render the last results (bench/results/cache.json)")
     args = ap.parse_args()
+    results_file = REPO / "bench" / "results" / "cache.json"
+    last = json.loads(results_file.read_text()) if results_file.is_file() else {}
     if args.render:
-        last = json.loads((REPO / "bench" / "results" / "cache.json").read_text())
-        section = render(last["accuracy"], last["embedding"], last["scales"], last.get("command", ""))
+        section = render(last["accuracy"], last["embedding"], last["scales"], last.get("command", ""),
+                         last.get("e2e"), last.get("when"))
         print(section)
         if args.write_docs:
             write_docs(section)
@@ -383,22 +395,55 @@ def main() -> None:
     if args.child:
         print(json.dumps(asyncio.run(_scale(SCALES[args.child], os.environ.get("BENCH_REDIS_URL")))))
         return
-    command = ".venv/bin/python -m bench.cache" + (f" --scales {args.scales}" if args.scales != "10k,100k,1m" else "")
-    print("accuracy on held-out pairs ...", file=sys.stderr)
-    acc = accuracy()
-    print("embedding latency ...", file=sys.stderr)
-    emb = embedding_latency()
-    scales = []
-    for name in [s.strip() for s in args.scales.split(",") if s.strip()]:
-        print(f"lookup latency at {name} entries ...", file=sys.stderr)
-        scales.append(run_scale(name))
-    section = render(acc, emb, scales, command + (" --write-docs" if args.write_docs else ""))
+    parts = [p.strip() for p in (args.only or ",".join(PARTS)).split(",") if p.strip()]
+    if unknown := set(parts) - set(PARTS):
+        ap.error(f"--only: unknown part(s) {', '.join(sorted(unknown))}; choose from {', '.join(PARTS)}")
+    stores = tuple(s.strip() for s in args.e2e_stores.split(",") if s.strip())
+    if unknown := set(stores) - {"memory", "redis"}:
+        ap.error(f"--e2e-stores: unknown store(s) {', '.join(sorted(unknown))}; choose from memory, redis")
+    command = ".venv/bin/python -m bench.cache"
+    if args.only:
+        command += f" --only {','.join(parts)}"
+    if args.scales != "10k,100k,1m" and "scales" in parts:
+        command += f" --scales {args.scales}"
+    if "e2e" in parts:
+        for flag, value, default in (("--e2e-requests", args.e2e_requests, 300),
+                                     ("--e2e-stores", args.e2e_stores, "memory,redis"),
+                                     ("--upstream-ttft-ms", args.upstream_ttft_ms, 80.0),
+                                     ("--upstream-tbt-ms", args.upstream_tbt_ms, 5.0)):
+            if value != default:
+                command += f" {flag} {value:g}" if isinstance(value, float) else f" {flag} {value}"
+    command += " --write-docs" if args.write_docs else ""
+
+    out = dict(last)  # parts not run this time keep their last results
+    if "accuracy" in parts:
+        print("accuracy on held-out pairs ...", file=sys.stderr)
+        out["accuracy"] = accuracy()
+        print("embedding latency ...", file=sys.stderr)
+        out["embedding"] = embedding_latency()
+    if "scales" in parts:
+        scales = []
+        for name in [s.strip() for s in args.scales.split(",") if s.strip()]:
+            print(f"lookup latency at {name} entries ...", file=sys.stderr)
+            scales.append(run_scale(name))
+        out["scales"] = scales
+    if "accuracy" in parts or "scales" in parts:
+        out["command"], out["when"] = command, time.strftime("%Y-%m-%d")
+    if "e2e" in parts:
+        e2e = run_e2e(args.e2e_requests, stores, args.upstream_ttft_ms, args.upstream_tbt_ms)
+        e2e["command"] = command
+        out["e2e"] = e2e
+    results_file.parent.mkdir(parents=True, exist_ok=True)
+    results_file.write_text(json.dumps(out, indent=2))
+    if not all(k in out for k in ("accuracy", "embedding", "scales")):
+        section = "\n".join(e2e_render(out["e2e"]))  # nothing else measured yet: print only this part
+        print(section)
+        if args.write_docs:
+            sys.exit("--write-docs needs the accuracy and scale results too: run the whole benchmark once")
+        return
+    section = render(out["accuracy"], out["embedding"], out["scales"], out.get("command", ""), out.get("e2e"),
+                     out.get("when"))
     print(section)
-    results = REPO / "bench" / "results"
-    results.mkdir(parents=True, exist_ok=True)
-    cmd = command + (" --write-docs" if args.write_docs else "")
-    (results / "cache.json").write_text(json.dumps({"accuracy": acc, "embedding": emb, "scales": scales,
-                                                    "command": cmd}, indent=2))
     if args.write_docs:
         write_docs(section)
 

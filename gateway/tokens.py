@@ -139,10 +139,9 @@ class TokenCounter:
         return len(self.tokenizer.encode(text, add_special_tokens=False).ids) if text else 0
 
     def count_texts(self, texts: Iterable[str]) -> list[int]:
-        texts = list(texts)
-        if len(texts) == 1:
-            return [self.count_text(texts[0])]
-        return [len(e.ids) for e in self.tokenizer.encode_batch(texts, add_special_tokens=False)]
+        # One encode per text, on the calling thread: `encode_batch` would hand short chats to the tokenizers
+        # thread pool, whose wake-ups cost more than the work and compete with the event loop for the core.
+        return [self.count_text(t) for t in texts]
 
     def count_messages(self, texts: list[str]) -> int:
         """Tokens of a chat: every message's text plus the template overhead."""

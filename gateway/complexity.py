@@ -2,16 +2,19 @@
 
 Design, chosen by measurement (bench/router, docs/benchmarks.md):
 - Features are cheap structural and lexical statistics of the prompt (length of the question and of its
-  answer options, digits and math symbols, multi-part statements, how alike the options are, negations,
-  calculation cues, WordPiece fragmentation and rarity of the words, ...): 24 numbers, computed with
-  regular expressions and one WordPiece tokenization (the vocabulary shipped in `tokenizer_default.json`).
-  Learned word or embedding features were tried and generalised worse to unseen subjects.
-- The head is a small gradient-boosted tree ensemble trained (`tiergate classifier train`) to predict the
-  expected gain of escalating, E[strong_correct - weak_correct | prompt], which is exactly what the APGR
-  sweep ranks by. The ensemble is stored as plain arrays in JSON and evaluated here with numpy: no torch,
-  no scikit-learn at run time.
-- The raw prediction is mapped through the training set's empirical distribution, so the score is a
-  percentile: `complexity >= 0.8` in a policy means "among the 20 % of training prompts that gain most".
+  answer options, digits and math symbols, multi-part statements, how alike the options are, options that are
+  verdicts like "True, False", negations, calculation cues, WordPiece fragmentation and rarity of the words,
+  ...): 25 numbers, computed with regular expressions and one WordPiece tokenization (the vocabulary shipped
+  in `tokenizer_default.json`). Learned word or embedding features were tried and generalised worse to
+  unseen subjects.
+- The head is two small gradient-boosted tree ensembles ("members") trained (`tiergate classifier train`)
+  to estimate the expected gain of escalating, E[strong_correct - weak_correct | prompt], which is what the
+  APGR sweep ranks by: one fitted to that difference directly, one as P(strong right) - P(weak right). Each
+  member's prediction becomes a percentile of its training predictions and the two are averaged (a rank
+  average ranked held-out subjects better than either member). The trees are stored as plain arrays in JSON
+  and evaluated here with numpy: no torch, no scikit-learn at run time.
+- The average is mapped through the training set's empirical distribution, so the score is a percentile:
+  `complexity >= 0.8` in a policy means "among the 20 % of training prompts that gain most".
 
 Only the first `MAX_CHARS` characters are analysed (the full length still counts), which bounds the cost of
 a huge prompt; a typical prompt takes well under a millisecond. Instances are immutable after loading and
@@ -38,10 +41,11 @@ __all__ = [
     "MODEL_FORMAT",
     "ComplexityModel",
     "Featurizer",
+    "Member",
     "TreeEnsemble",
 ]
 
-MODEL_FORMAT = "tiergate-complexity/1"
+MODEL_FORMAT = "tiergate-complexity/2"
 DEFAULT_MODEL_FILE = Path(__file__).resolve().parent / "complexity_model.json"
 _TOKENIZER_FILE = Path(__file__).resolve().parent / "tokenizer_default.json"
 MAX_CHARS = 16_000
@@ -71,6 +75,7 @@ FEATURES: tuple[str, ...] = (
     "mean_word_len",
     "capitalised_words",
     "unknown_tokens",
+    "verdict_options",      # options that are verdicts on statements ("True, False", "Wrong, Not wrong", "Valid")
 )
 
 _OPTION = re.compile(r"^[ \t]*\(?([A-H])[.)][ \t]+(.*)$", re.MULTILINE)
@@ -82,6 +87,7 @@ _PUNCT = re.compile(r"[()\[\],;:]")
 _NONASCII = re.compile(r"[^\x00-\x7f]")
 _PARTS = re.compile(r"(?:Statement|Scenario|Part)\s*\d+\s*\||\n\(?(?:i{1,3}|iv|v|vi{1,3})\)", re.IGNORECASE)
 _NEGATION = re.compile(r"\b(NOT|EXCEPT|LEAST|least|not)\b")
+_VERDICT = re.compile(r"\b(True|False|Wrong|Not wrong|Correct|Incorrect|Valid|Invalid|Yes|No|Right|Both|Neither)\b")
 _CALC = re.compile(r"\b(calculate|compute|find|how many|how much|what is the value|solve|estimate|determine)\b",
                    re.IGNORECASE)
 
@@ -130,8 +136,9 @@ class Featurizer:
             inter = set.intersection(*sets)
             overlap = len(inter) / (len(union) + 1)
             repetition = 1 - len(union) / (sum(len(s) for s in sets) + 1)
+            verdict = sum(1 for o in opt_texts if len(o.split()) <= 6 and _VERDICT.search(o)) / len(opt_texts)
         else:
-            opt_len = opt_digits = compound = overlap = repetition = 0.0
+            opt_len = opt_digits = compound = overlap = repetition = verdict = 0.0
         if ids.size:
             frag = float(self._continuation[ids].sum()) / nw
             mean_id = float(ids.mean()) / self._vocab_size
@@ -170,6 +177,7 @@ class Featurizer:
             wlen,
             caps,
             unk,
+            verdict,
         ], dtype=np.float64)
 
     def matrix(self, texts: list[str]) -> np.ndarray:
@@ -209,41 +217,85 @@ class TreeEnsemble:
                    float(d["baseline"]))
 
 
+def _percentile_map(raw: np.ndarray, score: np.ndarray, value: float) -> float:
+    return float(np.interp(value, raw, score))
+
+
 @dataclass(frozen=True)
-class ComplexityModel:
-    """A trained complexity scorer: featurizer + tree ensemble + calibration to a [0, 1] percentile."""
+class Member:
+    """One model of the ensemble: trees predicting the gain of escalating, and their own percentile map."""
 
     trees: TreeEnsemble
     calibration_raw: np.ndarray  # increasing raw predictions ...
+    calibration_score: np.ndarray  # ... and the share of training prompts at or below each
+    target: str = "gain"  # what the trees were fitted to (documentation only)
+
+    def predict(self, x: np.ndarray) -> float:
+        return self.trees.predict(x)
+
+    def percentile(self, raw: float) -> float:
+        return _percentile_map(self.calibration_raw, self.calibration_score, raw)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"target": self.target, "trees": self.trees.to_dict(),
+                "calibration": {"raw": self.calibration_raw.tolist(), "score": self.calibration_score.tolist()}}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Member:
+        cal = d["calibration"]
+        return cls(TreeEnsemble.from_dict(d["trees"]), np.asarray(cal["raw"], np.float64),
+                   np.asarray(cal["score"], np.float64), str(d.get("target", "gain")))
+
+
+@dataclass(frozen=True)
+class ComplexityModel:
+    """A trained complexity scorer: featurizer + members + calibration of their combination to a percentile.
+
+    Every member predicts the gain of escalating (its own way, see policies/complexity_train.py); each
+    prediction is turned into a percentile of the member's training predictions, the percentiles are
+    averaged (a rank average: members on different scales count equally), and the average is mapped
+    through the training set's distribution once more, so the score is again a percentile.
+    """
+
+    members: tuple[Member, ...]
+    calibration_raw: np.ndarray  # increasing mean member percentiles ...
     calibration_score: np.ndarray  # ... and the share of training prompts at or below each
     meta: dict[str, Any] = field(default_factory=dict)
     featurizer: Featurizer = field(default_factory=Featurizer, repr=False)
 
     # ------------------------------------------------------------------------------------- scoring
 
+    def combined(self, x: np.ndarray) -> float:
+        """Mean of the members' percentiles for a feature vector (before the final calibration)."""
+        return sum(m.percentile(m.predict(x)) for m in self.members) / len(self.members)
+
     def raw(self, text: str) -> float:
-        """Predicted gain of escalating (strong minus weak correctness), uncalibrated."""
-        return self.trees.predict(self.featurizer.vector(text))
+        """Mean of the members' percentiles, uncalibrated."""
+        return self.combined(self.featurizer.vector(text))
 
     def score(self, text: str) -> float:
         """Complexity in [0, 1] (a percentile of the training prompts)."""
         return self.calibrate(self.raw(text))
 
     def calibrate(self, raw: float) -> float:
-        return float(np.interp(raw, self.calibration_raw, self.calibration_score))
+        return _percentile_map(self.calibration_raw, self.calibration_score, raw)
 
     def explain(self, text: str) -> dict[str, Any]:
-        """The features, the raw prediction and the score, for `tiergate policy explain`."""
+        """The features, the members' mean predicted gain and the score, for `tiergate policy explain`."""
         x = self.featurizer.vector(text)
-        raw = self.trees.predict(x)
-        return {"score": round(self.calibrate(raw), 4), "expected_gain": round(raw, 4),
+        preds = [m.predict(x) for m in self.members]
+        combined = sum(m.percentile(p) for m, p in zip(self.members, preds, strict=True)) / len(self.members)
+        return {"score": round(self.calibrate(combined), 4), "expected_gain": round(float(np.mean(preds)), 4),
+                "members": [{"target": m.target, "expected_gain": round(p, 4), "percentile": round(m.percentile(p), 4)}
+                            for m, p in zip(self.members, preds, strict=True)],
                 "features": {name: round(float(v), 4) for name, v in zip(FEATURES, x, strict=True)}}
 
     # --------------------------------------------------------------------------------- persistence
 
     def to_dict(self) -> dict[str, Any]:
         return {"format": MODEL_FORMAT, "features": list(FEATURES),
-                "tokenizer_sha256": self.featurizer.tokenizer_sha256, "trees": self.trees.to_dict(),
+                "tokenizer_sha256": self.featurizer.tokenizer_sha256,
+                "members": [m.to_dict() for m in self.members],
                 "calibration": {"raw": self.calibration_raw.tolist(), "score": self.calibration_score.tolist()},
                 "meta": self.meta}
 
@@ -259,15 +311,21 @@ class ComplexityModel:
         except (OSError, ValueError) as exc:
             raise ValueError(f"{path}: not a complexity model ({exc})") from None
         if not isinstance(d, dict) or d.get("format") != MODEL_FORMAT:
+            if isinstance(d, dict) and isinstance(d.get("format"), str) and \
+                    d["format"].startswith("tiergate-complexity/"):
+                raise ValueError(f"{path}: a {d['format']} file, this gateway reads {MODEL_FORMAT}; retrain it")
             raise ValueError(f"{path}: not a {MODEL_FORMAT} file")
         if tuple(d.get("features", ())) != FEATURES:
             raise ValueError(f"{path}: trained with other features than this gateway computes; retrain it")
         feats = featurizer or Featurizer()
         if d.get("tokenizer_sha256") != feats.tokenizer_sha256:
             raise ValueError(f"{path}: trained with another tokenizer than {feats.tokenizer_file}; retrain it")
+        members = tuple(Member.from_dict(m) for m in d["members"])
+        if not members:
+            raise ValueError(f"{path}: no members")
         cal = d["calibration"]
-        return cls(TreeEnsemble.from_dict(d["trees"]), np.asarray(cal["raw"], np.float64),
-                   np.asarray(cal["score"], np.float64), dict(d.get("meta", {})), feats)
+        return cls(members, np.asarray(cal["raw"], np.float64), np.asarray(cal["score"], np.float64),
+                   dict(d.get("meta", {})), feats)
 
     @classmethod
     def load_default(cls) -> ComplexityModel:

@@ -24,7 +24,8 @@ def model() -> ComplexityModel:
 def test_shipped_model_loads_and_is_small(model):
     assert DEFAULT_MODEL_FILE.stat().st_size < 1_000_000
     assert model.meta["target"] == "gain" and model.meta["data"]["rows"] == 9261
-    assert len(model.trees.roots) == model.meta["trees"]
+    assert [m.target for m in model.members] == model.meta["members"] == ["gain", "strong-weak"]
+    assert sum(len(m.trees.roots) for m in model.members) == model.meta["trees"]
 
 
 @pytest.mark.parametrize("text", ["", "hi", MC, "x" * (3 * MAX_CHARS), "日本語のテキスト", "\n\n\n", "A. a\nB. b"])
@@ -36,9 +37,14 @@ def test_scores_are_in_unit_interval_and_deterministic(model, text):
 def test_features_describe_the_prompt():
     f = dict(zip(FEATURES, Featurizer().vector(MC), strict=True))
     assert f["n_options"] == 4 and f["parts"] == 2 and f["compound_options"] == 1.0
+    assert f["verdict_options"] == 1.0  # every option is a verdict on the statements
     assert f["option_repetition"] > 0.5  # four options made of two words
     plain = dict(zip(FEATURES, Featurizer().vector("What is the capital of France?"), strict=True))
     assert plain["n_options"] == 0 and plain["log_option_chars"] == 0 and plain["parts"] == 0
+    assert plain["verdict_options"] == 0
+    recall = dict(zip(FEATURES, Featurizer().vector("Which is a noble gas?\nA. Neon\nB. Iron\nC. Tin\nD. Lead"),
+                      strict=True))
+    assert recall["verdict_options"] == 0
 
 
 def test_numpy_trees_match_scikit_learn():
@@ -54,6 +60,30 @@ def test_numpy_trees_match_scikit_learn():
     trees = _export(est)
     ours = np.array([trees.predict(row) for row in x])
     assert np.allclose(ours, est.predict(x), atol=1e-9)
+
+
+def test_strong_minus_weak_member_is_the_difference_of_two_ensembles():
+    pytest.importorskip("sklearn")
+    from policies.complexity_train import _negate_and_join, fit_trees
+
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=(500, len(FEATURES)))
+    strong = (x[:, 0] + rng.normal(size=500) > 0).astype(float)
+    weak = (x[:, 1] + rng.normal(size=500) > 0.5).astype(float)
+    a, b = fit_trees(x, strong), fit_trees(x, weak)
+    joined = _negate_and_join(a, b)
+    assert np.allclose([joined.predict(r) for r in x[:50]], [a.predict(r) - b.predict(r) for r in x[:50]],
+                       atol=1e-12)
+
+
+def test_score_is_the_calibrated_mean_of_member_percentiles(model):
+    x = model.featurizer.vector(MC)
+    pcts = [m.percentile(m.predict(x)) for m in model.members]
+    assert all(0.0 <= p <= 1.0 for p in pcts)
+    assert model.score(MC) == pytest.approx(model.calibrate(float(np.mean(pcts))), abs=1e-12)
+    ex = model.explain(MC)
+    assert ex["expected_gain"] == round(float(np.mean([m.predict(x) for m in model.members])), 4)
+    assert [m["target"] for m in ex["members"]] == ["gain", "strong-weak"]
 
 
 def test_calibration_is_monotone_and_spans_unit_interval(model):
@@ -72,6 +102,9 @@ def test_load_refuses_foreign_files(tmp_path):
     bad = tmp_path / "m.json"
     bad.write_text("{}")
     with pytest.raises(ValueError, match="not a tiergate-complexity"):
+        ComplexityModel.load(bad)
+    bad.write_text(json.dumps({"format": "tiergate-complexity/1"}))
+    with pytest.raises(ValueError, match="retrain it"):
         ComplexityModel.load(bad)
     d = json.loads(DEFAULT_MODEL_FILE.read_text())
     d["tokenizer_sha256"] = "0" * 64

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from gateway.complexity import FEATURES
 from policies.cli import DEFAULT_POLICY, SCHEMA_FILE, classifier_app, classify, policy_app, schema_text
 
 from .conftest import BASE
@@ -70,7 +71,7 @@ def test_explain_json_and_headers(write):
     out = json.loads(r.output)
     assert out["decision"]["rule"] == "complex" and out["decision"]["tier"] == "cloud"
     assert [t["outcome"] for t in out["rules"]] == ["no match", "matched", "not reached"]
-    assert 0.0 <= out["complexity"]["score"] <= 1.0 and len(out["complexity"]["features"]) == 24
+    assert 0.0 <= out["complexity"]["score"] <= 1.0 and len(out["complexity"]["features"]) == len(FEATURES)
 
 
 def test_explain_rejects_bad_priority(write):

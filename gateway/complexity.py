@@ -11,8 +11,13 @@ Design, chosen by measurement (bench/router, docs/benchmarks.md):
   to estimate the expected gain of escalating, E[strong_correct - weak_correct | prompt], which is what the
   APGR sweep ranks by: one fitted to that difference directly, one as P(strong right) - P(weak right). Each
   member's prediction becomes a percentile of its training predictions and the two are averaged (a rank
-  average ranked held-out subjects better than either member). The trees are stored as plain arrays in JSON
-  and evaluated here with numpy: no torch, no scikit-learn at run time.
+  average ranked held-out subjects better than either member). The trees are stored as plain arrays in JSON;
+  no torch, no scikit-learn at run time.
+- Scoring one prompt is plain Python on purpose: numpy's per-call cost on 25-number vectors dominated, and on
+  a gateway core that also runs the network code it is paid cold, several times over. Each tree ensemble is
+  compiled once, at load, into one Python expression of nested conditionals (only the model's numbers go
+  into it), which evaluates 450 trees in a few microseconds. Training uses the same code, so the numbers are
+  identical.
 - The average is mapped through the training set's empirical distribution, so the score is a percentile:
   `complexity >= 0.8` in a policy means "among the 20 % of training prompts that gain most".
 
@@ -23,10 +28,13 @@ safe to share between threads.
 
 from __future__ import annotations
 
+import bisect
+import functools
 import hashlib
 import json
 import math
 import re
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -105,14 +113,18 @@ class Featurizer:
         self._tok = tok
         vocab = tok.get_vocab()
         self._vocab_size = max(vocab.values()) + 1
-        cont = np.zeros(self._vocab_size, dtype=bool)
+        cont = bytearray(self._vocab_size)
         for piece, idx in vocab.items():
             if piece.startswith("##"):
-                cont[idx] = True
-        self._continuation = cont
+                cont[idx] = 1
+        self._continuation = bytes(cont)
         self._unk = vocab.get("[UNK]", -1)
 
     def vector(self, text: str) -> np.ndarray:
+        return np.array(self.values(text), dtype=np.float64)
+
+    def values(self, text: str) -> list[float]:
+        """The FEATURES of `text`, as a list (what scoring uses; `vector` wraps it for training)."""
         full_len = len(text)
         text = text[:MAX_CHARS]
         n = len(text) + 1
@@ -125,7 +137,7 @@ class Featurizer:
             stem = text
         words = _WORD.findall(text)
         nw = len(words) + 1
-        ids = np.asarray(self._tok.encode(text, add_special_tokens=False).ids, dtype=np.int64)
+        ids = self._tok.encode(text, add_special_tokens=False).ids
 
         if opt_texts:
             opt_len = sum(len(o) for o in opt_texts) / len(opt_texts)
@@ -139,11 +151,12 @@ class Featurizer:
             verdict = sum(1 for o in opt_texts if len(o.split()) <= 6 and _VERDICT.search(o)) / len(opt_texts)
         else:
             opt_len = opt_digits = compound = overlap = repetition = verdict = 0.0
-        if ids.size:
-            frag = float(self._continuation[ids].sum()) / nw
-            mean_id = float(ids.mean()) / self._vocab_size
-            rare = float((ids > 10_000).mean())
-            unk = float((ids == self._unk).sum()) / (ids.size + 1)
+        if ids:  # integer counts and sums: exact, whatever the order
+            n_ids = len(ids)
+            frag = float(sum(map(self._continuation.__getitem__, ids))) / nw
+            mean_id = (sum(ids) / n_ids) / self._vocab_size
+            rare = sum(map((10_000).__lt__, ids)) / n_ids
+            unk = float(ids.count(self._unk)) / (n_ids + 1)
         else:
             frag = mean_id = rare = unk = 0.0
         if words:
@@ -152,7 +165,7 @@ class Featurizer:
             caps = sum(1 for w in words[1:] if w[0].isupper()) / nw
         else:
             ttr = wlen = caps = 0.0
-        return np.array([
+        return [
             math.log1p(full_len),
             math.log1p(len(stem)),
             math.log1p(opt_len) if opt_texts else 0.0,
@@ -178,7 +191,7 @@ class Featurizer:
             caps,
             unk,
             verdict,
-        ], dtype=np.float64)
+        ]
 
     def matrix(self, texts: list[str]) -> np.ndarray:
         return np.stack([self.vector(t) for t in texts]) if texts else np.zeros((0, len(FEATURES)))
@@ -197,12 +210,30 @@ class TreeEnsemble:
     depth: int
     baseline: float
 
-    def predict(self, x: np.ndarray) -> float:
-        node = self.roots
-        for _ in range(self.depth):
-            go_left = x[self.feature[node]] <= self.threshold[node]
-            node = np.where(go_left, self.left[node], self.right[node])
-        return float(self.baseline + self.value[node].sum())
+    def __post_init__(self) -> None:
+        self._compiled  # compile at load, not on the first request  # noqa: B018
+
+    def predict(self, x: Sequence[float]) -> float:
+        return float(self._compiled(x))
+
+    @functools.cached_property
+    def _compiled(self) -> Callable[[Sequence[float]], float]:
+        """The trees as one function `x -> baseline + sum of leaf values`, built from the arrays' numbers only."""
+        feature, threshold = self.feature.tolist(), self.threshold.tolist()
+        left, right, value = self.left.tolist(), self.right.tolist(), self.value.tolist()
+
+        def tree(node: int) -> str:
+            if left[node] == node:  # a leaf points to itself
+                return repr(float(value[node]))
+            return (f"({tree(left[node])} if x[{int(feature[node])}] <= {float(threshold[node])!r} "
+                    f"else {tree(right[node])})")
+
+        terms = [repr(float(self.baseline))] + [tree(int(root)) for root in self.roots.tolist()]
+        namespace: dict[str, Any] = {}
+        # A tuple summed, not `a + b + ...`: a chain of hundreds of additions nests as deep in the compiler.
+        exec(compile("def predict(x):\n    return sum((" + ", ".join(terms) + ",))\n", "<tree-ensemble>", "exec"),
+             namespace)
+        return namespace["predict"]
 
     def to_dict(self) -> dict[str, Any]:
         return {"feature": self.feature.tolist(), "threshold": self.threshold.tolist(), "left": self.left.tolist(),
@@ -217,8 +248,27 @@ class TreeEnsemble:
                    float(d["baseline"]))
 
 
-def _percentile_map(raw: np.ndarray, score: np.ndarray, value: float) -> float:
-    return float(np.interp(value, raw, score))
+def _interp(xs: Sequence[float], ys: Sequence[float], x: float) -> float:
+    """`numpy.interp(x, xs, ys)` for one value, by the same formula, without numpy's per-call cost."""
+    if x < xs[0]:
+        return float(ys[0])
+    j = bisect.bisect_right(xs, x) - 1
+    if j >= len(xs) - 1:
+        return float(ys[-1])
+    slope = (ys[j + 1] - ys[j]) / (xs[j + 1] - xs[j])
+    return float(slope * (x - xs[j]) + ys[j])
+
+
+class _PercentileMap:
+    """A calibration curve (increasing raw values and the share of training prompts at or below each)."""
+
+    __slots__ = ("raw", "score")
+
+    def __init__(self, raw: np.ndarray, score: np.ndarray) -> None:
+        self.raw, self.score = raw.tolist(), score.tolist()
+
+    def __call__(self, value: float) -> float:
+        return _interp(self.raw, self.score, value)
 
 
 @dataclass(frozen=True)
@@ -230,11 +280,15 @@ class Member:
     calibration_score: np.ndarray  # ... and the share of training prompts at or below each
     target: str = "gain"  # what the trees were fitted to (documentation only)
 
-    def predict(self, x: np.ndarray) -> float:
+    def predict(self, x: Sequence[float]) -> float:
         return self.trees.predict(x)
 
     def percentile(self, raw: float) -> float:
-        return _percentile_map(self.calibration_raw, self.calibration_score, raw)
+        return self._map(raw)
+
+    @functools.cached_property
+    def _map(self) -> _PercentileMap:
+        return _PercentileMap(self.calibration_raw, self.calibration_score)
 
     def to_dict(self) -> dict[str, Any]:
         return {"target": self.target, "trees": self.trees.to_dict(),
@@ -265,20 +319,24 @@ class ComplexityModel:
 
     # ------------------------------------------------------------------------------------- scoring
 
-    def combined(self, x: np.ndarray) -> float:
+    def combined(self, x: Sequence[float]) -> float:
         """Mean of the members' percentiles for a feature vector (before the final calibration)."""
         return sum(m.percentile(m.predict(x)) for m in self.members) / len(self.members)
 
     def raw(self, text: str) -> float:
         """Mean of the members' percentiles, uncalibrated."""
-        return self.combined(self.featurizer.vector(text))
+        return self.combined(self.featurizer.values(text))
 
     def score(self, text: str) -> float:
         """Complexity in [0, 1] (a percentile of the training prompts)."""
         return self.calibrate(self.raw(text))
 
     def calibrate(self, raw: float) -> float:
-        return _percentile_map(self.calibration_raw, self.calibration_score, raw)
+        return self._map(raw)
+
+    @functools.cached_property
+    def _map(self) -> _PercentileMap:
+        return _PercentileMap(self.calibration_raw, self.calibration_score)
 
     def explain(self, text: str) -> dict[str, Any]:
         """The features, the members' mean predicted gain and the score, for `tiergate policy explain`."""

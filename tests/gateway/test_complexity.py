@@ -1,4 +1,4 @@
-"""The complexity scorer: numpy inference equals the trained model, scores are calibrated percentiles,
+"""The complexity scorer: the compiled trees equal the trained model, scores are calibrated percentiles,
 the shipped artefact loads without training and is reproducible from the labelled data."""
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ def test_features_describe_the_prompt():
     assert recall["verdict_options"] == 0
 
 
-def test_numpy_trees_match_scikit_learn():
+def test_compiled_trees_match_scikit_learn():
     pytest.importorskip("sklearn")
     from sklearn.ensemble import HistGradientBoostingRegressor
 
@@ -60,6 +60,23 @@ def test_numpy_trees_match_scikit_learn():
     trees = _export(est)
     ours = np.array([trees.predict(row) for row in x])
     assert np.allclose(ours, est.predict(x), atol=1e-9)
+
+
+def test_interp_is_numpys():
+    from gateway.complexity import _interp
+
+    xs = np.array([-1.0, 0.0, 0.25, 0.25000001, 2.0])
+    ys = np.array([0.0, 0.1, 0.5, 0.6, 1.0])
+    probes = [-5.0, -1.0, -0.5, 0.0, 0.1, 0.25, 0.250000005, 1.0, 2.0, 3.0, *np.linspace(-2, 3, 101)]
+    assert [_interp(xs.tolist(), ys.tolist(), float(p)) for p in probes] == [float(np.interp(p, xs, ys)) for p in probes]
+
+
+def test_feature_list_and_vector_agree():
+    f = Featurizer()
+    for text in (MC, "", "hi", "Ünïcödé ## [UNK] 12345 " * 50):
+        values = f.values(text)
+        assert len(values) == len(FEATURES) and all(isinstance(v, float) for v in values)
+        assert np.array_equal(np.array(values), f.vector(text))
 
 
 def test_strong_minus_weak_member_is_the_difference_of_two_ensembles():

@@ -2,7 +2,8 @@
 
     .venv/bin/python -m bench.overhead [--duration 10] [--skip-litellm]
 
-One run starts an instant OpenAI-compatible upstream, then for each target (direct, tiergate, LiteLLM) and each
+One run starts an instant OpenAI-compatible upstream, then for each target (direct; passthrough, the floor: uvicorn +
+Starlette + aiohttp relaying bytes with no logic at all; tiergate; LiteLLM) and each
 mode (JSON, SSE): the maximum requests/s at concurrency 16 (wrk, one connection per client), the latency at a
 fixed 200 requests/s (open loop), and the target's CPU seconds per request. Servers under test are pinned to
 CPU 0, the upstream and the load generators to CPU 1, so they do not steal from each other.
@@ -132,7 +133,7 @@ def measure(name: str, server: Server | None, base: str, model: str, args, tmp: 
                      "cpu_ms_per_req": (cpu1 - cpu0) / w["requests"] * 1000 if server else None,
                      f"p50_ms_at_{args.rate:g}rps": ol["p50_ms"], f"p99_ms_at_{args.rate:g}rps": ol["p99_ms"],
                      "open_loop_errors": ol["errors"]}
-        print(f"  {name:9s} {mode}: {w['rps']:8.0f} req/s max, p50 {ol['p50_ms']:.2f} ms / p99 {ol['p99_ms']:.2f} ms "
+        print(f"  {name:11s} {mode}: {w['rps']:8.0f} req/s max, p50 {ol['p50_ms']:.2f} ms / p99 {ol['p99_ms']:.2f} ms "
               f"at {args.rate:g}/s" + (f", {res[mode]['cpu_ms_per_req']:.3f} ms CPU/req" if server else ""),
               file=sys.stderr)
     res["peak_rss_mib"] = peak_rss_mib(server.pid) if server else None
@@ -157,6 +158,14 @@ def main() -> None:
     results = []
     try:
         results.append(measure("direct", None, f"http://127.0.0.1:{up_port}", "instant", args, tmp))
+        pt_port = free_port()
+        pt = Server("passthrough", [py, "-m", "bench.overhead.passthrough", "--port", str(pt_port), "--upstream",
+                                    f"http://127.0.0.1:{up_port}"], f"http://127.0.0.1:{pt_port}/health", cpus={0},
+                    log=tmp / "passthrough.log").start()
+        try:
+            results.append(measure("passthrough", pt, f"http://127.0.0.1:{pt_port}", "instant", args, tmp))
+        finally:
+            pt.stop()
         (tmp / "policy.yaml").write_text(POLICY.format(port=up_port))
         gw = Server("tiergate", [str(Path(py).parent / "tiergate"), "serve", "--port", str(gw_port)],
                     f"http://127.0.0.1:{gw_port}/readyz", cpus={0}, log=tmp / "gateway.log",
@@ -206,6 +215,12 @@ def table(report: dict) -> str:
         for mode in ("json", "sse"):
             ratio = by["tiergate"][mode]["max_rps"] / max(by["litellm"][mode]["max_rps"], 1e-9)
             lines.append(f"\ntiergate / LiteLLM max req/s ({mode}): {ratio:.1f}x")
+    if "tiergate" in by and "passthrough" in by:
+        for mode in ("json", "sse"):
+            t, p = by["tiergate"][mode], by["passthrough"][mode]
+            key = f"p50_ms_at_{rate:g}rps"
+            lines.append(f"\ntiergate vs the bare passthrough ({mode}): {t['max_rps'] / max(p['max_rps'], 1e-9):.2f}x "
+                         f"its req/s, {t[key] - p[key]:+.2f} ms p50 at {rate:g} req/s")
     lines.append(f"\nupstream peak RSS: {report['upstream_peak_rss_mib']:.0f} MiB")
     return "\n".join(lines)
 

@@ -517,9 +517,14 @@ class Gateway:
     async def admin_reload(self, request: Request) -> Response:
         self.check_admin(request)
         result = await self.policy_store.reload()
-        ok = bool(getattr(result, "ok", result))
-        return JSONResponse({"ok": ok, "version": self.policy_store.current.version,
-                             "error": getattr(result, "error", None)}, status_code=200 if ok else 422)
+        version = self.policy_store.current.version
+        if bool(getattr(result, "ok", result)):
+            return JSONResponse({"ok": True, "version": version, "error": None})
+        # Rejected: the OpenAI error shape (what every client of this API parses) plus the version still serving.
+        err = OpenAIError(422, str(getattr(result, "error", None) or "The policy file was rejected."),
+                          code="policy_invalid")
+        return Response(_encode({**msgspec.json.decode(err.to_json()), "ok": False, "version": version}),
+                        status_code=422, media_type=_JSON)
 
     async def admin_cache_invalidate(self, request: Request) -> Response:
         self.check_admin(request)

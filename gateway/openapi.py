@@ -89,7 +89,10 @@ _ANSWERS: dict[str, Schema] = {
         ["id", "object", "created", "owned_by"], id=_STR, object={"const": "model"}, created=_INT, owned_by=_STR)}),
     "Readiness": _obj(["ready", "draining", "policy", "tiers"], ready=_BOOL, draining=_BOOL, policy=_STR,
                       tiers={"type": "object", "additionalProperties": _BOOL, "description": "Tier -> healthy."}),
-    "ReloadResult": _obj(["ok", "version", "error"], ok=_BOOL, version=_STR, error={"type": ["string", "null"]}),
+    "ReloadResult": _obj(["ok", "version", "error"], ok=_BOOL, version=_STR, error={"type": "null"}),
+    "ReloadRejected": _obj(["ok", "version", "error"], ok=_BOOL, version=_STR,
+                           error=_obj(["message", "type", "code", "param"], message=_STR, type=_STR,
+                                      code={"type": ["string", "null"]}, param={"type": ["string", "null"]})),
     "DashboardData": _obj(["generated_at", "started_at", "ready", "draining", "traffic", "tiers", "policy"],
                           traffic={"type": "object"}, tiers={"type": "array"}, policy={"type": "object"}),
 }
@@ -194,7 +197,8 @@ def _paths() -> dict[str, Schema]:
                        "400": _error("Not a valid deregistration (`invalid_heartbeat`)."), **_EDGE_ERRORS})},
         "/admin/policy/reload": {"post": _op("Re-read the policy file now.", security=["adminKey"], responses={
             "200": _json("Adopted, or unchanged.", _ref("ReloadResult")),
-            "422": _json("Rejected (`error` says why); the previous policy keeps serving.", _ref("ReloadResult")),
+            "422": _json("Rejected (`error`, in the OpenAI shape, says why: code `policy_invalid`); the previous "
+                         "policy keeps serving.", _ref("ReloadRejected")),
             **_ADMIN_ERRORS})},
         "/admin/cache/invalidate": {"post": _op(
             "Remove cache entries: one entry, a tenant's, or all. Give at least one of the three parameters.",

@@ -148,7 +148,8 @@ def test_admin_reload_and_cache_invalidation(tmp_path):
         good = s["policy"].read_text()
         s["policy"].write_text(good.replace("tier: edge", "tier: nowhere"))
         r = httpx.post(base + "/admin/policy/reload", headers=adm)
-        assert r.status_code == 422 and "nowhere" in r.json()["error"]
+        assert r.status_code == 422 and "nowhere" in r.json()["error"]["message"]
+        assert r.json()["error"]["code"] == "policy_invalid" and r.json()["ok"] is False
         chat = {**CHAT, "temperature": 0}
         assert httpx.post(base + "/v1/chat/completions", json=chat,
                           headers={"Authorization": "Bearer key-alpha-1"}).status_code == 200  # last good policy

@@ -33,7 +33,7 @@ from edge_node.engine import (
     EngineError,
     Generation,
 )
-from edge_node.sampling import SamplingParams
+from edge_node.sampling import DEFAULT_MIN_P, DEFAULT_TOP_K, SamplingParams
 from gateway.schemas import ChatRequest, CompletionRequest, decode_chat, decode_completion
 
 __all__ = ["ServerState", "create_app", "error_response"]
@@ -108,8 +108,8 @@ def _params(req: ChatRequest | CompletionRequest, max_tokens: int | None, n_voca
     p = SamplingParams(
         temperature=1.0 if req.temperature is None else req.temperature,
         top_p=1.0 if req.top_p is None else req.top_p,
-        top_k=req.top_k or 0,
-        min_p=req.min_p or 0.0,
+        top_k=DEFAULT_TOP_K if req.top_k is None else req.top_k,
+        min_p=DEFAULT_MIN_P if req.min_p is None else req.min_p,
         seed=req.seed,
         max_tokens=max_tokens,
         stop=_stops(req.stop),

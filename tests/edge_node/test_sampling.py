@@ -24,3 +24,16 @@ def test_defaults_are_valid():
 def test_validation_names_the_field(params, field):
     msg = params.validate(100)
     assert msg is not None and msg.startswith(field), msg
+
+
+def test_requests_that_do_not_say_get_llama_cpp_defaults_and_may_turn_them_off():
+    from edge_node.sampling import DEFAULT_MIN_P, DEFAULT_TOP_K
+    from edge_node.server import _params
+    from gateway.schemas import decode_chat
+
+    plain = decode_chat(b'{"model": "m", "messages": [{"role": "user", "content": "hi"}], "temperature": 0.7}')
+    p = _params(plain, 8, 1000)
+    assert (p.top_k, p.min_p) == (DEFAULT_TOP_K, DEFAULT_MIN_P) == (40, 0.05)
+    off = decode_chat(b'{"model": "m", "messages": [{"role": "user", "content": "hi"}], "top_k": 0, "min_p": 0}')
+    p = _params(off, 8, 1000)
+    assert (p.top_k, p.min_p) == (0, 0.0)

@@ -16,8 +16,8 @@ __all__ = ["SamplerChain", "SamplingParams"]
 _DEFAULT_SEED = 0xFFFFFFFF
 
 # What a request that does not say gets: llama.cpp's own defaults (its server and llama-cpp-python's use the
-# same). Besides trimming the tail of a small model's distribution, top-k keeps sampling cheap: without it
-# every token sorts the whole vocabulary. A request may still send `top_k: 0` / `min_p: 0` to turn them off.
+# same), which trim the long tail of a small distilled model's distribution, so a request sent to an edge node
+# samples as it would on any llama.cpp server. `top_k: 0` / `min_p: 0` in a request turn them off.
 DEFAULT_TOP_K = 40
 DEFAULT_MIN_P = 0.05
 

@@ -8,9 +8,9 @@
    (its default would cut running streams short when a new request arrives) on the same file, both
    with one llama.cpp thread for generation and for batches (the machine has 2 shared cores).
 3. At 1, 4, 8 and 16 concurrent streaming chat requests (`--tokens` output tokens each, temperature
-   0.7, distinct seeds and prompts), alternating servers, `--repeats` times: aggregate generated
-   tokens/s (all tokens / wall time of the round), p50 time between tokens within a stream, p50 time
-   to first token. The median over repeats is reported.
+   0.7, top_k 40, min_p 0.05, no repetition penalty, distinct seeds and prompts), alternating servers,
+   `--repeats` times: aggregate generated tokens/s (all tokens / wall time of the round), p50 time between
+   tokens within a stream, p50 time to first token. The median over repeats is reported.
 4. Peak RSS of each server process (psutil samples during the run, and the kernel's VmHWM).
 
 Prints a table with edge/llama-cpp ratios, writes bench/results/edge.json and replaces the
@@ -161,8 +161,11 @@ def prompt(i: int) -> str:
 
 
 async def one_stream(session: aiohttp.ClientSession, url: str, i: int, tokens: int) -> tuple[int, float, list[float]]:
+    # The same sampling for both, spelled out: llama_cpp.server would otherwise add its repeat_penalty 1.1
+    # (edge-node's default is none), and both default to top_k 40 / min_p 0.05, llama.cpp's defaults.
     body = {"model": "bench", "messages": [{"role": "user", "content": prompt(i)}], "max_tokens": tokens,
-            "temperature": 0.7, "seed": 1000 + i, "stream": True}
+            "temperature": 0.7, "top_k": 40, "min_p": 0.05, "seed": 1000 + i, "stream": True,
+            "repeat_penalty": 1.0, "repetition_penalty": 1.0}
     t0 = time.perf_counter()
     stamps: list[float] = []
     async with session.post(url + "/v1/chat/completions", json=body) as r:
@@ -332,8 +335,9 @@ Model: generated llama, 12 layers, hidden 768, 12 heads, FFN 2048, 16384-token b
 the same file with one llama.cpp thread (`--threads 1` / `--n_threads 1 --n_threads_batch 1`);
 llama_cpp.server with `--interrupt_requests false` (otherwise a new request cuts the running one short).
 edge-node: `--parallel 16 --ctx 1024`. Workload: streaming chat completions, {args.tokens} output tokens each,
-temperature 0.7, distinct prompts and seeds; aggregate tok/s = all tokens / wall time of the round; TBT = time
-between tokens within one stream; median of {args.repeats} alternating repeats.
+temperature 0.7, top_k 40, min_p 0.05, no repetition penalty (sent explicitly to both), distinct prompts and
+seeds; aggregate tok/s = all tokens / wall time of the round; TBT = time between tokens within one stream;
+median of {args.repeats} alternating repeats.
 Machine: {cpu}, {os.cpu_count()} cores shared with other work (load average {load_before[0]:.1f} at start;
 CPU pressure (PSI some avg10) during the rounds: median {statistics.median(pressure) if pressure else float("nan"):.0f}%,
 max {max(pressure) if pressure else float("nan"):.0f}% — the share of time runnable tasks waited for a core),

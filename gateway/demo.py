@@ -7,6 +7,7 @@ llama.cpp server standing in for the cloud tier (vLLM needs a GPU or its own hea
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -74,7 +75,33 @@ def _wait_http(url: str, timeout_s: float, proc: subprocess.Popen[bytes], what: 
     raise RuntimeError(f"{what} did not become healthy at {url} within {timeout_s:.0f}s")
 
 
+def _wait_edge_registered(port: int, proc: subprocess.Popen[bytes], timeout_s: float = 30) -> None:
+    """Until the gateway lists an edge node behind its edge tier: the first request should find it there."""
+    from gateway.auth import DEMO_KEY
+
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/models", headers={"Authorization": f"Bearer {DEMO_KEY}"})
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            with urllib.request.urlopen(req, timeout=1) as r:
+                models = json.loads(r.read())["data"]
+            if any(m.get("kind") == "edge" and m.get("backend_models") for m in models):
+                return
+        except (OSError, ValueError, KeyError):
+            pass
+        time.sleep(0.3)
+    console.print("[yellow]no edge node has registered yet: requests go to the cloud tier until one does[/yellow]")
+
+
+def _interrupt(signum: int, _frame: object) -> None:
+    raise KeyboardInterrupt(signal.Signals(signum).name)
+
+
 def run_demo(port: int = 8080, edge_nodes: int = 1) -> int:
+    # SIGTERM (docker stop, systemd, a CI job's end) and SIGHUP (the terminal closing) stop the demo like
+    # Ctrl-C does: through the `finally` below, which stops every process the demo started.
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, _interrupt)
     art = prepare()
     bindir = Path(sys.executable).parent
     env = os.environ | {"TIERGATE_EMBEDDER": str(art.embedder), "TIERGATE_PORT": str(port),
@@ -100,6 +127,7 @@ def run_demo(port: int = 8080, edge_nodes: int = 1) -> int:
                                          "--gateway", f"http://127.0.0.1:{port}"],
                   f"http://127.0.0.1:{eport}/health")
         _wait_http(f"http://127.0.0.1:{port}/readyz", 30, procs[1][1], "gateway readiness")
+        _wait_edge_registered(port, procs[1][1])
         console.print(f"""
 [bold green]tiergate demo is up[/bold green] — gateway on http://127.0.0.1:{port}
   edge tier : {edge_nodes} llama.cpp node(s), model {art.edge_model.name} (INT4)

@@ -1,0 +1,64 @@
+"""README command 1: `tiergate demo` serves the whole product, and stopping it stops everything it started."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import psutil
+import pytest
+
+from gateway.auth import DEMO_KEY
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
+PORTS = (8080, 8081, 8090)  # gateway, edge node, cloud stand-in: fixed by the demo and the default policy
+
+
+def _busy(port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+@pytest.mark.skipif(any(_busy(p) for p in PORTS), reason="the demo's ports 8080/8081/8090 are in use")
+@pytest.mark.parametrize("stop_signal", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_demo_serves_and_stops_everything_it_started(tmp_path: Path, stop_signal: int) -> None:
+    log = (tmp_path / "demo.log").open("wb")
+    demo = subprocess.Popen([str(Path(sys.executable).parent / "tiergate"), "demo"], stdout=log,
+                            stderr=subprocess.STDOUT, env=os.environ | {"NO_COLOR": "1"}, start_new_session=True)
+    children: list[psutil.Process] = []
+    try:
+        deadline = time.monotonic() + 300
+        while b"tiergate demo is up" not in (tmp_path / "demo.log").read_bytes():
+            assert demo.poll() is None, (tmp_path / "demo.log").read_text()[-3000:]
+            assert time.monotonic() < deadline, "the demo did not come up in 300 s"
+            time.sleep(0.5)
+        children = psutil.Process(demo.pid).children(recursive=True)
+        assert len(children) >= 3  # cloud stand-in, gateway, edge node
+        r = httpx.post("http://127.0.0.1:8080/v1/chat/completions", timeout=60,
+                       headers={"Authorization": f"Bearer {DEMO_KEY}"},
+                       json={"model": "auto", "messages": [{"role": "user", "content": "Hello!"}], "max_tokens": 8,
+                             "temperature": 0})
+        assert r.status_code == 200, r.text
+        assert r.headers["x-tiergate-tier"] == "edge" and r.json()["choices"][0]["message"]["content"]
+        models = httpx.get("http://127.0.0.1:8080/v1/models", headers={"Authorization": f"Bearer {DEMO_KEY}"}).json()
+        assert "LOCAL STAND-IN" in str(models)
+
+        demo.send_signal(stop_signal)
+        assert demo.wait(timeout=60) == 0
+        _, alive = psutil.wait_procs(children, timeout=30)
+        assert not alive, f"left running after the demo stopped: {[p.cmdline() for p in alive]}"
+        assert not any(_busy(p) for p in PORTS)
+    finally:
+        if demo.poll() is None:
+            demo.kill()
+        for p in children:
+            with contextlib.suppress(psutil.Error):
+                p.kill()
+        log.close()

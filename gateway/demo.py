@@ -98,9 +98,10 @@ def _interrupt(signum: int, _frame: object) -> None:
 
 
 def run_demo(port: int = 8080, edge_nodes: int = 1) -> int:
-    # SIGTERM (docker stop, systemd, a CI job's end) and SIGHUP (the terminal closing) stop the demo like
-    # Ctrl-C does: through the `finally` below, which stops every process the demo started.
-    for sig in (signal.SIGTERM, signal.SIGHUP):
+    # Ctrl-C, SIGTERM (docker stop, systemd, a CI job's end) and SIGHUP (the terminal closing) all stop the
+    # demo through the `finally` below, which stops every process it started. SIGINT is set too because a
+    # shell that starts a program in the background hands it SIGINT ignored.
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, _interrupt)
     art = prepare()
     bindir = Path(sys.executable).parent

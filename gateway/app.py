@@ -523,7 +523,7 @@ class Gateway:
         # Rejected: the OpenAI error shape (what every client of this API parses) plus the version still serving.
         err = OpenAIError(422, str(getattr(result, "error", None) or "The policy file was rejected."),
                           code="policy_invalid")
-        return Response(_encode({**msgspec.json.decode(err.to_json()), "ok": False, "version": version}),
+        return Response(_encode({**err.body(), "ok": False, "version": version}),
                         status_code=422, media_type=_JSON)
 
     async def admin_cache_invalidate(self, request: Request) -> Response:

@@ -30,12 +30,18 @@ from gateway.admission import Admission
 from gateway.auth import KeyRing, Tenant
 from gateway.dashboard import Dashboard
 from gateway.dispatch import Attempt, Dispatcher, Route
-from gateway.limits import Limiter
 from gateway.errors import OpenAIError, bad_request, from_validation, not_found, unauthorized
+from gateway.limits import Limiter
 from gateway.logs import configure_logging, get_logger
 from gateway.pool import Endpoint, Pool
 from gateway.render import DONE, StreamAccumulator, render_json, render_sse, sse, summarize
-from gateway.schemas import ChatRequest, CompletionRequest, ParsedRequest, StreamOptions, decode_chat, decode_completion
+from gateway.schemas import (
+    ChatRequest,
+    ParsedRequest,
+    StreamOptions,
+    decode_chat,
+    decode_completion,
+)
 from gateway.settings import Settings
 from gateway.upstream import UpstreamClient, UpstreamFailure
 from policies.types import Decision, Features

@@ -152,16 +152,22 @@ class CloudPool:
 
     @classmethod
     def from_tier(cls, tier: Any, **options: Any) -> CloudPool:
-        """Build from a policy `TierConfig`: name, model, endpoints, `discovery` (dns or name, port) and,
-        when the config has them, `max_num_seqs` (per-server slots) and `strategy`."""
+        """Build from a policy `TierConfig`: name, served model, endpoints, `discovery` and `routing`.
+
+        `options` (CloudPool keyword arguments) override what the tier config says."""
         discovery = getattr(tier, "discovery", None)
-        dns = (getattr(discovery, "dns", None) or getattr(discovery, "name", None)) if discovery else None
-        port = (getattr(discovery, "port", None) if discovery else None) or 8000
-        for attr, option in (("max_num_seqs", "slots"), ("strategy", "strategy")):
-            value = getattr(tier, attr, None)
-            if value:
-                options.setdefault(option, value)
-        return cls(tier.name, tier.model, list(tier.endpoints or ()), dns=dns, port=port, **options)
+        if discovery is not None:
+            options.setdefault("dns_interval_s", discovery.interval_s)
+            options.setdefault("scheme", discovery.scheme)
+        routing = getattr(tier, "routing", None)
+        if routing is not None:
+            options.setdefault("strategy", routing.strategy)
+            options.setdefault("load_bound", routing.load_bound)
+            options.setdefault("affinity_chars", routing.affinity_chars)
+            if routing.max_num_seqs:
+                options.setdefault("slots", routing.max_num_seqs)
+        return cls(tier.name, getattr(tier, "served_model", None) or tier.model, list(tier.endpoints or ()),
+                   dns=discovery.dns if discovery else None, port=discovery.port if discovery else 8000, **options)
 
     @property
     def strategy(self) -> Strategy:

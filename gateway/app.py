@@ -172,9 +172,7 @@ class Gateway:
             return EdgePool(name, list(tier.endpoints), tier.served_model or tier.model, redis=self.redis)
         from cloud_pool.pool import CloudPool
 
-        d = tier.discovery
-        return CloudPool(name, tier.served_model or tier.model, list(tier.endpoints),
-                         dns=d.dns if d else None, port=d.port if d else 8000)
+        return CloudPool.from_tier(tier)
 
     def ready(self) -> tuple[bool, dict[str, object]]:
         tiers = {n: r.pool.healthy() for n, r in self._routes.items()}

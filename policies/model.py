@@ -366,6 +366,22 @@ class DiscoveryConfig(_Model):
     interval_s: float = Field(10.0, gt=0, description="seconds between resolutions")
 
 
+class RoutingConfig(_Model):
+    """How a cloud tier picks one of its vLLM servers for a request (docs/cloud.md, cloud_pool.selection)."""
+
+    strategy: Literal["prefix", "round_robin", "least_load"] = Field(
+        "prefix", description="prefix: prefix affinity bounded by load; or round_robin, least_load")
+    load_bound: float = Field(
+        1.2, ge=1.0, le=10.0,
+        description="prefix only: a server takes a request while its load stays within ceil(load_bound x its fair "
+                    "share); lower balances more (1.2 keeps max/mean load <= 1.3 even under one hot prefix), "
+                    "higher keeps more prefixes on their server")
+    affinity_chars: int = Field(
+        256, ge=16, le=65_536, description="prefix only: characters of the prompt's start that pick the server")
+    max_num_seqs: int | None = Field(
+        None, ge=1, description="each server's vLLM --max-num-seqs, the denominator of its load; default 256")
+
+
 _URL = re.compile(r"^https?://[^\s/:]+(:\d{1,5})?(/[^\s]*)?$")
 
 
@@ -380,6 +396,8 @@ class TierConfig(_Model):
     description: str = ""
     endpoints: list[str] = Field(default_factory=list, description="static base URLs, without /v1")
     discovery: DiscoveryConfig | None = None
+    routing: RoutingConfig | None = Field(
+        None, description="cloud tiers of vLLM servers: how one server is picked (default: prefix affinity)")
     tokenizer: str | None = Field(
         None, description="tokenizer.json path (relative to the policy file), HF model name, or builtin:default"
     )
@@ -579,6 +597,10 @@ def semantic_issues(policy: Policy, check_files: bool = True) -> list[Issue]:
         if tier.kind == "edge" and tier.discovery is not None:
             issues.append(Issue(("tiers", name, "discovery"),
                                 "discovery is for cloud tiers; edge nodes register with the gateway themselves"))
+        if tier.routing is not None and (tier.kind == "edge" or tier.stand_in):
+            issues.append(Issue(("tiers", name, "routing"),
+                                "routing is for cloud tiers of vLLM servers; edge nodes and a stand-in are picked "
+                                "by load"))
         for j, fb in enumerate(tier.fallbacks):
             if fb == name:
                 issues.append(Issue(("tiers", name, "fallbacks", j), f"tier {name!r} falls back to itself"))

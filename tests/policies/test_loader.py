@@ -111,6 +111,13 @@ CASES = [
      "tiers.edge.tokenizer", ["unknown builtin tokenizer"]),
     ("wrong-type", "max_tokens: 1000", "max_tokens: lots", "lots", "defaults.max_tokens", ["valid integer"]),
     ("missing-field", "    model: tiergate-cloud\n", "", "  cloud:", "tiers.cloud.model", ["required field 'model'"]),
+    ("routing-bound-below-one", "    timeouts: {first_byte_s: 30}", "    timeouts: {first_byte_s: 30}\n    routing: {load_bound: 0.9}",
+     "load_bound: 0.9", "tiers.cloud.routing.load_bound", ["greater than or equal to 1"]),
+    ("routing-unknown-strategy", "    timeouts: {first_byte_s: 30}",
+     "    timeouts: {first_byte_s: 30}\n    routing: {strategy: random}", "strategy: random",
+     "tiers.cloud.routing.strategy", ["'prefix', 'round_robin' or 'least_load'", "'random'"]),
+    ("routing-on-edge", "    kind: edge\n", "    kind: edge\n    routing: {strategy: least_load}\n", "routing:",
+     "tiers.edge.routing", ["routing is for cloud tiers"]),
 ]
 
 
@@ -131,6 +138,14 @@ def test_every_validation_error_names_file_line_and_field(case):
     for w in words:
         assert w in problem.message, f"{w!r} not in {problem.message!r}"
     assert f"p.yaml:{problem.line}:{problem.column}:" in message and f"`{field}`" in message
+
+
+def test_cloud_routing_is_read_with_defaults(write):
+    text = BASE.replace("    timeouts: {first_byte_s: 30}",
+                        "    timeouts: {first_byte_s: 30}\n    routing: {strategy: prefix, max_num_seqs: 64}")
+    routing = load_policy(write(text)).tiers["cloud"].routing
+    assert (routing.strategy, routing.load_bound, routing.affinity_chars, routing.max_num_seqs) == ("prefix", 1.2, 256, 64)
+    assert load_policy(write(BASE)).tiers["cloud"].routing is None  # CloudPool's defaults then
 
 
 def test_all_problems_are_reported_at_once():

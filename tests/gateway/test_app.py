@@ -9,6 +9,7 @@ import msgspec
 import openai
 import pytest
 
+from bench.instant_upstream import HITS
 from tests.gateway.conftest import stack
 
 AUTH = {"Authorization": "Bearer key-alpha-1"}
@@ -87,11 +88,11 @@ def test_exact_cache_hit_and_streamed_replay(basic):
     msgs = [{"role": "user", "content": "What is an edge tier?"}]
     first = c.chat.completions.with_raw_response.create(model="auto", messages=msgs, max_tokens=5, temperature=0)
     assert first.headers["x-tiergate-cache"] == "miss"
-    hits_before = basic["edges"][0].app["hits"]
+    hits_before = basic["edges"][0].app[HITS]
     second = c.chat.completions.with_raw_response.create(model="auto", messages=msgs, max_tokens=5, temperature=0)
     assert second.headers["x-tiergate-cache"] == "hit-exact" and second.headers["x-tiergate-tier"] == "cache"
     assert second.parse().choices[0].message.content == first.parse().choices[0].message.content
-    assert basic["edges"][0].app["hits"] == hits_before  # the backend was not asked again
+    assert basic["edges"][0].app[HITS] == hits_before  # the backend was not asked again
     replay = list(c.chat.completions.create(model="auto", messages=msgs, max_tokens=5, temperature=0, stream=True))
     assert "".join(ch.choices[0].delta.content or "" for ch in replay if ch.choices) == "w0 w1 w2 w3 w4 "
 

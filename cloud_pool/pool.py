@@ -388,7 +388,7 @@ class CloudPool:
             return
         server.reading = reading
         server.rates = server.window.add(reading, self._clock())
-        ep.reported_load = max((reading.running + reading.waiting) / max(ep.slots, 1), reading.kv_cache_usage)
+        ep.set_reported_load(max((reading.running + reading.waiting) / max(ep.slots, 1), reading.kv_cache_usage))
         ep.extra.update(
             running=reading.running,
             waiting=reading.waiting,

@@ -30,10 +30,13 @@ class Endpoint:
     inflight_at_report: int = 0  # our `inflight` when that reading arrived
     extra: dict[str, object] = field(default_factory=dict)
 
-    def set_reported_load(self, load: float) -> None:
-        """Record the backend's reading together with how much of it was ours at that moment."""
+    def set_reported_load(self, load: float, ours: int | None = None) -> None:
+        """Record the backend's reading with how many of our requests it could hold (default: those open now).
+
+        A poller passes the most we had open while the reading was taken: a request of ours that finished
+        between the scrape and now must not be mistaken for someone else's."""
         self.reported_load = load
-        self.inflight_at_report = self.inflight
+        self.inflight_at_report = self.inflight if ours is None else ours
 
     def load(self) -> float:
         """Estimated busy fraction now: our own in-flight requests, plus what the last reading held beyond ours.

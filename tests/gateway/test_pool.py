@@ -40,3 +40,12 @@ def test_requests_not_yet_seen_by_the_backend_still_count() -> None:
     fresh = ep()
     fresh.reported_load = 0.25  # built with a reading (an edge node's registration), nothing of ours open
     assert fresh.load() == pytest.approx(0.25)
+
+
+def test_a_poller_names_how_many_of_ours_the_reading_could_hold() -> None:
+    e = ep()
+    e.inflight = 0  # our four finished between the scrape and the answer being parsed
+    e.set_reported_load(4 / 8, ours=4)
+    assert e.load() == pytest.approx(0.0)
+    e.set_reported_load(6 / 8, ours=4)  # two were someone else's
+    assert e.load() == pytest.approx(2 / 8)

@@ -355,7 +355,8 @@ Ceiling on this CPU: bare `llama_decode` (one thread, no sampling, no server) co
 so even a server with zero overhead could be at most {ceiling[8]:.2f}x faster at 8 streams
 ({ceiling[16]:.2f}x at 16) with the CPU to itself: a single core decoding Q4 weights with AVX2 kernels is
 compute-bound already at batch 1, so batching mostly removes per-token overhead instead of saving weight reads
-(on GPUs, where decode is memory-bound, batching multiplies throughput).
+(on GPUs, where decode is memory-bound, batching multiplies throughput). The batched kernels are already the fast
+ones: llama.cpp's load log shows every layer weight repacked to q4_0_8x8 (its AVX2 GEMM path).
 
 llama_cpp.server decodes one request at a time: its aggregate rate stays at its single-stream rate and its
 time to first token grows with the queue; edge-node decodes all streams in one `llama_decode` per step

@@ -63,7 +63,6 @@ class _Server:
     polls: int = 0
     slow_polls: int = 0  # consecutive polls that timed out
     reading: VllmMetrics | None = None
-    ours_in_reading: int = 0  # the most requests of ours open while the last /metrics was taken
     rates: Rates = field(default_factory=Rates)
 
 
@@ -339,12 +338,10 @@ class CloudPool:
         async with self._session.get(f"{base}/health") as resp:
             if resp.status != 200:
                 raise _Unhealthy("http_status", f"/health answered HTTP {resp.status}")
-        ours = server.endpoint.inflight
         async with self._session.get(f"{base}/metrics") as resp:
             if resp.status != 200:
                 raise _Unhealthy("not_vllm", f"not a vLLM server: /metrics answered HTTP {resp.status}")
             text = await resp.text()
-        server.ours_in_reading = max(ours, server.endpoint.inflight)
         try:
             reading = parse(text)
         except NotVllmError as exc:
@@ -391,8 +388,7 @@ class CloudPool:
             return
         server.reading = reading
         server.rates = server.window.add(reading, self._clock())
-        ep.set_reported_load(max((reading.running + reading.waiting) / max(ep.slots, 1), reading.kv_cache_usage),
-                             ours=server.ours_in_reading)
+        ep.reported_load = max((reading.running + reading.waiting) / max(ep.slots, 1), reading.kv_cache_usage)
         ep.extra.update(
             running=reading.running,
             waiting=reading.waiting,

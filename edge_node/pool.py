@@ -297,7 +297,7 @@ class EdgePool:
             ep.base_url = _base_url(node.url)
             ep.model = node.model
             ep.slots = node.slots
-            ep.set_reported_load(load)
+            ep.reported_load = load
         ep.extra.update(source="heartbeat", seen=seen, busy=node.busy, queued=node.queued, ctx=node.ctx)
         return ep
 
@@ -329,7 +329,7 @@ class EdgePool:
                         slots = max(int(body.get("slots") or 1), 1)
                         ep.slots = slots
                         ep.model = str(body.get("model") or ep.model)
-                        ep.set_reported_load((int(body.get("busy", 0)) + int(body.get("queued", 0))) / slots)
+                        ep.reported_load = (int(body.get("busy", 0)) + int(body.get("queued", 0))) / slots
                         x.update(up=True, draining=body.get("status") == "draining" or r.status == 503,
                                  busy=body.get("busy"), queued=body.get("queued"), ctx=body.get("ctx"))
                         return

@@ -27,26 +27,11 @@ class Endpoint:
     slots: int = 1  # requests it can decode at once (edge: --parallel; vLLM: max_num_seqs)
     inflight: int = 0  # requests this gateway process has open on it right now
     reported_load: float = 0.0  # the backend's own load reading in [0, 1+] (heartbeat or /metrics)
-    inflight_at_report: int = 0  # our `inflight` when that reading arrived
     extra: dict[str, object] = field(default_factory=dict)
 
-    def set_reported_load(self, load: float, ours: int | None = None) -> None:
-        """Record the backend's reading with how many of our requests it could hold (default: those open now).
-
-        A poller passes the most we had open while the reading was taken: a request of ours that finished
-        between the scrape and now must not be mistaken for someone else's."""
-        self.reported_load = load
-        self.inflight_at_report = self.inflight if ours is None else ours
-
     def load(self) -> float:
-        """Estimated busy fraction now: our own in-flight requests, plus what the last reading held beyond ours.
-
-        The reading is up to a poll or heartbeat old. Taken as is, a server whose requests from this gateway
-        have just finished would look busy until the next reading (and prefix routing would spill away from
-        it); so only the part we cannot see ourselves, other replicas' requests or a filling KV cache, is
-        taken from it, and our part is always current."""
-        slots = max(self.slots, 1)
-        return self.inflight / slots + max(self.reported_load - self.inflight_at_report / slots, 0.0)
+        """Estimated busy fraction: the larger of our own in-flight count and the backend's reading."""
+        return max(self.inflight / max(self.slots, 1), self.reported_load)
 
 
 @runtime_checkable

@@ -34,6 +34,7 @@ from gateway.pool import Endpoint
 
 if TYPE_CHECKING:
     from gateway.schemas import ParsedRequest
+    from policies.model import TierConfig
     from policies.types import Features
 
 __all__ = ["CloudPool", "PoolSnapshot", "Resolver"]
@@ -151,22 +152,21 @@ class CloudPool:
             self._add(url.rstrip("/"), static=True)
 
     @classmethod
-    def from_tier(cls, tier: Any, **options: Any) -> CloudPool:
-        """Build from a policy `TierConfig`: name, served model, endpoints, `discovery` and `routing`.
+    def from_tier(cls, tier: TierConfig, **options: Any) -> CloudPool:
+        """Build from a policy tier: name, served model, endpoints, `discovery` and `routing`.
 
         `options` (CloudPool keyword arguments) override what the tier config says."""
-        discovery = getattr(tier, "discovery", None)
+        discovery, routing = tier.discovery, tier.routing
         if discovery is not None:
             options.setdefault("dns_interval_s", discovery.interval_s)
             options.setdefault("scheme", discovery.scheme)
-        routing = getattr(tier, "routing", None)
         if routing is not None:
             options.setdefault("strategy", routing.strategy)
             options.setdefault("load_bound", routing.load_bound)
             options.setdefault("affinity_chars", routing.affinity_chars)
             if routing.max_num_seqs:
                 options.setdefault("slots", routing.max_num_seqs)
-        return cls(tier.name, getattr(tier, "served_model", None) or tier.model, list(tier.endpoints or ()),
+        return cls(tier.name, tier.served_model or tier.model, list(tier.endpoints),
                    dns=discovery.dns if discovery else None, port=discovery.port if discovery else 8000, **options)
 
     @property

@@ -27,17 +27,6 @@ from cache.export import default_embedder_dir
 RECALL = 0.40
 
 
-def _load(path: Path) -> tuple[list[str], list[str], np.ndarray]:
-    a, b, y = [], [], []
-    with path.open(encoding="utf-8") as f:
-        for line in f:
-            o = json.loads(line)
-            a.append(str(o["a"]))
-            b.append(str(o["b"]))
-            y.append(bool(o["duplicate"]))
-    return a, b, np.asarray(y)
-
-
 def threshold_for_recall(scores: np.ndarray, y: np.ndarray, recall: float) -> float:
     """The largest threshold whose recall is at least `recall`."""
     pos = np.sort(scores[y])[::-1]
@@ -139,7 +128,8 @@ def main() -> None:
     import torch
 
     torch.set_num_threads(args.threads)
-    a, b, y = _load(Path(args.pairs))
+    pairs = load_pairs(Path(args.pairs))  # texts, labels and (cached) embeddings for the cosine rows
+    a, b, y = pairs.a, pairs.b, pairs.duplicate
     cal, held = split(len(a))
     k = int(len(cal) * 0.85)
     fit, tune = cal[:k], cal[k:]
@@ -147,7 +137,7 @@ def main() -> None:
     model, tok = train(a, b, y, fit, Path(args.out), epochs=args.epochs, seed=args.seed)
     train_s = time.perf_counter() - started
     s_tune, s_held = score(model, tok, a, b, tune), score(model, tok, a, b, held)
-    cosine = load_pairs(Path(args.pairs)).cosine
+    cosine = pairs.cosine
     from sklearn.metrics import average_precision_score
 
     y_tune, y_held = y[tune], y[held]

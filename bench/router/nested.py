@@ -97,20 +97,19 @@ def _members(x: np.ndarray, w: np.ndarray, s: np.ndarray, cst: list[int] | None)
     return [fg, lambda z: fs(z) - fw(z)]
 
 
+def _mean_pct(maps: list[tuple[Scorer, np.ndarray, np.ndarray]], z: np.ndarray) -> np.ndarray:
+    """The mean of each member's prediction through its percentile map (as the gateway combines members)."""
+    return np.mean([np.interp(f(z), cr, cs) for f, cr, cs in maps], axis=0)
+
+
 def _rank_average(x: np.ndarray, members: list[Scorer]) -> Scorer:
     """As the gateway scores: each member's prediction through its percentile map (201-point calibration on
     all training prompts), averaged, then through the calibration of that average."""
     from policies.complexity_train import _calibration
 
-    maps = []
-    for f in members:
-        maps.append((f, *_calibration(f(x))))
-
-    def mean_pct(z: np.ndarray) -> np.ndarray:
-        return np.mean([np.interp(f(z), cr, cs) for f, cr, cs in maps], axis=0)
-
-    cr, cs = _calibration(mean_pct(x))
-    return lambda z: np.interp(mean_pct(z), cr, cs)
+    maps = [(f, *_calibration(f(x))) for f in members]
+    cr, cs = _calibration(_mean_pct(maps, x))
+    return lambda z: np.interp(_mean_pct(maps, z), cr, cs)
 
 
 def _avg(x, w, s, subj) -> Scorer:  # type: ignore[no-untyped-def]
@@ -119,8 +118,7 @@ def _avg(x, w, s, subj) -> Scorer:  # type: ignore[no-untyped-def]
     m = fit(x, w, s)
     members = [lambda z, t=mem.trees: predict_all(t, z) for mem in m.members]
     maps = [(f, mem.calibration_raw, mem.calibration_score) for f, mem in zip(members, m.members, strict=True)]
-    return lambda z: np.interp(np.mean([np.interp(f(z), cr, cs) for f, cr, cs in maps], axis=0),
-                               m.calibration_raw, m.calibration_score)
+    return lambda z: np.interp(_mean_pct(maps, z), m.calibration_raw, m.calibration_score)
 
 
 def _constraints(n_features: int) -> list[int]:
@@ -135,7 +133,7 @@ def _bag(x: np.ndarray, w: np.ndarray, s: np.ndarray, subj: np.ndarray, cst: lis
     members: list[Scorer] = []
     for b in range(BAGS):
         chosen = set(np.asarray(names)[np.random.RandomState(b).permutation(len(names))[:k]])
-        rows = np.array([v in chosen for v in subj])
+        rows = np.isin(subj, sorted(chosen))
         members += _members(x[rows], w[rows], s[rows], cst)
     return _rank_average(x, members)
 

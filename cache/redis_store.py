@@ -1,14 +1,20 @@
 """Cache entries in a stock Redis 7 (no modules), shared by every gateway process.
 
-Layout (prefix `P`, default "tiergate:cache"):
-- `P:e:<entry id>`: a hash per entry (tenant, namespace, text, answer JSON, float32 embedding bytes,
+Layout of one shard (key prefix `S`):
+- `S:e:<entry id>`: a hash per entry (tenant, namespace, text, answer JSON, float32 embedding bytes,
   budget, times) with a TTL. The entry id starts with a hash of the tenant, so a tenant's keys are
   found by pattern and an exact lookup is one HGETALL.
-- `P:z`: sorted set of entry ids by expiry time, for the size bound (soonest-expiring evicted first).
-- `P:ev`: a stream of index changes (put with the vector, del, tenant, all). Debian's Redis has no vector
+- `S:z`: sorted set of entry ids by expiry time, for the size bound (soonest-expiring evicted first).
+- `S:ev`: a stream of index changes (put with the vector, del, tenant, all). Debian's Redis has no vector
   search, so each process keeps its own nearest-neighbour index: it loads it with SCAN at start, then
-  follows this stream. After a Redis restart (new run id) or a gap (stream trimmed past the last event
+  follows the streams. After a Redis restart (new run id) or a gap (a stream trimmed past the last event
   read), it reloads from scratch.
+
+On one server there is one shard, `S` = the prefix (default "tiergate:cache"). On a Redis Cluster
+(`redis+cluster://`, see `cache.redis_conn`) there are `cluster_shards` of them, `S` = `{prefix:k}`: the
+hash tag keeps each shard's keys in one slot, and an entry's shard is a hash of its id. So the entries
+spread over the cluster's nodes while every script still touches one slot. The size bound is then held
+per shard (`max_entries / shards` each).
 
 A put is one Lua script (write, expiry, size bound, events) so concurrent gateways cannot overshoot the
 bound or miss an eviction event. Request-path commands have a short timeout and no retries: when Redis is
@@ -20,15 +26,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import time
 import uuid
+import zlib
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import msgspec
 import numpy as np
 import structlog
-from redis.asyncio import Redis
+from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
@@ -36,6 +45,7 @@ from redis.exceptions import RedisError
 from cache.index import VectorIndex
 from cache.keys import tenant_tag
 from cache.metrics import CacheMetrics
+from cache.redis_conn import AnyRedis, is_cluster, open_redis, safe_url
 from cache.settings import CacheSettings
 from cache.store import StoreUnavailable
 from cache.types import CachedAnswer, CacheEntry
@@ -47,6 +57,7 @@ T = TypeVar("T")
 
 _FAILURES = (RedisError, OSError, TimeoutError, asyncio.TimeoutError)
 _BLOCK_MS = 250  # stream poll: also how soon the follower notices that a request saw Redis fail
+_POLL_S = 0.1  # on a Cluster (no blocking reads): how often every shard's stream is read
 _SLOW_STRIKES = 3  # consecutive timeouts that mark a live-but-slow Redis down (refused connections: at once)
 _SCAN_BATCH = 1000
 
@@ -81,30 +92,52 @@ return n
 _answer_decoder = msgspec.json.Decoder(CachedAnswer)
 
 
+@dataclass(frozen=True, slots=True)
+class _Shard:
+    prefix: str
+    zset: str
+    stream: str
+
+    @classmethod
+    def named(cls, prefix: str) -> _Shard:
+        return cls(prefix, f"{prefix}:z", f"{prefix}:ev")
+
+    def key(self, entry_id: str) -> str:
+        return f"{self.prefix}:e:{entry_id}"
+
+
 class RedisStore:
     def __init__(self, url: str, index: VectorIndex, settings: CacheSettings, metrics: CacheMetrics) -> None:
         self.index = index
         self.url = url
         self._s = settings
         self._m = metrics
-        self._p = settings.prefix
-        self._zset = f"{self._p}:z"
-        self._stream = f"{self._p}:ev"
+        self._cluster = is_cluster(url)
+        p = settings.prefix
+        if self._cluster:
+            self._shards = [_Shard.named(f"{{{p}:{k}}}") for k in range(settings.cluster_shards)]
+            self._entry_glob = f"{{{p}:*}}:e:"  # the braces are literal in a SCAN pattern
+        else:
+            self._shards = [_Shard.named(p)]
+            self._entry_glob = f"{p}:e:"
+        self._shard_max = math.ceil(settings.max_entries / len(self._shards))
         no_retry = Retry(NoBackoff(), 0)
         t = settings.redis_timeout_s
         # Request path: one short timeout, no retries (a retry is the caller's next request).
-        self._r = Redis.from_url(url, socket_timeout=t, socket_connect_timeout=t, retry=no_retry,
-                                 health_check_interval=0, max_connections=256)
-        # Background work (stream follower, loading, admin): longer timeouts, never on the request path.
-        self._bg = Redis.from_url(url, socket_timeout=_BLOCK_MS / 1000 + 5, socket_connect_timeout=2.0,
-                                  retry=no_retry, health_check_interval=0, max_connections=8)
+        self._r: AnyRedis = open_redis(url, socket_timeout=t, socket_connect_timeout=t, retry=no_retry,
+                                       health_check_interval=0, max_connections=256)
+        # Background work (stream followers, loading, admin): longer timeouts, never on the request path.
+        self._bg: AnyRedis = open_redis(url, socket_timeout=_BLOCK_MS / 1000 + 5, socket_connect_timeout=2.0,
+                                        retry=no_retry, health_check_interval=0,
+                                        max_connections=8 + len(self._shards))
         self._put_script = self._r.register_script(_PUT)
         self._delete_script = self._bg.register_script(_DELETE)
         self._origin = uuid.uuid4().hex
         self._up = False
         self._strikes = 0
         self._run_id: str | None = None
-        self._last_event = b"0-0"
+        self._last_event = [b"0-0"] * len(self._shards)
+        self._misconfigured_logged = False
         self._task: asyncio.Task[None] | None = None
         self._ready = asyncio.Event()
         self._wake = asyncio.Event()
@@ -126,8 +159,11 @@ class RedisStore:
     async def stop(self) -> None:
         if self._task is not None:
             self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._task
+            # Bounded: shutting down must not wait on a Redis client that does not finish cancelling.
+            done, _ = await asyncio.wait({self._task}, timeout=5.0)
+            for task in done:
+                if not task.cancelled():
+                    task.exception()  # retrieved: it ended as it ends, nothing to report at shutdown
             self._task = None
         for client in (self._r, self._bg):
             with contextlib.suppress(Exception):
@@ -144,7 +180,7 @@ class RedisStore:
         async def run() -> list[Any]:
             async with self._r.pipeline(transaction=False) as pipe:
                 for eid in entry_ids:
-                    pipe.hgetall(self._key(eid))
+                    pipe.hgetall(self._shard(eid).key(eid))
                 return await pipe.execute()
 
         rows = await self._call(run)
@@ -164,10 +200,11 @@ class RedisStore:
             "v", vec, "m", "" if entry.max_tokens is None else str(entry.max_tokens),
             "c", repr(entry.created), "e", repr(entry.expires_at),
         ]
-        args = [entry.id, ttl_ms, repr(entry.expires_at), self._s.max_entries, self._s.stream_maxlen, self._p,
+        shard = self._shard(entry.id)
+        args = [entry.id, ttl_ms, repr(entry.expires_at), self._shard_max, self._s.stream_maxlen, shard.prefix,
                 self._origin, entry.namespace, tenant_tag(entry.tenant), vec, *fields]
         evicted = await self._call(
-            lambda: self._put_script(keys=[self._key(entry.id), self._zset, self._stream], args=args))
+            lambda: self._put_script(keys=[shard.key(entry.id), shard.zset, shard.stream], args=args))
         if vector is not None:
             self.index.upsert(entry.id, entry.namespace, tenant_tag(entry.tenant), vector, entry.expires_at)
         else:
@@ -176,21 +213,23 @@ class RedisStore:
 
     # -- admin (bounded, but not held to the request-path timeout) ------------------------------------
     async def delete(self, entry_id: str) -> int:
+        shard = self._shard(entry_id)
         n = await self._admin(lambda: self._delete_script(
-            keys=[self._key(entry_id), self._zset, self._stream], args=[entry_id, self._s.stream_maxlen]))
+            keys=[shard.key(entry_id), shard.zset, shard.stream], args=[entry_id, self._s.stream_maxlen]))
         self.index.remove(entry_id)
         return int(n)
 
     async def delete_tenant(self, tenant: str) -> int:
         tag = tenant_tag(tenant)
-        n = await self._admin(lambda: self._delete_matching(f"{self._p}:e:{tag}-*"))
+        n = await self._admin(lambda: self._delete_matching(f"{self._entry_glob}{tag}-*"))
         await self._admin(lambda: self._event({"op": "tenant", "tt": tag}))
         self.index.remove_tenant(tag)
         return n
 
     async def delete_all(self) -> int:
-        n = await self._admin(lambda: self._delete_matching(f"{self._p}:e:*"))
-        await self._admin(lambda: self._bg.delete(self._zset))
+        n = await self._admin(lambda: self._delete_matching(f"{self._entry_glob}*"))
+        for shard in self._shards:  # one key per command: shards live in different slots on a Cluster
+            await self._admin(lambda shard=shard: self._bg.delete(shard.zset))
         await self._admin(lambda: self._event({"op": "all"}))
         self.index.clear()
         return n
@@ -208,15 +247,25 @@ class RedisStore:
         return deleted
 
     async def _delete_keys(self, keys: list[bytes]) -> int:
-        ids = [k.decode().rsplit(":", 1)[1] for k in keys]
+        by_shard: dict[_Shard, tuple[list[bytes], list[str]]] = {}
+        for k in keys:
+            eid = k.decode().rsplit(":", 1)[1]
+            ks, ids = by_shard.setdefault(self._shard(eid), ([], []))
+            ks.append(k)
+            ids.append(eid)
         async with self._bg.pipeline(transaction=False) as pipe:
-            pipe.delete(*keys)
-            pipe.zrem(self._zset, *ids)
-            n, _ = await pipe.execute()
-        return int(n)
+            for shard, (ks, ids) in by_shard.items():  # a multi-key DEL stays within one shard's slot
+                pipe.delete(*ks)
+                pipe.zrem(shard.zset, *ids)
+            replies = await pipe.execute()
+        return sum(int(n) for n in replies[::2])
 
     async def _event(self, fields: dict[str, str]) -> None:
-        await self._bg.xadd(self._stream, {**fields, "o": ""}, maxlen=self._s.stream_maxlen, approximate=True)
+        """Tell every process's index (tenant and all: on every shard's stream, as each is followed alone)."""
+        async with self._bg.pipeline(transaction=False) as pipe:
+            for shard in self._shards:
+                pipe.xadd(shard.stream, {**fields, "o": ""}, maxlen=self._s.stream_maxlen, approximate=True)
+            await pipe.execute()
 
     # -- failure handling -------------------------------------------------------------------------------
     async def _call(self, fn: Callable[[], Awaitable[T]]) -> T:
@@ -246,7 +295,7 @@ class RedisStore:
 
     def _mark_down(self, exc: BaseException) -> None:
         if self._up:
-            log.warning("cache_redis_down", error=repr(exc), url=_safe(self.url))
+            log.warning("cache_redis_down", error=repr(exc), url=safe_url(self.url))
         self._up = False
         self._strikes = 0
         self._m.redis_up.set(0)
@@ -273,35 +322,56 @@ class RedisStore:
                 await asyncio.sleep(self._s.retry_every_s)
 
     async def _connect(self) -> None:
-        info = await asyncio.wait_for(self._bg.info("server"), 5.0)
-        run_id = str(info.get("run_id"))
+        run_id = await asyncio.wait_for(self._run_ids(), 5.0)
         needs_reload = run_id != self._run_id or await self._gap()
         # Connections opened before the outage point at a dead socket: drop them, not a request later.
         with contextlib.suppress(Exception):
-            await self._r.connection_pool.disconnect()
+            if isinstance(self._r, RedisCluster):
+                await self._r.aclose()  # and learn the slots again on the next command (a failover moves them)
+            else:
+                await self._r.connection_pool.disconnect()
         self._up = True
         self._m.redis_up.set(1)
         if needs_reload:
             await self._reload()
             self._run_id = run_id
-        log.info("cache_redis_up", url=_safe(self.url), reloaded=needs_reload, entries=len(self.index))
+        log.info("cache_redis_up", url=safe_url(self.url), reloaded=needs_reload, entries=len(self.index),
+                 shards=len(self._shards))
         self._ready.set()
 
-    async def _gap(self) -> bool:
-        """True when the last event we read is no longer in the stream: we may have missed some after it.
+    async def _run_ids(self) -> str:
+        """Who is serving: the run id of the server, or of every Cluster primary. A change means a restart
+        (its data may be gone), so the index is reloaded."""
+        if isinstance(self._bg, RedisCluster):
+            await self._bg.aclose()  # a node may have failed over or come back: learn the topology anew
+            infos = await self._bg.info("server", target_nodes=RedisCluster.PRIMARIES)
+            return ",".join(sorted(str(i.get("run_id")) for i in infos.values()))
+        info = await self._bg.info("server")
+        if info.get("redis_mode") == "cluster":
+            if not self._misconfigured_logged:
+                log.error("cache_redis_is_a_cluster", url=safe_url(self.url),
+                          fix="this Redis is a Cluster node: use a redis+cluster:// URL (see docs/cache.md)")
+                self._misconfigured_logged = True
+            raise RedisError(f"{safe_url(self.url)} is a Redis Cluster node; use redis+cluster://")
+        return str(info.get("run_id"))
 
-        The stream is trimmed only at its old end, so this means we fell `stream_maxlen` events behind.
-        """
-        first = await self._bg.xrange(self._stream, count=1)
-        return bool(first) and _id_lt(self._last_event, first[0][0])
+    async def _gap(self) -> bool:
+        """True when the last event we read of some shard is no longer in its stream: we may have missed
+        some after it. A stream is trimmed only at its old end, so we fell `stream_maxlen` events behind."""
+        for shard, last in zip(self._shards, self._last_event, strict=True):
+            first = await self._bg.xrange(shard.stream, count=1)
+            if first and _id_lt(last, first[0][0]):
+                return True
+        return False
 
     async def _reload(self) -> None:
-        last = await self._bg.xrevrange(self._stream, count=1)
-        self._last_event = last[0][0] if last else b"0-0"
+        for i, shard in enumerate(self._shards):
+            last = await self._bg.xrevrange(shard.stream, count=1)
+            self._last_event[i] = last[0][0] if last else b"0-0"
         self.index.clear()
         self._m.resyncs.inc()
         batch: list[bytes] = []
-        async for key in self._bg.scan_iter(match=f"{self._p}:e:*", count=_SCAN_BATCH):
+        async for key in self._bg.scan_iter(match=f"{self._entry_glob}*", count=_SCAN_BATCH):
             batch.append(key)
             if len(batch) >= _SCAN_BATCH:
                 await self._load_keys(batch)
@@ -329,13 +399,26 @@ class RedisStore:
             self.index.upsert_many(ids, nss, tags, np.stack(vecs), exps)
 
     async def _follow(self) -> None:
+        """Apply other processes' changes as they come. One server: one blocking XREAD at a time. A Cluster:
+        an XREAD names keys of one slot, and long blocking reads on many nodes at once do not cancel
+        cleanly in redis-py's cluster client, so every shard's stream is polled in one pipeline instead."""
         while self._up:
-            resp = await self._bg.xread({self._stream: self._last_event}, count=500, block=_BLOCK_MS)
-            for _stream, events in resp or ():
-                for event_id, fields in events:
-                    self._apply(fields)
-                    self._last_event = event_id
+            if isinstance(self._bg, RedisCluster):
+                async with self._bg.pipeline(transaction=False) as pipe:
+                    for shard, last in zip(self._shards, self._last_event, strict=True):
+                        pipe.xread({shard.stream: last}, count=500)
+                    replies = await pipe.execute()
+            else:
+                replies = [await self._bg.xread({self._shards[0].stream: self._last_event[0]}, count=500,
+                                                block=_BLOCK_MS)]
+            for i, resp in enumerate(replies):
+                for _stream, events in resp or ():
+                    for event_id, fields in events:
+                        self._apply(fields)
+                        self._last_event[i] = event_id
             self._m.entries.set(len(self.index))
+            if isinstance(self._bg, RedisCluster) and not any(replies):
+                await asyncio.sleep(_POLL_S)
 
     def _apply(self, f: dict[bytes, bytes]) -> None:
         op = f.get(b"op")
@@ -356,8 +439,10 @@ class RedisStore:
             self.index.clear()
 
     # -- encoding ------------------------------------------------------------------------------------------
-    def _key(self, entry_id: str) -> str:
-        return f"{self._p}:e:{entry_id}"
+    def _shard(self, entry_id: str) -> _Shard:
+        if len(self._shards) == 1:
+            return self._shards[0]
+        return self._shards[zlib.crc32(entry_id.encode()) % len(self._shards)]
 
     def _decode(self, entry_id: str, row: dict[bytes, bytes]) -> CacheEntry | None:
         try:
@@ -383,10 +468,3 @@ def _id_lt(a: bytes, b: bytes) -> bool:
     bms, bseq = (int(x) for x in b.split(b"-"))
     return (ams, aseq) < (bms, bseq)
 
-
-def _safe(url: str) -> str:
-    """The URL without a password, for logs."""
-    if "@" in url:
-        scheme, rest = url.split("://", 1) if "://" in url else ("redis", url)
-        return f"{scheme}://***@{rest.split('@', 1)[1]}"
-    return url

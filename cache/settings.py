@@ -21,6 +21,7 @@ DEFAULT_GUARDS: tuple[str, ...] = GUARDS  # all four: numbers, negation, keyword
 class CacheSettings:
     prefix: str = "tiergate:cache"  # Redis key prefix: several deployments may share one Redis
     max_entries: int = 200_000  # across all tenants; the entries closest to expiry are evicted first
+    cluster_shards: int = 16  # on a Redis Cluster: hash-tagged shards the entries spread over (see redis_store)
     guards: tuple[str, ...] = DEFAULT_GUARDS
     candidates: int = 4  # nearest neighbours checked per semantic lookup
     max_semantic_chars: int = 4_000  # longer texts: exact matching only (a metric counts them)

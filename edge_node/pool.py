@@ -31,11 +31,23 @@ __all__ = ["EdgePool", "HeartbeatError", "NodeInfo", "parse_heartbeat"]
 
 log = structlog.get_logger("edge_node.pool")
 
+# The registry in Redis: KEYS[1] a sorted set of node ids by last heartbeat, KEYS[2] a hash of their
+# NodeInfo. Each change is one script (atomic on one server and on a Cluster, where the keys share a hash
+# tag; redis-py's async cluster client has no usable MULTI).
 _CLEANUP_LUA = """
 local ids = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1])
 for _, id in ipairs(ids) do redis.call('HDEL', KEYS[2], id) end
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', ARGV[1])
 return #ids
+"""
+_HEARTBEAT_LUA = """
+redis.call('ZADD', KEYS[1], ARGV[2], ARGV[1])
+redis.call('HSET', KEYS[2], ARGV[1], ARGV[3])
+"""
+_DEREGISTER_LUA = """
+local n = redis.call('ZREM', KEYS[1], ARGV[1])
+redis.call('HDEL', KEYS[2], ARGV[1])
+return n
 """
 
 
@@ -116,8 +128,9 @@ class EdgePool:
         self._refresh_interval = refresh_interval_s
         self._failure_threshold = failure_threshold
         self._cooldown_s = cooldown_s
-        self._k_seen = f"{key_prefix}:{tier}:seen"
-        self._k_info = f"{key_prefix}:{tier}:info"
+        # One hash tag for both keys: their MULTI and script stay in one slot on a Redis Cluster.
+        self._k_seen = f"{{{key_prefix}:{tier}}}:seen"
+        self._k_info = f"{{{key_prefix}:{tier}}}:info"
         self._nodes: dict[str, Endpoint] = {}  # registered through heartbeats
         self._static: dict[str, Endpoint] = {}
         for url in static_endpoints:
@@ -129,7 +142,7 @@ class EdgePool:
         self._rr = 0
         self._tasks: list[asyncio.Task[None]] = []
         self._session: Any = None
-        self._cleanup = None
+        self._scripts: dict[str, Any] = {}
         self._redis_warned = False
 
     # ------------------------------------------------------------------ Pool protocol
@@ -198,10 +211,7 @@ class EdgePool:
         ep = self._apply(node, now)
         if self._redis is not None:
             try:
-                pipe = self._redis.pipeline(transaction=True)
-                pipe.zadd(self._k_seen, {node.node_id: now})
-                pipe.hset(self._k_info, node.node_id, msgspec.json.encode(node))
-                await pipe.execute()
+                await self._script(_HEARTBEAT_LUA, node.node_id, now, msgspec.json.encode(node))
             except Exception as e:  # noqa: BLE001 - Redis down: this replica still knows the node
                 self._redis_failed(e)
         return ep
@@ -213,11 +223,7 @@ class EdgePool:
         self._cooldown_until.pop(node_id, None)
         if self._redis is not None:
             try:
-                pipe = self._redis.pipeline(transaction=True)
-                pipe.zrem(self._k_seen, node_id)
-                pipe.hdel(self._k_info, node_id)
-                removed, _ = await pipe.execute()
-                known = known or bool(removed)
+                known = bool(await self._script(_DEREGISTER_LUA, node_id)) or known
             except Exception as e:  # noqa: BLE001 - Redis down: forgotten here, expires there
                 self._redis_failed(e)
         if known:
@@ -234,13 +240,11 @@ class EdgePool:
                     log.info("edge node expired", tier=self.tier, node_id=nid)
             return
         try:
-            if self._cleanup is None:
-                self._cleanup = self._redis.register_script(_CLEANUP_LUA)
-            await self._cleanup(keys=[self._k_seen, self._k_info], args=[now - self.ttl_s])
-            pipe = self._redis.pipeline(transaction=True)
-            pipe.zrange(self._k_seen, 0, -1, withscores=True)
-            pipe.hgetall(self._k_info)
-            seen_rows, infos = await pipe.execute()
+            await self._script(_CLEANUP_LUA, now - self.ttl_s)
+            async with self._redis.pipeline(transaction=False) as pipe:  # writes are atomic scripts
+                pipe.zrange(self._k_seen, 0, -1, withscores=True)
+                pipe.hgetall(self._k_info)
+                seen_rows, infos = await pipe.execute()
         except Exception as e:  # noqa: BLE001 - keep the last snapshot while Redis is away
             self._redis_failed(e)
             return
@@ -300,6 +304,12 @@ class EdgePool:
             ep.reported_load = load
         ep.extra.update(source="heartbeat", seen=seen, busy=node.busy, queued=node.queued, ctx=node.ctx)
         return ep
+
+    async def _script(self, source: str, *args: Any) -> Any:
+        script = self._scripts.get(source)
+        if script is None:
+            script = self._scripts[source] = self._redis.register_script(source)
+        return await script(keys=[self._k_seen, self._k_info], args=list(args))
 
     def _redis_failed(self, e: Exception) -> None:
         if not self._redis_warned:

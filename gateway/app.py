@@ -114,10 +114,10 @@ class Gateway:
     async def startup(self) -> None:
         await self.upstream.start()
         if self.settings.redis_url:
-            import redis.asyncio as aioredis
+            from cache.redis_conn import open_redis
 
-            self.redis = aioredis.Redis.from_url(self.settings.redis_url, socket_timeout=0.5,
-                                                 socket_connect_timeout=0.5, health_check_interval=10)
+            self.redis = open_redis(self.settings.redis_url, socket_timeout=0.5, socket_connect_timeout=0.5,
+                                    health_check_interval=10)
             self.limiter = Limiter(self.redis)
         await self.policy_store.start()
         self.policy_store.on_change(self._sync_pools)

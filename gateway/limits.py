@@ -2,9 +2,9 @@
 
 Counters use a sliding window over two fixed one-minute buckets (the previous bucket weighted by how much
 of it still overlaps the window), which is what most API gateways do: O(1) memory per tenant and accurate
-to a few percent. With Redis the buckets are shared by every gateway replica (INCRBY + EXPIRE, pipelined);
-if Redis does not answer in time the check fails open — a cache-and-limits outage must not become an
-outage of the API — and a metric counts it.
+to a few percent. With Redis (one server or a Cluster) the buckets are shared by every gateway replica
+(INCRBY + EXPIRE, pipelined); if Redis does not answer in time the check fails open — a cache-and-limits
+outage must not become an outage of the API — and a metric counts it.
 """
 
 from __future__ import annotations
@@ -52,7 +52,9 @@ class Limiter:
             if len(self._local) > 10_000:
                 self._prune(prev)
         else:
-            key_cur, key_prev = f"{self._prefix}:{k_cur}", f"{self._prefix}:{k_prev}"
+            # The hash tag keeps a tenant's buckets in one slot on a Redis Cluster (one node per pipeline).
+            key_cur = f"{self._prefix}:{{{tenant}}}:{kind}:{cur}"
+            key_prev = f"{self._prefix}:{{{tenant}}}:{kind}:{prev}"
             async with asyncio.timeout(self._timeout):
                 pipe = self._redis.pipeline(transaction=False)
                 pipe.incrby(key_cur, add)

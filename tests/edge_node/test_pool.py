@@ -171,25 +171,18 @@ def test_static_endpoint_learns_model_slots_and_load_from_health():
 # ---------------------------------------------------------------- Redis: every replica sees every node
 
 
-@pytest.fixture
+@pytest.fixture(params=["server", "cluster"])
 def redis_url(request) -> str:
-    try:
-        rs = request.getfixturevalue("redis_server")
-    except pytest.FixtureLookupError:
-        pytest.skip("redis_server fixture (tests/support/redis.py) is not available")
-    if isinstance(rs, str):
-        return rs
-    if hasattr(rs, "url"):
-        return rs.url
-    return f"redis://127.0.0.1:{rs.port}"
+    """One redis-server, then a three-node Redis Cluster (tests/support/redis.py)."""
+    return request.getfixturevalue("redis_url" if request.param == "server" else "redis_cluster_url")
 
 
 @pytest.mark.integration
 def test_replicas_share_the_registry_through_redis(redis_url, clock):
-    import redis.asyncio as aioredis
+    from cache.redis_conn import open_redis
 
     async def scenario():
-        r1, r2 = aioredis.from_url(redis_url), aioredis.from_url(redis_url)
+        r1, r2 = open_redis(redis_url), open_redis(redis_url)
         prefix = "test-edge-share"
         a = EdgePool("edge", [], "m", redis=r1, ttl_s=10, clock=clock, key_prefix=prefix)
         b = EdgePool("edge", [], "m", redis=r2, ttl_s=10, clock=clock, key_prefix=prefix)
@@ -205,10 +198,10 @@ def test_replicas_share_the_registry_through_redis(redis_url, clock):
             await b.heartbeat(hb("n3"))
             await a.refresh()
             after_expiry = ids(a.endpoints())
-            leftover = await r1.hkeys(f"{prefix}:edge:info")
+            leftover = await r1.hkeys(f"{{{prefix}:edge}}:info")
             return seen_by_b, after_deregister, after_expiry, sorted(k.decode() for k in leftover)
         finally:
-            await r1.delete(f"{prefix}:edge:seen", f"{prefix}:edge:info")
+            await r1.delete(f"{{{prefix}:edge}}:seen", f"{{{prefix}:edge}}:info")
             await r1.aclose()
             await r2.aclose()
 

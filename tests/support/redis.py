@@ -2,6 +2,8 @@
 
 `redis_server` (session) can be stopped and started again on the same port, so tests can kill Redis in
 the middle of traffic; `redis_url` (function) makes sure it runs and flushes it for each test.
+`redis_cluster` (session) is a real Redis Cluster of three such servers (three primaries, joined by
+`redis-cli --cluster create`); `redis_cluster_url` flushes it and gives its `redis+cluster://` URL.
 """
 
 from __future__ import annotations
@@ -17,14 +19,15 @@ import pytest
 from tests.support.servers import free_port
 from tests.support.tools import require_tool
 
-__all__ = ["RedisServer", "redis_server", "redis_url"]
+__all__ = ["RedisCluster", "RedisServer", "redis_cluster", "redis_cluster_url", "redis_server", "redis_url"]
 
 
 class RedisServer:
-    def __init__(self, binary: str, workdir: Path, port: int) -> None:
+    def __init__(self, binary: str, workdir: Path, port: int, extra: tuple[str, ...] = ()) -> None:
         self.binary = binary
         self.workdir = workdir
         self.port = port
+        self.extra = extra
         self._proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -41,7 +44,7 @@ class RedisServer:
         self.workdir.mkdir(parents=True, exist_ok=True)
         cmd = [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
                "--dir", str(self.workdir), "--logfile", str(self.workdir / "redis.log"), "--daemonize", "no",
-               "--enable-debug-command", "local"]  # DEBUG SLEEP: tests simulate a hung Redis
+               "--enable-debug-command", "local", *self.extra]  # DEBUG SLEEP: tests simulate a hung Redis
         self._proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                       stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + 15
@@ -71,6 +74,81 @@ class RedisServer:
                 return s.recv(16).startswith(b"+PONG")
         except OSError:
             return False
+
+
+class RedisCluster:
+    """Three cluster-mode servers holding all 16384 slots. A node stopped and started again keeps its
+    `nodes.conf` (its id and slots) and rejoins; its data is gone (no persistence), as after a crash."""
+
+    NODE_TIMEOUT_MS = 1000
+
+    def __init__(self, binary: str, cli: str, workdir: Path, size: int = 3) -> None:
+        self.cli = cli
+        self.nodes = [
+            RedisServer(binary, workdir / f"node{i}", free_port(),
+                        ("--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
+                         "--cluster-port", str(free_port()), "--cluster-node-timeout", str(self.NODE_TIMEOUT_MS)))
+            for i in range(size)
+        ]
+
+    @property
+    def url(self) -> str:
+        return f"redis+cluster://127.0.0.1:{self.nodes[0].port}"
+
+    def start(self) -> None:
+        for node in self.nodes:
+            node.start()
+        if "cluster_known_nodes:1" in self._info(self.nodes[0]):  # a fresh node: join them
+            subprocess.run([self.cli, "--cluster", "create", *(f"127.0.0.1:{n.port}" for n in self.nodes),
+                            "--cluster-replicas", "0", "--cluster-yes"], check=True, capture_output=True,
+                           stdin=subprocess.DEVNULL, timeout=60)
+        self.wait_ok()
+
+    def wait_ok(self, timeout_s: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if all(self._state_ok(n) for n in self.nodes):
+                return
+            time.sleep(0.05)
+        raise RuntimeError("the Redis Cluster did not reach cluster_state:ok")
+
+    def stop(self) -> None:
+        for node in self.nodes:
+            node.stop()
+
+    def _info(self, node: RedisServer) -> list[str]:
+        out = subprocess.run([self.cli, "-p", str(node.port), "cluster", "info"], capture_output=True, text=True,
+                             stdin=subprocess.DEVNULL, timeout=10, check=False)
+        return out.stdout.split()
+
+    def _state_ok(self, node: RedisServer) -> bool:
+        return node.running and "cluster_state:ok" in self._info(node)
+
+
+@pytest.fixture(scope="session")
+def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisCluster]:
+    binary = require_tool("redis-server", "apt-get install -y redis-server")
+    cli = require_tool("redis-cli", "apt-get install -y redis-tools")
+    cluster = RedisCluster(binary, cli, tmp_path_factory.mktemp("redis-cluster"))
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture
+def redis_cluster_url(redis_cluster: RedisCluster) -> str:
+    import redis
+
+    redis_cluster.start()  # a previous test may have left a node stopped
+    for node in redis_cluster.nodes:
+        client = redis.Redis(port=node.port)
+        try:
+            client.flushall()
+        finally:
+            client.close()
+    return redis_cluster.url
 
 
 @pytest.fixture(scope="session")

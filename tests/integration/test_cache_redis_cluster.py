@@ -1,0 +1,205 @@
+"""The semantic cache and the rate limiter on a real Redis Cluster (three redis-server primaries)."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+
+import pytest
+import redis
+import redis.asyncio
+from structlog.testing import capture_logs
+
+from cache import CacheSettings, SemanticCache, build_cache
+from cache.redis_conn import open_redis
+from gateway.auth import Tenant
+from gateway.errors import OpenAIError
+from gateway.limits import Limiter
+from tests.cache.helpers import RULE, SETTINGS, answer, chat, eventually, fresh_metrics, sample
+
+pytestmark = [pytest.mark.integration, pytest.mark.anyio]
+
+QUESTIONS = [
+    "What is the capital of France?", "How tall is Mount Everest?", "Who wrote Hamlet?",
+    "What is photosynthesis?", "How do vaccines work?", "Why is the sky blue?", "What is a black hole?",
+    "How do I learn Python quickly?", "What causes earthquakes?", "How does a refrigerator work?",
+    "What is inflation in economics?", "How do bees make honey?", "What is the speed of sound?",
+    "Who painted the Mona Lisa?", "How do airplanes stay in the air?", "What is machine learning?",
+    "Why do cats purr?", "How are rainbows formed?", "What is the largest ocean on Earth?",
+    "How do I make sourdough bread?",
+]
+
+
+@pytest.fixture
+def make_cache(redis_cluster_url, onnx_embedder):
+    async def make(settings: CacheSettings | None = None, url: str | None = None):
+        metrics, registry = fresh_metrics()
+        cache = build_cache(url or redis_cluster_url, None, embedder=onnx_embedder, metrics=metrics,
+                            settings=settings or SETTINGS)
+        await cache.start()
+        return cache, registry
+
+    return make
+
+
+def keys_per_node(cluster) -> list[int]:
+    counts = []
+    for node in cluster.nodes:
+        client = redis.Redis(port=node.port)
+        try:
+            counts.append(sum(1 for _ in client.scan_iter(match="{tiergate:cache:*}:e:*", count=1000)))
+        finally:
+            client.close()
+    return counts
+
+
+def sample_fail_open() -> float:
+    from prometheus_client import REGISTRY
+
+    return REGISTRY.get_sample_value("tiergate_rate_limit_fail_open_total") or 0.0
+
+
+async def stop_all(*caches: SemanticCache) -> None:
+    for c in caches:
+        await c.stop()
+
+
+async def test_entries_spread_over_the_nodes_and_are_shared(make_cache, redis_cluster):
+    a, _ = await make_cache()
+    b, reg_b = await make_cache()
+    try:
+        for i, q in enumerate(QUESTIONS):
+            assert await a.store(chat(q), "acme", RULE, answer(f"answer {i}"))
+        per_node = keys_per_node(redis_cluster)
+        assert sum(per_node) == len(QUESTIONS) and all(n > 0 for n in per_node), per_node
+
+        for i, q in enumerate(QUESTIONS):  # exact: straight from whichever node holds the entry
+            hit = await b.lookup(chat(q), "acme", RULE)
+            assert hit is not None and hit.kind == "hit-exact" and hit.answer.text == f"answer {i}"
+        await eventually(lambda: len(b.index) == len(QUESTIONS), "b's index to follow every shard's stream")
+        para = await b.check(chat("How can I learn Python quickly?"), "acme", RULE)
+        assert para.status == "hit-semantic" and para.hit.answer.text == "answer 7"
+        assert await b.lookup(chat("How can I learn Python quickly?"), "globex", RULE) is None  # other tenant
+        assert sample(reg_b, "tiergate_cache_lookups_total", result="hit-exact") == len(QUESTIONS)
+
+        late, _ = await make_cache()  # a gateway started later loads the index from every node
+        try:
+            assert len(late.index) == len(QUESTIONS)
+        finally:
+            await late.stop()
+    finally:
+        await stop_all(a, b)
+
+
+async def test_size_bound_and_invalidation_across_nodes(make_cache, redis_cluster):
+    settings = dataclasses.replace(SETTINGS, max_entries=16, cluster_shards=4)  # 4 per shard
+    a, reg_a = await make_cache(settings)
+    b, _ = await make_cache(settings)
+    try:
+        for i, q in enumerate(QUESTIONS):
+            await a.store(chat(q), "t1", RULE, answer(f"t1 {i}"))
+            await a.store(chat(q), "t2", RULE, answer(f"t2 {i}"))
+        stored = sum(keys_per_node(redis_cluster))
+        assert stored <= 16 and sample(reg_a, "tiergate_cache_evictions_total") == 2 * len(QUESTIONS) - stored
+        await eventually(lambda: len(b.index) == stored, "b's index to drop what was evicted")
+
+        removed = await b.invalidate(tenant="t2")
+        assert removed > 0 and sum(keys_per_node(redis_cluster)) == stored - removed
+        for i, q in enumerate(QUESTIONS):
+            assert await a.lookup(chat(q), "t2", RULE) is None
+        await eventually(lambda: len(a.index) == stored - removed, "a to drop t2's entries")
+
+        assert await a.invalidate() == stored - removed
+        assert keys_per_node(redis_cluster) == [0, 0, 0]
+        await eventually(lambda: len(a.index) == 0 and len(b.index) == 0, "both indexes to be empty")
+    finally:
+        await stop_all(a, b)
+
+
+async def test_a_node_killed_and_restarted_bypasses_then_recovers(make_cache, redis_cluster):
+    a, reg_a = await make_cache()
+    statuses: list[str] = []
+    stop_traffic = asyncio.Event()
+
+    async def traffic() -> None:  # every question, round and round, while a node dies and comes back
+        i = 0
+        while not stop_traffic.is_set():
+            q = chat(QUESTIONS[i % len(QUESTIONS)])
+            res = await a.check(q, "acme", RULE)
+            statuses.append(res.status)
+            if res.status == "miss":
+                await a.store(q, "acme", RULE, answer("again"))
+            i += 1
+            await asyncio.sleep(0.005)
+
+    runner = asyncio.create_task(traffic())
+    try:
+        await eventually(lambda: statuses.count("hit-exact") >= 2 * len(QUESTIONS), "traffic to warm the cache")
+        redis_cluster.nodes[1].stop()
+        await eventually(lambda: statuses[-1] == "bypass" and not a.backend.available(), "the cache to bypass")
+        redis_cluster.nodes[1].start()  # same slots, no data: what it held misses, then is stored again
+        redis_cluster.wait_ok()
+        await eventually(lambda: a.backend.available(), "the cache to reconnect", timeout_s=30)
+        mark = len(statuses)
+        await eventually(lambda: statuses[mark:].count("hit-exact") >= 2 * len(QUESTIONS),
+                         "traffic to hit every question again", timeout_s=30)
+        stop_traffic.set()
+        await runner  # re-raises anything the traffic saw: there must be nothing
+        assert set(statuses) <= {"miss", "hit-exact", "bypass"}
+        assert sample(reg_a, "tiergate_cache_redis_up") == 1
+    finally:
+        stop_traffic.set()
+        await asyncio.gather(runner, return_exceptions=True)
+        await a.stop()
+
+
+async def test_a_slow_cluster_is_bypassed_within_the_timeout(make_cache, redis_cluster):
+    a, reg_a = await make_cache(dataclasses.replace(SETTINGS, redis_timeout_s=0.3))  # every node sleeps 1.5 s
+    try:
+        q = chat("What is the speed of light?")
+        await a.store(q, "acme", RULE, answer("c"))
+        clients = [redis.asyncio.Redis(port=n.port) for n in redis_cluster.nodes]
+        try:
+            sleepers = [asyncio.create_task(c.execute_command("DEBUG", "SLEEP", "1.5")) for c in clients]
+            await asyncio.sleep(0.2)
+            res = await asyncio.wait_for(a.check(q, "acme", RULE), 1.0)  # bounded by redis_timeout_s, not 1.5 s
+            assert res.status == "bypass" and not any(s.done() for s in sleepers)
+            await asyncio.gather(*sleepers)
+        finally:
+            for c in clients:
+                await c.aclose()
+        await eventually(lambda: a.backend.available(), "the cache to see the cluster answer again")
+        assert (await a.check(q, "acme", RULE)).status == "hit-exact"
+        assert sample(reg_a, "tiergate_cache_lookups_total", result="bypass") == 1
+    finally:
+        await a.stop()
+
+
+async def test_a_plain_url_to_a_cluster_node_is_refused_with_a_clear_error(make_cache, redis_cluster):
+    with capture_logs() as logs:
+        cache, _ = await make_cache(url=f"redis://127.0.0.1:{redis_cluster.nodes[0].port}")
+        try:
+            assert not cache.backend.available()
+            assert (await cache.check(chat("Who wrote Hamlet?"), "acme", RULE)).status == "bypass"
+        finally:
+            await cache.stop()
+    errors = [e for e in logs if e["event"] == "cache_redis_is_a_cluster"]
+    assert errors and "redis+cluster://" in errors[0]["fix"]
+
+
+async def test_rate_limits_are_shared_through_the_cluster(redis_cluster_url):
+    tenant = Tenant(id="acme", requests_per_minute=3)
+    fail_open_before = sample_fail_open()
+    clients = [open_redis(redis_cluster_url, socket_timeout=2, socket_connect_timeout=2) for _ in range(2)]
+    try:
+        limiters = [Limiter(c, timeout_s=2.0) for c in clients]  # two gateway replicas
+        for i in range(3):
+            await limiters[i % 2].admit(tenant)
+        with pytest.raises(OpenAIError) as refused:
+            await limiters[1].admit(tenant)
+        assert refused.value.status == 429
+        await limiters[0].admit(Tenant(id="globex", requests_per_minute=3))  # its own count
+        assert sample_fail_open() == fail_open_before  # every check above reached the cluster
+    finally:
+        for c in clients:
+            await c.aclose()

@@ -1,28 +1,38 @@
 """bench/overhead: the gateway's own cost, side by side with calling the upstream directly and with LiteLLM's proxy.
 
-    .venv/bin/python -m bench.overhead [--duration 10] [--skip-litellm]
+    .venv/bin/python -m bench.overhead [--duration 10] [--rounds 8] [--skip-litellm] [--cpu-latency-us N]
 
 One run starts an instant OpenAI-compatible upstream, then for each target (direct; passthrough, the floor: uvicorn +
 Starlette + aiohttp relaying bytes with no logic at all; tiergate; LiteLLM) and each
 mode (JSON, SSE): the maximum requests/s at concurrency 16 (wrk, one connection per client), the latency at a
 fixed 200 requests/s (open loop), and the target's CPU seconds per request. Servers under test are pinned to
 CPU 0, the upstream and the load generators to CPU 1, so they do not steal from each other.
-Prints a table and writes bench/results/overhead.json.
+
+Latency is what this shared VM makes noisy, so direct, passthrough and tiergate are all up at once and the
+open-loop phase interleaves them: `--rounds` rounds, each sending `--duration / --rounds` seconds of traffic
+to every target in turn (rotating the order). A target's p50/p99 are over all its rounds, and the added p50
+is also given per round (median, min, max), so drift in the machine hits every target alike. LiteLLM cannot
+take 200 requests/s, so its open-loop run is separate. `--cpu-latency-us N` holds a PM QoS request
+(/dev/cpu_dma_latency, what tuned's latency-performance profile does) for the whole run, to measure how much
+of the added latency is idle-CPU wake-up. Prints a table and writes bench/results/overhead.json.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import re
 import shutil
 import statistics
+import struct
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import aiohttp
@@ -84,6 +94,16 @@ def wrk(url: str, model: str, stream: bool, duration: int, conns: int, tmp: Path
 
 async def open_loop(url: str, model: str, stream: bool, rate: float, duration: float) -> dict[str, float]:
     """Send `rate` requests/s for `duration` s regardless of answers; latency = send to last byte."""
+    lat, errors = await _open_loop(url, model, stream, rate, duration)
+    q = _quantiles(lat)
+    return {"p50_ms": q[49] * 1000, "p99_ms": q[98] * 1000, "errors": errors, "sent": int(rate * duration)}
+
+
+def _quantiles(lat: list[float]) -> list[float]:
+    return statistics.quantiles(sorted(lat), n=100) if len(lat) > 2 else [float("nan")] * 99
+
+
+async def _open_loop(url: str, model: str, stream: bool, rate: float, duration: float) -> tuple[list[float], int]:
     lat: list[float] = []
     errors = 0
     conn = aiohttp.TCPConnector(limit=0)
@@ -113,12 +133,11 @@ async def open_loop(url: str, model: str, stream: bool, rate: float, duration: f
                 await asyncio.sleep(delay)
             tasks.append(asyncio.create_task(one(i)))
         await asyncio.gather(*tasks)
-    lat.sort()
-    q = statistics.quantiles(lat, n=100) if len(lat) > 2 else [float("nan")] * 99
-    return {"p50_ms": q[49] * 1000, "p99_ms": q[98] * 1000, "errors": errors, "sent": n}
+    return lat, errors
 
 
-def measure(name: str, server: Server | None, base: str, model: str, args, tmp: Path) -> dict[str, object]:
+def throughput(name: str, server: Server | None, base: str, model: str, args, tmp: Path) -> dict[str, object]:
+    """Max requests/s (wrk) and, for a server we started, its CPU per request: one target at a time."""
     res: dict[str, object] = {"target": name}
     url = base + "/v1/chat/completions"
     for stream in (False, True):
@@ -127,17 +146,49 @@ def measure(name: str, server: Server | None, base: str, model: str, args, tmp: 
         cpu0 = cpu_seconds(server.pid) if server else 0.0
         w = wrk(url, model, stream, args.duration, args.concurrency, tmp)
         cpu1 = cpu_seconds(server.pid) if server else 0.0
-        os.sched_setaffinity(0, {1})
-        ol = asyncio.run(open_loop(url, model, stream, args.rate, args.duration))
         res[mode] = {"max_rps": w["rps"], "non2xx": w["non2xx"],
-                     "cpu_ms_per_req": (cpu1 - cpu0) / w["requests"] * 1000 if server else None,
-                     f"p50_ms_at_{args.rate:g}rps": ol["p50_ms"], f"p99_ms_at_{args.rate:g}rps": ol["p99_ms"],
-                     "open_loop_errors": ol["errors"]}
-        print(f"  {name:11s} {mode}: {w['rps']:8.0f} req/s max, p50 {ol['p50_ms']:.2f} ms / p99 {ol['p99_ms']:.2f} ms "
-              f"at {args.rate:g}/s" + (f", {res[mode]['cpu_ms_per_req']:.3f} ms CPU/req" if server else ""),
-              file=sys.stderr)
-    res["peak_rss_mib"] = peak_rss_mib(server.pid) if server else None
+                     "cpu_ms_per_req": (cpu1 - cpu0) / w["requests"] * 1000 if server else None}
+        print(f"  {name:11s} {mode}: {w['rps']:8.0f} req/s max"
+              + (f", {res[mode]['cpu_ms_per_req']:.3f} ms CPU/req" if server else ""), file=sys.stderr)
     return res
+
+
+def latency(targets: list[tuple[dict, str, str]], args) -> None:
+    """Open-loop latency at `args.rate`, the targets interleaved round by round (see the module docstring);
+    fills each target's result with p50/p99 over all rounds and its per-round p50s."""
+    key50, key99 = f"p50_ms_at_{args.rate:g}rps", f"p99_ms_at_{args.rate:g}rps"
+    slice_s = args.duration / args.rounds
+    for stream in (False, True):
+        mode = "sse" if stream else "json"
+        pooled: dict[str, list[float]] = {res["target"]: [] for res, _, _ in targets}
+        per_round: dict[str, list[float]] = {res["target"]: [] for res, _, _ in targets}
+        errors: dict[str, int] = dict.fromkeys(pooled, 0)
+        for r in range(args.rounds):
+            for res, url, model in targets[r % len(targets):] + targets[:r % len(targets)]:
+                lat, err = asyncio.run(_open_loop(url + "/v1/chat/completions", model, stream, args.rate, slice_s))
+                pooled[res["target"]] += lat
+                per_round[res["target"]].append(_quantiles(lat)[49] * 1000)
+                errors[res["target"]] += err
+        for res, _, _ in targets:
+            q = _quantiles(pooled[res["target"]])
+            res[mode].update({key50: q[49] * 1000, key99: q[98] * 1000, "round_p50_ms": per_round[res["target"]],
+                              "open_loop_errors": errors[res["target"]]})
+            print(f"  {res['target']:11s} {mode}: p50 {q[49] * 1000:.2f} ms / p99 {q[98] * 1000:.2f} ms at "
+                  f"{args.rate:g}/s over {args.rounds} interleaved rounds", file=sys.stderr)
+
+
+@contextlib.contextmanager
+def cpu_latency(us: int | None) -> Iterator[None]:
+    """Hold a PM QoS CPU latency request (the kernel then avoids idle states slower to leave than `us`)."""
+    if us is None:
+        yield
+        return
+    fd = os.open("/dev/cpu_dma_latency", os.O_RDWR)  # needs root; released when closed
+    try:
+        os.write(fd, struct.pack("i", us))
+        yield
+    finally:
+        os.close(fd)
 
 
 def main() -> None:
@@ -145,8 +196,16 @@ def main() -> None:
     ap.add_argument("--duration", type=int, default=10)
     ap.add_argument("--concurrency", type=int, default=16)
     ap.add_argument("--rate", type=float, default=200)
+    ap.add_argument("--rounds", type=int, default=8, help="interleaved open-loop rounds (latency)")
     ap.add_argument("--skip-litellm", action="store_true")
+    ap.add_argument("--cpu-latency-us", type=int, default=None,
+                    help="hold this PM QoS CPU latency (/dev/cpu_dma_latency) during the run; e.g. 0")
     args = ap.parse_args()
+    with cpu_latency(args.cpu_latency_us):
+        run(args)
+
+
+def run(args) -> None:
     if not shutil.which("wrk"):
         sys.exit("bench/overhead needs wrk: apt-get install wrk")
     RESULTS.mkdir(parents=True, exist_ok=True)
@@ -155,25 +214,29 @@ def main() -> None:
     up_port, gw_port, ll_port = free_port(), free_port(), free_port()
     upstream = Server("upstream", [py, "-m", "bench.instant_upstream", "--port", str(up_port)],
                       f"http://127.0.0.1:{up_port}/health", cpus={1}, log=tmp / "upstream.log").start()
+    os.sched_setaffinity(0, {1})  # the open-loop client: beside the upstream, away from the servers under test
     results = []
     try:
-        results.append(measure("direct", None, f"http://127.0.0.1:{up_port}", "instant", args, tmp))
         pt_port = free_port()
         pt = Server("passthrough", [py, "-m", "bench.overhead.passthrough", "--port", str(pt_port), "--upstream",
                                     f"http://127.0.0.1:{up_port}"], f"http://127.0.0.1:{pt_port}/health", cpus={0},
                     log=tmp / "passthrough.log").start()
-        try:
-            results.append(measure("passthrough", pt, f"http://127.0.0.1:{pt_port}", "instant", args, tmp))
-        finally:
-            pt.stop()
         (tmp / "policy.yaml").write_text(POLICY.format(port=up_port))
         gw = Server("tiergate", [str(Path(py).parent / "tiergate"), "serve", "--port", str(gw_port)],
                     f"http://127.0.0.1:{gw_port}/readyz", cpus={0}, log=tmp / "gateway.log",
                     env={"TIERGATE_POLICY": str(tmp / "policy.yaml"), "TIERGATE_API_KEYS": f"{KEY}=bench",
                          "TIERGATE_LOG_LEVEL": "warning", "TIERGATE_EMBEDDER": ""}).start()
         try:
-            results.append(measure("tiergate", gw, f"http://127.0.0.1:{gw_port}", "auto", args, tmp))
+            targets = [("direct", None, f"http://127.0.0.1:{up_port}", "instant"),
+                       ("passthrough", pt, f"http://127.0.0.1:{pt_port}", "instant"),
+                       ("tiergate", gw, f"http://127.0.0.1:{gw_port}", "auto")]
+            for name, server, base, model in targets:
+                results.append(throughput(name, server, base, model, args, tmp))
+            latency([(res, base, model) for res, (_, _, base, model) in zip(results, targets, strict=True)], args)
+            for res, (_, server, _, _) in zip(results, targets, strict=True):
+                res["peak_rss_mib"] = peak_rss_mib(server.pid) if server else None
         finally:
+            pt.stop()
             gw.stop()
         if not args.skip_litellm and (litellm := ensure_litellm()):
             cfg = tmp / "litellm.yaml"
@@ -184,7 +247,14 @@ def main() -> None:
                         f"http://127.0.0.1:{ll_port}/health/liveliness", cpus={0}, log=tmp / "litellm.log",
                         env={"LITELLM_LOG": "ERROR", "LITELLM_TELEMETRY": "False"}).start(timeout_s=300)
             try:
-                results.append(measure("litellm", ll, f"http://127.0.0.1:{ll_port}", "instant", args, tmp))
+                res = throughput("litellm", ll, f"http://127.0.0.1:{ll_port}", "instant", args, tmp)
+                for mode, stream in (("json", False), ("sse", True)):  # alone: it cannot take the rate
+                    ol = asyncio.run(open_loop(f"http://127.0.0.1:{ll_port}/v1/chat/completions", "instant", stream,
+                                               args.rate, args.duration))
+                    res[mode].update({f"p50_ms_at_{args.rate:g}rps": ol["p50_ms"],
+                                      f"p99_ms_at_{args.rate:g}rps": ol["p99_ms"], "open_loop_errors": ol["errors"]})
+                res["peak_rss_mib"] = peak_rss_mib(ll.pid)
+                results.append(res)
             finally:
                 ll.stop()
     finally:
@@ -192,25 +262,31 @@ def main() -> None:
         upstream.stop()
     report = {"args": vars(args), "upstream_peak_rss_mib": upstream_rss, "results": results,
               "when": time.strftime("%Y-%m-%d %H:%M:%S")}
-    (RESULTS / "overhead.json").write_text(json.dumps(report, indent=2))
+    name = "overhead.json" if args.cpu_latency_us is None else f"overhead-cpu-latency-{args.cpu_latency_us}us.json"
+    (RESULTS / name).write_text(json.dumps(report, indent=2))
     print(table(report))
 
 
 def table(report: dict) -> str:
     rate = report["args"]["rate"]
     by = {r["target"]: r for r in report["results"]}
-    lines = [f"| target | mode | max req/s (c={report['args']['concurrency']}) | p50 / p99 ms at {rate:g} req/s | "
-             f"added p50 ms vs direct | CPU ms/req | peak RSS MiB |", "|---|---|---|---|---|---|---|"]
+    header = (f"| target | mode | max req/s (c={report['args']['concurrency']}) | p50 / p99 ms at {rate:g} req/s | "
+              f"added p50 ms vs direct | per round: median (min..max) | CPU ms/req | peak RSS MiB |")
+    lines = [header, "|---|---|---|---|---|---|---|---|"]
     for r in report["results"]:
         for mode in ("json", "sse"):
             m = r[mode]
             d = by["direct"][mode]
             p50 = m[f"p50_ms_at_{rate:g}rps"]
             added = p50 - d[f"p50_ms_at_{rate:g}rps"]
+            rounds = "-"
+            if "round_p50_ms" in m and r["target"] != "direct":
+                diffs = [a - b for a, b in zip(m["round_p50_ms"], d["round_p50_ms"], strict=True)]
+                rounds = f"{statistics.median(diffs):+.2f} ({min(diffs):+.2f}..{max(diffs):+.2f})"
             cpu = f"{m['cpu_ms_per_req']:.3f}" if m["cpu_ms_per_req"] is not None else "-"
             rss = f"{r['peak_rss_mib']:.0f}" if r["peak_rss_mib"] else "-"
             lines.append(f"| {r['target']} | {mode} | {m['max_rps']:.0f} | {p50:.2f} / {m[f'p99_ms_at_{rate:g}rps']:.2f} "
-                         f"| {added:+.2f} | {cpu} | {rss} |")
+                         f"| {added:+.2f} | {rounds} | {cpu} | {rss} |")
     if "tiergate" in by and "litellm" in by:
         for mode in ("json", "sse"):
             ratio = by["tiergate"][mode]["max_rps"] / max(by["litellm"][mode]["max_rps"], 1e-9)

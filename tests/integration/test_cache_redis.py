@@ -248,30 +248,51 @@ async def test_a_gateway_starts_while_redis_is_down_and_catches_up(redis_server,
         redis_server.start()
 
 
-def test_cli_invalidate_against_redis(redis_url, onnx_embedder):
+@pytest.fixture(params=["server", "cluster"])
+def any_redis(request) -> tuple[str, object]:
+    """(URL, a function counting cache entries) for one redis-server, then a three-node Redis Cluster."""
+    def count(ports: list[int]) -> int:
+        total = 0
+        for port in ports:
+            client = redis.Redis(port=port)
+            try:
+                total += sum(1 for k in client.scan_iter(count=1000) if b":e:" in k)
+            finally:
+                client.close()
+        return total
+
+    if request.param == "server":
+        url = request.getfixturevalue("redis_url")
+        return url, lambda: count([request.getfixturevalue("redis_server").port])
+    url = request.getfixturevalue("redis_cluster_url")
+    return url, lambda: count([n.port for n in request.getfixturevalue("redis_cluster").nodes])
+
+
+def test_cli_invalidate_against_redis(any_redis, onnx_embedder):
     from typer.testing import CliRunner
 
     from cache.cli import cache_app
 
+    url, entries = any_redis
+    questions = ["What is Redis?", "What is a hash slot?", "Who wrote Hamlet?", "What is a black hole?"]
+
     async def fill() -> None:
         metrics, _ = fresh_metrics()
-        cache = build_cache(redis_url, None, embedder=onnx_embedder, metrics=metrics, settings=SETTINGS)
+        cache = build_cache(url, None, embedder=onnx_embedder, metrics=metrics, settings=SETTINGS)
         await cache.start()
         try:
             for tenant in ("t1", "t2"):
-                await cache.store(chat("What is Redis?"), tenant, RULE, answer("A server."))
+                for q in questions:
+                    assert await cache.store(chat(q), tenant, RULE, answer("A server."))
         finally:
             await cache.stop()
 
     asyncio.run(fill())
+    assert entries() == 8
     runner = CliRunner()
-    res = runner.invoke(cache_app, ["invalidate", "--tenant", "t1", "--redis", redis_url])
+    res = runner.invoke(cache_app, ["invalidate", "--tenant", "t1", "--redis", url])
     assert res.exit_code == 0, res.output
-    assert json.loads(res.stdout.strip().splitlines()[-1]) == {"ok": True, "removed": 1}
-    res = runner.invoke(cache_app, ["invalidate", "--all", "--redis", redis_url])
-    assert json.loads(res.stdout.strip().splitlines()[-1]) == {"ok": True, "removed": 1}
-    client = redis.Redis.from_url(redis_url)
-    try:
-        assert client.keys("tiergate:cache:e:*") == []
-    finally:
-        client.close()
+    assert json.loads(res.stdout.strip().splitlines()[-1]) == {"ok": True, "removed": 4}
+    res = runner.invoke(cache_app, ["invalidate", "--all", "--redis", url])
+    assert json.loads(res.stdout.strip().splitlines()[-1]) == {"ok": True, "removed": 4}
+    assert entries() == 0

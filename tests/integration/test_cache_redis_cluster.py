@@ -203,3 +203,4 @@ async def test_rate_limits_are_shared_through_the_cluster(redis_cluster_url):
     finally:
         for c in clients:
             await c.aclose()
+

@@ -209,20 +209,49 @@ async def test_redis_killed_and_restarted_bypasses_then_recovers(make_cache, red
         await stop_all(a, b)
 
 
-async def test_slow_redis_is_bypassed_within_the_timeout(make_cache, redis_url):
-    a, reg_a = await make_cache(dataclasses.replace(SETTINGS, redis_timeout_s=0.3))  # Redis sleeps 1.5 s
+@dataclasses.dataclass(frozen=True)
+class AnyRedis:
+    """One redis-server or a three-node Redis Cluster: its URL and its servers' ports."""
+    url: str
+    ports: list[int]
+
+    def entries(self) -> int:
+        total = 0
+        for port in self.ports:
+            client = redis.Redis(port=port)
+            try:
+                total += sum(1 for k in client.scan_iter(count=1000) if b":e:" in k)
+            finally:
+                client.close()
+        return total
+
+
+@pytest.fixture(params=["server", "cluster"])
+def any_redis(request) -> AnyRedis:
+    if request.param == "server":
+        return AnyRedis(request.getfixturevalue("redis_url"), [request.getfixturevalue("redis_server").port])
+    return AnyRedis(request.getfixturevalue("redis_cluster_url"),
+                    [n.port for n in request.getfixturevalue("redis_cluster").nodes])
+
+
+async def test_slow_redis_is_bypassed_within_the_timeout(any_redis, onnx_embedder):
+    metrics, reg_a = fresh_metrics()
+    a = build_cache(any_redis.url, None, embedder=onnx_embedder, metrics=metrics,
+                    settings=dataclasses.replace(SETTINGS, redis_timeout_s=0.3))  # Redis sleeps 1.5 s
+    await a.start()
     try:
         q = chat("What is the speed of light?")
         await a.store(q, "acme", RULE, answer("c"))
-        client = redis.asyncio.Redis.from_url(redis_url)
+        clients = [redis.asyncio.Redis(port=port) for port in any_redis.ports]  # every server hangs
         try:
-            sleeper = asyncio.create_task(client.execute_command("DEBUG", "SLEEP", "1.5"))  # Redis hangs
+            sleepers = [asyncio.create_task(c.execute_command("DEBUG", "SLEEP", "1.5")) for c in clients]
             await asyncio.sleep(0.2)
-            res = await a.check(q, "acme", RULE)
-            assert res.status == "bypass" and not sleeper.done()  # answered while Redis was still asleep
-            await sleeper
+            res = await asyncio.wait_for(a.check(q, "acme", RULE), 1.0)  # bounded by redis_timeout_s
+            assert res.status == "bypass" and not any(s.done() for s in sleepers)  # answered while asleep
+            await asyncio.gather(*sleepers)
         finally:
-            await client.aclose()
+            for c in clients:
+                await c.aclose()
         await eventually(lambda: a.backend.available(), "the cache to see Redis answer again")
         assert (await a.check(q, "acme", RULE)).status == "hit-exact"
         assert sample(reg_a, "tiergate_cache_lookups_total", result="bypass") == 1
@@ -248,32 +277,12 @@ async def test_a_gateway_starts_while_redis_is_down_and_catches_up(redis_server,
         redis_server.start()
 
 
-@pytest.fixture(params=["server", "cluster"])
-def any_redis(request) -> tuple[str, object]:
-    """(URL, a function counting cache entries) for one redis-server, then a three-node Redis Cluster."""
-    def count(ports: list[int]) -> int:
-        total = 0
-        for port in ports:
-            client = redis.Redis(port=port)
-            try:
-                total += sum(1 for k in client.scan_iter(count=1000) if b":e:" in k)
-            finally:
-                client.close()
-        return total
-
-    if request.param == "server":
-        url = request.getfixturevalue("redis_url")
-        return url, lambda: count([request.getfixturevalue("redis_server").port])
-    url = request.getfixturevalue("redis_cluster_url")
-    return url, lambda: count([n.port for n in request.getfixturevalue("redis_cluster").nodes])
-
-
 def test_cli_invalidate_against_redis(any_redis, onnx_embedder):
     from typer.testing import CliRunner
 
     from cache.cli import cache_app
 
-    url, entries = any_redis
+    url, entries = any_redis.url, any_redis.entries
     questions = ["What is Redis?", "What is a hash slot?", "Who wrote Hamlet?", "What is a black hole?"]
 
     async def fill() -> None:

@@ -7,7 +7,6 @@ import dataclasses
 
 import pytest
 import redis
-import redis.asyncio
 from structlog.testing import capture_logs
 
 from cache import CacheSettings, SemanticCache, build_cache
@@ -150,28 +149,6 @@ async def test_a_node_killed_and_restarted_bypasses_then_recovers(make_cache, re
     finally:
         stop_traffic.set()
         await asyncio.gather(runner, return_exceptions=True)
-        await a.stop()
-
-
-async def test_a_slow_cluster_is_bypassed_within_the_timeout(make_cache, redis_cluster):
-    a, reg_a = await make_cache(dataclasses.replace(SETTINGS, redis_timeout_s=0.3))  # every node sleeps 1.5 s
-    try:
-        q = chat("What is the speed of light?")
-        await a.store(q, "acme", RULE, answer("c"))
-        clients = [redis.asyncio.Redis(port=n.port) for n in redis_cluster.nodes]
-        try:
-            sleepers = [asyncio.create_task(c.execute_command("DEBUG", "SLEEP", "1.5")) for c in clients]
-            await asyncio.sleep(0.2)
-            res = await asyncio.wait_for(a.check(q, "acme", RULE), 1.0)  # bounded by redis_timeout_s, not 1.5 s
-            assert res.status == "bypass" and not any(s.done() for s in sleepers)
-            await asyncio.gather(*sleepers)
-        finally:
-            for c in clients:
-                await c.aclose()
-        await eventually(lambda: a.backend.available(), "the cache to see the cluster answer again")
-        assert (await a.check(q, "acme", RULE)).status == "hit-exact"
-        assert sample(reg_a, "tiergate_cache_lookups_total", result="bypass") == 1
-    finally:
         await a.stop()
 
 

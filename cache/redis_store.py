@@ -112,9 +112,9 @@ class RedisStore:
         self.url = url
         self._s = settings
         self._m = metrics
-        self._cluster = is_cluster(url)
+        cluster = is_cluster(url)
         p = settings.prefix
-        if self._cluster:
+        if cluster:
             self._shards = [_Shard.named(f"{{{p}:{k}}}") for k in range(settings.cluster_shards)]
             self._entry_glob = f"{{{p}:*}}:e:"  # the braces are literal in a SCAN pattern
         else:

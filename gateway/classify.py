@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Protocol
 
-from gateway.complexity import DEFAULT_MODEL_FILE, ComplexityModel, Featurizer
+from gateway.complexity import DEFAULT_MODEL_FILE, MAX_CHARS, ComplexityModel, Featurizer
 from gateway.schemas import ParsedRequest
 from gateway.tokens import TokenCounter
 from policies.model import Policy
@@ -144,10 +144,16 @@ class Classifier:
             raise bad_request(f"Header {PRIORITY_HEADER}: {exc}", param=PRIORITY_HEADER) from None
         policy = self._store.current.policy
         text = req.prompt_text()
+        counter, model = self.counter_for(policy, req.model), self.complexity_model(policy)
+        if counter.builtin and model.featurizer.builtin_tokenizer and len(text) <= MAX_CHARS:
+            ids = model.featurizer.encode(text)  # one WordPiece pass serves the token count and the complexity
+            prompt_tokens, complexity = counter.count_joined(req, len(ids)), model.score(text, ids)
+        else:
+            prompt_tokens, complexity = counter.count(req), model.score(text)
         return Features(
-            prompt_tokens=self.counter_for(policy, req.model).count(req),
+            prompt_tokens=prompt_tokens,
             priority=priority,
-            complexity=self.complexity_model(policy).score(text),
+            complexity=complexity,
             requested_model=req.model,
             tenant=tenant,
             text=text,

@@ -119,13 +119,23 @@ class Featurizer:
                 cont[idx] = 1
         self._continuation = bytes(cont)
         self._unk = vocab.get("[UNK]", -1)
+        # The gateway's default token counter uses this same file: the classifier then encodes a prompt once.
+        self.builtin_tokenizer = tokenizer_file == _TOKENIZER_FILE
+
+    def encode(self, text: str) -> list[int]:
+        """WordPiece ids of `text` (no special tokens), as `values` computes them for a text of <= MAX_CHARS."""
+        return self._tok.encode(text, add_special_tokens=False).ids
 
     def vector(self, text: str) -> np.ndarray:
         return np.array(self.values(text), dtype=np.float64)
 
-    def values(self, text: str) -> list[float]:
-        """The FEATURES of `text`, as a list (what scoring uses; `vector` wraps it for training)."""
+    def values(self, text: str, ids: list[int] | None = None) -> list[float]:
+        """The FEATURES of `text`, as a list (what scoring uses; `vector` wraps it for training).
+
+        `ids` may be passed when the caller has already encoded `text` (which must then be <= MAX_CHARS)."""
         full_len = len(text)
+        if ids is not None and full_len > MAX_CHARS:
+            raise ValueError(f"ids given for a text longer than MAX_CHARS ({full_len} > {MAX_CHARS})")
         text = text[:MAX_CHARS]
         n = len(text) + 1
         options = _OPTION.findall(text)
@@ -137,7 +147,8 @@ class Featurizer:
             stem = text
         words = _WORD.findall(text)
         nw = len(words) + 1
-        ids = self._tok.encode(text, add_special_tokens=False).ids
+        if ids is None:
+            ids = self.encode(text)
 
         if opt_texts:
             opt_len = sum(len(o) for o in opt_texts) / len(opt_texts)
@@ -323,13 +334,13 @@ class ComplexityModel:
         """Mean of the members' percentiles for a feature vector (before the final calibration)."""
         return sum(m.percentile(m.predict(x)) for m in self.members) / len(self.members)
 
-    def raw(self, text: str) -> float:
+    def raw(self, text: str, ids: list[int] | None = None) -> float:
         """Mean of the members' percentiles, uncalibrated."""
-        return self.combined(self.featurizer.values(text))
+        return self.combined(self.featurizer.values(text, ids))
 
-    def score(self, text: str) -> float:
-        """Complexity in [0, 1] (a percentile of the training prompts)."""
-        return self.calibrate(self.raw(text))
+    def score(self, text: str, ids: list[int] | None = None) -> float:
+        """Complexity in [0, 1] (a percentile of the training prompts); `ids` as for `Featurizer.values`."""
+        return self.calibrate(self.raw(text, ids))
 
     def calibrate(self, raw: float) -> float:
         return self._map(raw)

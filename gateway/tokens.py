@@ -134,6 +134,9 @@ class TokenCounter:
             self.spec_used = DEFAULT_TOKENIZER
         self.path = path
         self.tokenizer = load_tokenizer(path)
+        # BERT WordPiece splits at whitespace before anything else, so the text of several messages joined by
+        # newlines has exactly as many tokens as the messages counted one by one (see `count_joined`).
+        self.builtin = path == DEFAULT_TOKENIZER_FILE
 
     def count_text(self, text: str) -> int:
         return len(self.tokenizer.encode(text, add_special_tokens=False).ids) if text else 0
@@ -146,6 +149,14 @@ class TokenCounter:
     def count_messages(self, texts: list[str]) -> int:
         """Tokens of a chat: every message's text plus the template overhead."""
         return sum(self.count_texts(texts)) + PER_MESSAGE_OVERHEAD * len(texts) + PER_REQUEST_OVERHEAD
+
+    def count_joined(self, req: ParsedRequest, joined_tokens: int) -> int:
+        """`count(req)` from the token count of `req.prompt_text()` (messages joined by newlines).
+
+        Only exact for the built-in WordPiece tokenizer (`self.builtin`): a byte-level BPE counts the newlines."""
+        if isinstance(req, ChatRequest):
+            return joined_tokens + PER_MESSAGE_OVERHEAD * len(req.messages) + PER_REQUEST_OVERHEAD
+        return joined_tokens
 
     def count(self, req: ParsedRequest) -> int:
         """Prompt tokens of a chat or completion request."""

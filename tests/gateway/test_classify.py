@@ -122,3 +122,35 @@ def test_safe_to_call_from_worker_threads(clf):
     with concurrent.futures.ThreadPoolExecutor(4) as pool:
         got = list(pool.map(lambda t: fresh.features(chat(t), "t", Priority.NORMAL, {}), texts))
     assert [(g.prompt_tokens, g.complexity) for g in got] == [(e.prompt_tokens, e.complexity) for e in expected]
+
+
+_AWKWARD = ["", "plain words", "naïve café, 日本語 and tokenization!", "tabs\tand\r\nCRLF lines\n\n", "\x00\x07ctl",
+            "x" * 150 + " over-long word", "emoji 🙂 and ZWJ 👩‍💻", "Statement 1 | A. True, False\nB. Wrong"]
+
+
+def _messages(i: int) -> list[dict]:
+    n = 1 + i % 3
+    msgs = [{"role": "system", "content": _AWKWARD[(i + k) % len(_AWKWARD)]} for k in range(n)]
+    msgs.append({"role": "user", "content": [{"type": "text", "text": _AWKWARD[i % len(_AWKWARD)]},
+                                             {"type": "text", "text": f"part {i}"}]})
+    return msgs
+
+
+def test_one_wordpiece_pass_gives_the_same_features_as_two(clf, monkeypatch):
+    """With the built-in tokenizer the token count and the complexity share one encode: same numbers."""
+    reqs = [msgspec.convert({"model": "tiergate-cloud", "messages": _messages(i)}, ChatRequest) for i in range(40)]
+    reqs += [msgspec.convert({"model": "tiergate-cloud", "prompt": p}, CompletionRequest) for p in _AWKWARD]
+    counter = clf.counter_for(clf._store.current.policy, "tiergate-cloud")
+    model = clf.complexity_model(clf._store.current.policy)
+    assert counter.builtin and model.featurizer.builtin_tokenizer
+    expected = [(counter.count(r), model.score(r.prompt_text())) for r in reqs]
+    monkeypatch.setattr(type(counter), "count", lambda *_: pytest.fail("counted with a second encode"))
+    got = [clf.features(r, "t", Priority.NORMAL, {}) for r in reqs]
+    assert [(f.prompt_tokens, f.complexity) for f in got] == expected
+
+
+def test_a_prompt_longer_than_the_analysed_prefix_is_still_counted_in_full(clf):
+    text = "word " * 5000  # 25,000 characters: complexity reads the first MAX_CHARS, the count reads all
+    f = clf.features(chat(text, model="tiergate-cloud"), "t", Priority.NORMAL, {})
+    assert f.prompt_tokens == 5000 + 4 + 3
+    assert f.complexity == ComplexityModel.load_default().score(text)

@@ -107,3 +107,19 @@ def test_missing_tokenizer_falls_back_to_the_documented_default(tmp_path):
 def test_shipped_tokenizer_file_has_no_truncation_or_padding():
     cfg = json.loads(DEFAULT_TOKENIZER_FILE.read_text())
     assert cfg["truncation"] is None and cfg["padding"] is None
+
+
+@pytest.mark.parametrize("texts", [
+    ["You are terse.", "What is 2+2?"],
+    ["", "naïve café, 日本語", "\x00 ctl\tchars\r\n", "x" * 120],
+    ["Statement 1 | A.\nB.", "emoji 🙂👩‍💻 end"],
+])
+def test_joined_count_equals_the_per_message_count_for_the_builtin_tokenizer(texts):
+    c = TokenCounter()
+    req = msgspec.convert({"model": "m", "messages": [{"role": "user", "content": t} for t in texts]}, ChatRequest)
+    joined = c.count_text(req.prompt_text())
+    assert c.builtin and c.count_joined(req, joined) == c.count(req)
+
+
+def test_joined_count_is_not_offered_for_other_tokenizers(tmp_path):
+    assert not TokenCounter(str(_bpe(tmp_path / "bpe.json"))).builtin

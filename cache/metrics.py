@@ -40,6 +40,16 @@ class CacheMetrics:
                                         ["result"], buckets=_LATENCY_BUCKETS, registry=r)
         self.entries = Gauge(p + "entries", "Entries in this process's nearest-neighbour index", registry=r)
         self.redis_up = Gauge(p + "redis_up", "1 when the cache's Redis answered its last command", registry=r)
+        self._by_result: dict[str, tuple[Counter, Histogram]] = {}
+
+    def looked_up(self, result: str, seconds: float) -> None:
+        """Count one lookup and its time. Runs on every request, so the labelled series are remembered
+        (`labels()` validates and locks on each call); results come from the small CacheStatus set."""
+        series = self._by_result.get(result)
+        if series is None:
+            series = self._by_result[result] = (self.lookups.labels(result), self.lookup_seconds.labels(result))
+        series[0].inc()
+        series[1].observe(seconds)
 
 
 @cache

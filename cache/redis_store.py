@@ -107,6 +107,8 @@ class _Shard:
 
 
 class RedisStore:
+    in_process = False
+
     def __init__(self, url: str, index: VectorIndex, settings: CacheSettings, metrics: CacheMetrics) -> None:
         self.index = index
         self.url = url

@@ -106,8 +106,11 @@ class SemanticCache:
                 self.metrics.skipped.labels(reason).inc()
                 return LookupResult(None, "bypass", reason)
             key = request_key(req, tenant)
-            async with asyncio.timeout(self.settings.lookup_timeout_s):
-                result = await self._lookup(key, rule)
+            if self.backend.in_process and (self.batcher is None or not rule.semantic):
+                result = await self._lookup(key, rule)  # one dict read: nothing to time out
+            else:
+                async with asyncio.timeout(self.settings.lookup_timeout_s):
+                    result = await self._lookup(key, rule)
         except StoreUnavailable:  # down, or slower than its per-command timeout: counted by reason
             self.metrics.skipped.labels("store_unavailable").inc()
             result = LookupResult(None, "bypass", "store_unavailable", key)
@@ -118,8 +121,7 @@ class SemanticCache:
             self.metrics.errors.labels("lookup").inc()
             log.exception("cache_lookup_error", error=repr(exc))
             result = LookupResult(None, "bypass", "error")
-        self.metrics.lookups.labels(result.status).inc()
-        self.metrics.lookup_seconds.labels(result.status).observe(time.perf_counter() - started)
+        self.metrics.looked_up(result.status, time.perf_counter() - started)
         return result
 
     async def store(self, req: ParsedRequest, tenant: str, rule: CacheRule, answer: CachedAnswer,

@@ -26,6 +26,7 @@ class StoreUnavailable(Exception):
 
 class Store(Protocol):
     index: VectorIndex
+    in_process: bool  # True when reads never wait on I/O (the lookup then needs no timeout)
 
     async def start(self) -> None: ...
 
@@ -50,6 +51,8 @@ class Store(Protocol):
 
 class MemoryStore:
     """Entries in a dict; for a single gateway process (the embedded default)."""
+
+    in_process = True
 
     def __init__(self, index: VectorIndex, *, max_entries: int) -> None:
         self.index = index

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
+import time
 
 import pytest
 
@@ -141,6 +143,8 @@ async def test_score_pairs_helper(cache_and_registry) -> None:
 class _BrokenStore:
     """A store whose every call fails, as a down Redis does."""
 
+    in_process = False
+
     def __init__(self, index) -> None:
         self.index = index
 
@@ -186,3 +190,42 @@ async def test_exact_only_cache_without_embedder() -> None:
         assert (await cache.check(chat("What's Rust?"), "t", RULE)).status == "miss"
     finally:
         await cache.stop()
+
+
+class _SlowStore(_BrokenStore):
+    """A store that answers, but slower than the lookup may wait (Redis under a slow command)."""
+
+    async def get_many(self, ids):
+        await asyncio.sleep(5)
+        return [None for _ in ids]
+
+
+class _SlowBatcher:
+    """An embedder stuck behind a long batch."""
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+    async def embed(self, text):
+        await asyncio.sleep(5)
+
+
+async def test_a_slow_lookup_is_bypassed_within_the_lookup_timeout(onnx_embedder) -> None:
+    """Remote reads and embedding are bounded by lookup_timeout_s; only an in-process exact read goes untimed."""
+    from cache.index import VectorIndex
+    from cache.store import MemoryStore
+
+    settings = dataclasses.replace(SETTINGS, lookup_timeout_s=0.1)
+    slow_store = SemanticCache(_SlowStore(VectorIndex(onnx_embedder.dim)), None, settings=settings,
+                               metrics=fresh_metrics()[0])
+    slow_embedder = SemanticCache(MemoryStore(VectorIndex(onnx_embedder.dim), max_entries=10), _SlowBatcher(),
+                                  settings=settings, metrics=fresh_metrics()[0])
+    for cache in (slow_store, slow_embedder):
+        started = time.monotonic()
+        res = await cache.check(chat("How do I invest my money wisely?"), "t", RULE)
+        assert (res.status, res.reason) == ("bypass", "timeout")
+        assert time.monotonic() - started < 2
+    exact_only = await slow_embedder.check(chat("How do I invest my money wisely?"), "t",
+                                           dataclasses.replace(RULE, semantic=False))
+    assert exact_only.status == "miss"

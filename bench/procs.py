@@ -11,7 +11,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["Server", "free_port", "peak_rss_mib", "cpu_seconds"]
+__all__ = ["Server", "cpu_seconds", "free_port", "peak_rss_mib"]
 
 
 def free_port() -> int:

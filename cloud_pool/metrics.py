@@ -9,19 +9,19 @@ from __future__ import annotations
 from prometheus_client import Counter, Gauge
 
 __all__ = [
+    "BREAKER_OPENED",
+    "BREAKER_STATE",
     "ENDPOINTS",
     "ENDPOINT_HEALTHY",
+    "ENDPOINT_KV_CACHE_USAGE",
     "ENDPOINT_LOAD",
     "ENDPOINT_RUNNING",
     "ENDPOINT_WAITING",
-    "ENDPOINT_KV_CACHE_USAGE",
+    "POLL_FAILURES",
     "PREFIX_CACHE_HIT_RATE",
+    "SELECTIONS",
     "SPEC_ACCEPTANCE_RATE",
     "SPEC_MEAN_ACCEPTED_LENGTH",
-    "BREAKER_STATE",
-    "BREAKER_OPENED",
-    "POLL_FAILURES",
-    "SELECTIONS",
     "forget",
 ]
 

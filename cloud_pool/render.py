@@ -23,14 +23,14 @@ from ruamel.yaml.scalarstring import LiteralScalarString
 from cloud_pool.spec import DraftModel, Eagle3, Ngram, VllmSpec
 
 __all__ = [
+    "kubernetes_objects",
+    "kubernetes_yaml",
+    "service_dns",
+    "shell_command",
     "speculative_config",
     "vllm_args",
     "vllm_argv",
     "vllm_env",
-    "shell_command",
-    "service_dns",
-    "kubernetes_objects",
-    "kubernetes_yaml",
 ]
 
 _RAY_PORT = 6379

@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from gateway.pool import Endpoint
     from gateway.schemas import ParsedRequest
 
-__all__ = ["Strategy", "STRATEGIES", "Choice", "affinity_key", "rendezvous_order", "Selector"]
+__all__ = ["STRATEGIES", "Choice", "Selector", "Strategy", "affinity_key", "rendezvous_order"]
 
 Strategy = Literal["prefix", "round_robin", "least_load"]
 STRATEGIES: tuple[Strategy, ...] = ("prefix", "round_robin", "least_load")

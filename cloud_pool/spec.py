@@ -19,17 +19,17 @@ from ruamel.yaml import YAML
 from ruamel.yaml.error import MarkedYAMLError
 
 __all__ = [
-    "VllmSpec",
-    "Speculative",
-    "Eagle3",
-    "DraftModel",
-    "Ngram",
-    "NoSpeculation",
     "CpuOptions",
+    "DraftModel",
+    "Eagle3",
     "KubernetesOptions",
     "ModelCache",
-    "SpecProblem",
+    "Ngram",
+    "NoSpeculation",
     "SpecError",
+    "SpecProblem",
+    "Speculative",
+    "VllmSpec",
     "load_spec",
     "parse_spec",
 ]
@@ -312,9 +312,8 @@ def _field_path(data: Any, loc: tuple[Any, ...]) -> str:
     """The dotted path as the user wrote it: pydantic's union tags dropped."""
     node, out = data, []
     for part in loc:
-        if isinstance(node, dict) and part in node:
-            node = node[part]
-        elif isinstance(node, list) and isinstance(part, int) and 0 <= part < len(node):
+        in_dict = isinstance(node, dict) and part in node
+        if in_dict or isinstance(node, list) and isinstance(part, int) and 0 <= part < len(node):
             node = node[part]
         elif _is_tag(node, part):
             continue

@@ -19,7 +19,7 @@ import json
 import random
 from pathlib import Path
 
-__all__ = ["build", "words", "CHAT_TEMPLATE", "SPECIAL_TOKENS"]
+__all__ = ["CHAT_TEMPLATE", "SPECIAL_TOKENS", "build", "words"]
 
 SPECIAL_TOKENS = ["<unk>", "<s>", "</s>", "<pad>", "<|system|>", "<|user|>", "<|assistant|>"]
 

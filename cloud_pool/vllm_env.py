@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-__all__ = ["REPO_ROOT", "ENV_VAR", "vllm_python", "missing_reason"]
+__all__ = ["ENV_VAR", "REPO_ROOT", "missing_reason", "vllm_python"]
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 ENV_VAR = "TIERGATE_VLLM_PYTHON"

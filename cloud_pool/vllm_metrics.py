@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from prometheus_client.parser import text_string_to_metric_families
 
-__all__ = ["VllmMetrics", "NotVllmError", "parse", "Window", "Rates"]
+__all__ = ["NotVllmError", "Rates", "VllmMetrics", "Window", "parse"]
 
 _RUNNING = "vllm:num_requests_running"
 _WAITING = "vllm:num_requests_waiting"

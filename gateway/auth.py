@@ -17,7 +17,7 @@ from ruamel.yaml.error import YAMLError
 from gateway.errors import unauthorized
 from policies.types import Priority
 
-__all__ = ["Tenant", "KeyRing", "KeyFileError", "DEMO_KEY", "hash_key"]
+__all__ = ["DEMO_KEY", "KeyFileError", "KeyRing", "Tenant", "hash_key"]
 
 DEMO_KEY = "tg-demo-key"
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -20,11 +20,11 @@ app.command("classify", help="Classify prompts (JSON lines in) and print one JSO
 
 @app.command()
 def serve(
-    host: Annotated[Optional[str], typer.Option(help="Bind address (TIERGATE_HOST).")] = None,
-    port: Annotated[Optional[int], typer.Option(help="Port (TIERGATE_PORT).")] = None,
-    policy: Annotated[Optional[Path], typer.Option(help="Policy YAML (TIERGATE_POLICY).")] = None,
-    redis_url: Annotated[Optional[str], typer.Option(help="Redis URL for shared state (TIERGATE_REDIS_URL).")] = None,
-    embedder: Annotated[Optional[Path], typer.Option(help="ONNX embedder dir (TIERGATE_EMBEDDER).")] = None,
+    host: Annotated[str | None, typer.Option(help="Bind address (TIERGATE_HOST).")] = None,
+    port: Annotated[int | None, typer.Option(help="Port (TIERGATE_PORT).")] = None,
+    policy: Annotated[Path | None, typer.Option(help="Policy YAML (TIERGATE_POLICY).")] = None,
+    redis_url: Annotated[str | None, typer.Option(help="Redis URL for shared state (TIERGATE_REDIS_URL).")] = None,
+    embedder: Annotated[Path | None, typer.Option(help="ONNX embedder dir (TIERGATE_EMBEDDER).")] = None,
     workers: Annotated[int, typer.Option(help="Worker processes (each a full gateway).")] = 1,
 ) -> None:
     """Serve the gateway (uvicorn with uvloop and httptools)."""

@@ -24,7 +24,7 @@ import time
 from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from starlette.requests import Request
@@ -34,7 +34,7 @@ from starlette.routing import Route as HttpRoute
 if TYPE_CHECKING:
     from gateway.app import Gateway
 
-__all__ = ["Stats", "Dashboard"]
+__all__ = ["Dashboard", "Stats"]
 
 _COOKIE = "tiergate_dashboard"
 _HITS = ("hit-exact", "hit-semantic")
@@ -151,12 +151,12 @@ def _iso(value: Any) -> str | None:
     if value is None:
         return None
     if isinstance(value, datetime):
-        dt = value if value.tzinfo else value.replace(tzinfo=timezone.utc)
+        dt = value if value.tzinfo else value.replace(tzinfo=UTC)
     elif isinstance(value, (int, float)):
-        dt = datetime.fromtimestamp(value, tz=timezone.utc)
+        dt = datetime.fromtimestamp(value, tz=UTC)
     else:
         return str(value)
-    return dt.astimezone(timezone.utc).isoformat(timespec="seconds")
+    return dt.astimezone(UTC).isoformat(timespec="seconds")
 
 
 def _plain(value: Any) -> Any:

@@ -19,7 +19,7 @@ from gateway.pool import Endpoint, Pool
 from gateway.upstream import UpstreamClient, UpstreamFailure, UpstreamResponse
 from policies.types import Decision, Features
 
-__all__ = ["Dispatcher", "Attempt", "Route"]
+__all__ = ["Attempt", "Dispatcher", "Route"]
 
 MAX_ENDPOINTS_PER_TIER = 3
 

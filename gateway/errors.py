@@ -13,11 +13,11 @@ import msgspec
 __all__ = [
     "OpenAIError",
     "bad_request",
-    "unauthorized",
+    "from_validation",
     "not_found",
     "rate_limited",
+    "unauthorized",
     "upstream_error",
-    "from_validation",
 ]
 
 

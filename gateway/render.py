@@ -15,7 +15,7 @@ import msgspec
 
 from cache.types import CachedAnswer
 
-__all__ = ["AnswerSummary", "StreamAccumulator", "summarize", "sse", "DONE", "render_json", "render_sse"]
+__all__ = ["DONE", "AnswerSummary", "StreamAccumulator", "render_json", "render_sse", "sse", "summarize"]
 
 DONE = b"data: [DONE]\n\n"
 

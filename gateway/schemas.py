@@ -12,12 +12,12 @@ from typing import Any, ClassVar, Literal
 import msgspec
 
 __all__ = [
-    "ContentPart",
-    "Message",
-    "StreamOptions",
     "ChatRequest",
     "CompletionRequest",
+    "ContentPart",
+    "Message",
     "ParsedRequest",
+    "StreamOptions",
     "decode_chat",
     "decode_completion",
     "encode",

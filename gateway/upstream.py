@@ -18,7 +18,7 @@ import aiohttp
 from gateway.pool import Endpoint
 from policies.types import Timeouts
 
-__all__ = ["UpstreamClient", "UpstreamResponse", "UpstreamFailure"]
+__all__ = ["UpstreamClient", "UpstreamFailure", "UpstreamResponse"]
 
 
 class UpstreamFailure(Exception):

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import IntEnum
 
-__all__ = ["Priority", "Features", "CacheRule", "Timeouts", "Reject", "Decision"]
+__all__ = ["CacheRule", "Decision", "Features", "Priority", "Reject", "Timeouts"]
 
 
 class Priority(IntEnum):

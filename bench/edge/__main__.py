@@ -35,6 +35,7 @@ from pathlib import Path
 
 import aiohttp
 import psutil
+
 from bench.report import write_section
 
 REPO = Path(__file__).resolve().parents[2]

@@ -31,8 +31,8 @@ from typing import Any
 
 import numpy as np
 
-from bench.router.subjects import subjects
 from bench.report import write_section
+from bench.router.subjects import subjects
 
 REPO = Path(__file__).resolve().parents[2]
 DATA = REPO.parent / "shared" / "data" / "routing" / "mmlu_dev.jsonl"

@@ -104,18 +104,18 @@ def test_compose_policy_loads(tmp_path: Path):
 
 def test_dockerfile_stages_copies_and_entrypoints_exist():
     text = (DEPLOY / "Dockerfile").read_text()
-    stages = set(re.findall(r"^FROM \S+ AS (\S+)$", text, flags=re.M))
+    stages = set(re.findall(r"^FROM \S+ AS (\S+)$", text, flags=re.MULTILINE))
     assert {"gateway", "edge", "gateway-build", "edge-build", "embedder"} <= stages
-    for src in re.findall(r"^COPY (?!--from)(.+) \S+$", text, flags=re.M):
+    for src in re.findall(r"^COPY (?!--from)(.+) \S+$", text, flags=re.MULTILINE):
         for path in src.split():
             assert (REPO / path).exists(), f"COPY {path}: no such file in the repository"
     scripts = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]
-    for entry in re.findall(r'^ENTRYPOINT \["([^"]+)"\]', text, flags=re.M):
+    for entry in re.findall(r'^ENTRYPOINT \["([^"]+)"\]', text, flags=re.MULTILINE):
         assert entry in scripts, f"ENTRYPOINT {entry} is not a console script of the project"
     pin = re.search(r"LLAMA_CPP_PYTHON_VERSION=(\S+)", text).group(1)
     edge_extra = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]["edge"]
     assert f"llama-cpp-python=={pin}" in edge_extra, "the image builds another llama-cpp-python than the project pins"
-    cmd = re.search(r'^CMD \["serve", (.+)\]$', text.split("AS edge\n")[-1], flags=re.M).group(1)
+    cmd = re.search(r'^CMD \["serve", (.+)\]$', text.split("AS edge\n")[-1], flags=re.MULTILINE).group(1)
     assert {a.strip('" ') for a in cmd.split(",") if a.strip().startswith('"--')} <= _edge_serve_options()
     ignore = (DEPLOY / "Dockerfile.dockerignore").read_text().split()
     assert ".venv" in ignore and ".tiergate" in ignore
@@ -153,6 +153,6 @@ def test_systemd_unit_flags_and_variables_exist():
     assert used <= set(env), f"variables the unit uses but the example env file lacks: {used - set(env)}"
     assert "TIERGATE_EDGE_TOKEN" in env  # read by `edge-node serve --token` from the environment
     text = UNIT.read_text()
-    timeout = int(re.search(r"^TimeoutStopSec=(\d+)", text, flags=re.M).group(1))
+    timeout = int(re.search(r"^TimeoutStopSec=(\d+)", text, flags=re.MULTILINE).group(1))
     drain = float(argv[argv.index("--drain-timeout") + 1])
     assert timeout > drain, "systemd must not kill the node before its drain ends"

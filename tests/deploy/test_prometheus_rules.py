@@ -62,7 +62,7 @@ def test_rules_select_only_metrics_that_exist():
 def test_alerts_carry_severity_summary_and_a_runbook_that_exists():
     ops = (REPO / "docs" / "operations.md").read_text()
     anchors = {re.sub(r"[^a-z0-9 -]", "", h.strip().lower()).replace(" ", "-")
-               for h in re.findall(r"^#+ (.+)$", ops, flags=re.M)}
+               for h in re.findall(r"^#+ (.+)$", ops, flags=re.MULTILINE)}
     for rule in _rules():
         if "alert" not in rule:
             continue

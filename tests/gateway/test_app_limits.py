@@ -3,16 +3,12 @@
 from __future__ import annotations
 
 import asyncio
-import time
 
 import httpx
-import msgspec
-import pytest
 
 from gateway.auth import KeyRing
-from gateway.settings import Settings
 from tests.gateway.conftest import stack
-from tests.support.servers import gateway_server, wait_until
+from tests.support.servers import wait_until
 
 CHAT = {"model": "auto", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 4, "temperature": 1}
 

@@ -18,7 +18,7 @@ from typing import Any
 
 from tests.support.tools import require_tool
 
-__all__ = ["chromium", "wait_for", "text_of"]
+__all__ = ["chromium", "text_of", "wait_for"]
 
 _FLAGS = (
     "--headless=new",

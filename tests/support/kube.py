@@ -24,7 +24,7 @@ from typing import Any
 
 import yaml
 
-__all__ = ["REPO", "CHART", "ensure_helm", "helm", "render_chart", "validate_object", "KUBE_VERSIONS"]
+__all__ = ["CHART", "KUBE_VERSIONS", "REPO", "ensure_helm", "helm", "render_chart", "validate_object"]
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "deploy" / "helm" / "tiergate"

@@ -14,7 +14,7 @@ import httpx
 import uvicorn
 from aiohttp import web
 
-__all__ = ["free_port", "ThreadedAiohttp", "ThreadedGateway", "aiohttp_server", "gateway_server", "wait_until"]
+__all__ = ["ThreadedAiohttp", "ThreadedGateway", "aiohttp_server", "free_port", "gateway_server", "wait_until"]
 
 
 def free_port() -> int:

@@ -22,7 +22,7 @@ from cloud_pool.process import VllmProcess, VllmStartError, free_port
 from cloud_pool.spec import CpuOptions, Ngram, NoSpeculation, VllmSpec
 from cloud_pool.vllm_env import missing_reason, vllm_python
 
-__all__ = ["MODEL_NAME", "BLOCK_SIZE", "VllmServers", "tiny_spec", "require_vllm_python"]
+__all__ = ["BLOCK_SIZE", "MODEL_NAME", "VllmServers", "require_vllm_python", "tiny_spec"]
 
 MODEL_NAME = "tiergate-cloud-test"
 BLOCK_SIZE = 32  # prefix-cache granularity in tokens (vLLM's CPU default of 128 is coarse for 256-token prompts)

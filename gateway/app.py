@@ -12,7 +12,7 @@ import contextlib
 import signal
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -279,13 +279,15 @@ class Gateway:
     def _answer_from_cache(self, ctx: _Ctx, hit: CacheHit) -> Response:
         overhead = time.perf_counter() - ctx.started
         headers = ctx.headers("cache", overhead)
-        self._account(ctx, "cache", 200, overhead)
+        # Accounting runs after the answer has gone out (a background task), so the client does not wait for it.
+        task = BackgroundTask(self._account, ctx, "cache", 200, overhead, elapsed=overhead)
         metrics.TOKENS.labels("cache", "completion").inc(hit.answer.completion_tokens)
         if ctx.req.stream:
             include_usage = bool(ctx.req.stream_options and ctx.req.stream_options.include_usage)
             events = render_sse(hit.answer, include_usage)
-            return StreamingResponse(_iterate(events), media_type="text/event-stream", headers=headers | _SSE_HEADERS)
-        return Response(render_json(hit.answer), media_type=_JSON, headers=headers)
+            return StreamingResponse(_iterate(events), media_type="text/event-stream", headers=headers | _SSE_HEADERS,
+                                     background=task)
+        return Response(render_json(hit.answer), media_type=_JSON, headers=headers, background=task)
 
     def _upstream_body(self, req: ParsedRequest, decision: Decision) -> Callable[[Endpoint], bytes]:
         """The request as each backend should see it: its own model name, max_tokens capped, usage asked for."""
@@ -343,14 +345,24 @@ class Gateway:
         headers = ctx.headers(attempt.tier, overhead)
         if attempt.fallback_from:
             headers["x-tiergate-fallback-from"] = attempt.fallback_from
-        self._account(ctx, attempt.tier, 200, overhead, summary.prompt_tokens, summary.completion_tokens)
-        await self.limiter.charge_tokens(ctx.tenant, summary.prompt_tokens + summary.completion_tokens)
-        task = None
+        answer = None
         if ctx.cache == "miss" and summary.finish_reason in _CACHEABLE_FINISH and summary.n_choices == 1:
             answer = CachedAnswer(req.kind, summary.text, summary.finish_reason, summary.model, attempt.tier,
                                   summary.prompt_tokens, summary.completion_tokens, int(time.time()))
-            task = BackgroundTask(self._store, ctx, answer)
+        task = BackgroundTask(self._after_answer, ctx, attempt.tier, overhead, time.perf_counter() - ctx.started,
+                              summary.prompt_tokens, summary.completion_tokens, answer)
         return Response(body, media_type=_JSON, headers=headers, background=task)
+
+    async def _after_answer(self, ctx: _Ctx, tier: str, overhead: float, elapsed: float, prompt_tokens: int,
+                            completion_tokens: int, answer: CachedAnswer | None) -> None:
+        """What a complete JSON answer still owes once the client has it: accounting, token budget, cache store.
+
+        Run as the response's background task: none of it changes the answer, so the client should not wait.
+        """
+        self._account(ctx, tier, 200, overhead, prompt_tokens, completion_tokens, elapsed=elapsed)
+        await self.limiter.charge_tokens(ctx.tenant, prompt_tokens + completion_tokens)
+        if answer is not None:
+            await self._store(ctx, answer)
 
     def _relay_stream(self, ctx: _Ctx, attempt: Attempt) -> Response:
         req = ctx.req
@@ -362,20 +374,32 @@ class Gateway:
         metrics.TTFT.labels(attempt.tier).observe(attempt.first_at - ctx.started)
         holds = ctx.holds_tenant_slot
         ctx.holds_tenant_slot = False  # the stream owns it now
+        relay = _Relay(StreamAccumulator())
 
-        def on_close() -> None:  # safety net: runs even if the client left before the body started
+        async def on_close() -> None:
+            """Runs however the stream ended (done, broken, the client gone), after its last byte went out."""
             attempt.response.close()
-            attempt.finish()  # no-op when the body already finished it; the client leaving is no backend fault
+            attempt.finish(ok=relay.status != 502)  # no-op when the relay finished it; a client leaving is no fault
             if holds:
                 self.limiter.leave(ctx.tenant)
+            if relay.status == 499:  # the client went away; closing the response stopped the generation upstream
+                metrics.DISCONNECTS.labels(attempt.tier).inc()
+            acc = relay.acc
+            self._account(ctx, attempt.tier, relay.status, overhead, acc.prompt_tokens, acc.completion_tokens)
+            if relay.status == 200 and ctx.cache == "miss" and acc.finish_reason in _CACHEABLE_FINISH \
+                    and not acc.multi_choice:
+                await self._store(ctx, CachedAnswer(ctx.req.kind, acc.text, acc.finish_reason, acc.model,
+                                                     attempt.tier, acc.prompt_tokens, acc.completion_tokens,
+                                                     int(time.time())))
+            await self.limiter.charge_tokens(ctx.tenant, acc.prompt_tokens + acc.completion_tokens)
 
-        return _Stream(self._stream_body(ctx, attempt, client_wants_usage, overhead), on_close,
+        return _Stream(self._stream_body(ctx, attempt, relay, client_wants_usage), on_close,
                        media_type="text/event-stream", headers=headers)
 
-    async def _stream_body(self, ctx: _Ctx, attempt: Attempt, client_wants_usage: bool,
-                           overhead: float) -> AsyncIterator[bytes]:
-        acc = StreamAccumulator()
-        status, ok, ended = 200, False, False
+    async def _stream_body(self, ctx: _Ctx, attempt: Attempt, relay: _Relay,
+                           client_wants_usage: bool) -> AsyncIterator[bytes]:
+        """Relay the backend's chunks, then `[DONE]`; a backend failing mid-stream ends in an SSE error event."""
+        acc = relay.acc
         try:
             payload = attempt.first
             events = attempt.events
@@ -387,11 +411,9 @@ class Gateway:
                 if not usage_only or client_wants_usage:
                     yield sse(payload)
                 payload = await anext(events, None)
-            ended = True
-            ok = True
-            yield DONE
         except UpstreamFailure as f:
-            status = 502
+            relay.status = 502
+            attempt.finish(ok=False)
             metrics.STREAM_ERRORS.labels(attempt.tier).inc()
             metrics.UPSTREAM_ERRORS.labels(attempt.tier, f.kind).inc()
             log.warning("stream_broken", request_id=ctx.request_id, tier=attempt.tier, endpoint=attempt.endpoint.id,
@@ -400,27 +422,19 @@ class Gateway:
                               code=f"upstream_{f.kind}")
             yield sse(err.to_json())
             yield DONE
-        finally:
-            attempt.response.close()
-            attempt.finish(ok=ok or not ended and status == 200)  # a client leaving is not the backend's fault
-            if not ended and status == 200:
-                status = 499  # the client went away; closing the response stopped the generation upstream
-                metrics.DISCONNECTS.labels(attempt.tier).inc()
-            self._account(ctx, attempt.tier, status, overhead, acc.prompt_tokens, acc.completion_tokens)
-        if ok and ctx.cache == "miss" and acc.finish_reason in _CACHEABLE_FINISH and not acc.multi_choice:
-            answer = CachedAnswer(ctx.req.kind, acc.text, acc.finish_reason, acc.model, attempt.tier,
-                                  acc.prompt_tokens, acc.completion_tokens, int(time.time()))
-            await self._store(ctx, answer)
-
-        await self.limiter.charge_tokens(ctx.tenant, acc.prompt_tokens + acc.completion_tokens)
+            return
+        relay.status = 200
+        attempt.finish()  # free the tier's slot now; accounting waits until the client has the whole stream
+        yield DONE
 
     async def _store(self, ctx: _Ctx, answer: CachedAnswer) -> None:
         if self.cache is not None:
             await self.cache.store(ctx.req, ctx.tenant.id, ctx.decision.cache, answer, ctx.cache_key)
 
     def _account(self, ctx: _Ctx, tier: str, status: int, overhead: float, prompt_tokens: int = 0,
-                 completion_tokens: int = 0) -> None:
-        elapsed = time.perf_counter() - ctx.started
+                 completion_tokens: int = 0, *, elapsed: float | None = None) -> None:
+        if elapsed is None:
+            elapsed = time.perf_counter() - ctx.started
         rule = ctx.decision.rule if ctx.decision else "-"
         metrics.child(metrics.REQUESTS, ctx.endpoint, tier, rule, ctx.cache, str(status)).inc()
         metrics.child(metrics.DURATION, tier).observe(elapsed)
@@ -565,10 +579,21 @@ def _with_cap(decision: Decision, cap: int) -> Decision:
     return dataclasses.replace(decision, max_tokens_cap=cap)
 
 
-class _Stream(StreamingResponse):
-    """A streaming response whose clean-up runs however the stream ends (done, broken, or the client gone)."""
+@dataclass(slots=True)
+class _Relay:
+    """How a relayed stream ended: 200 done, 502 the backend broke, 499 (until it ends) the client left first."""
 
-    def __init__(self, content: AsyncIterator[bytes], on_close: Callable[[], None], **kw: object) -> None:
+    acc: StreamAccumulator
+    status: int = 499
+
+
+class _Stream(StreamingResponse):
+    """A streaming response whose clean-up runs however the stream ends (done, broken, or the client gone).
+
+    The clean-up runs after the terminating chunk has been sent, so a client does not wait for accounting.
+    """
+
+    def __init__(self, content: AsyncIterator[bytes], on_close: Callable[[], Awaitable[None]], **kw: object) -> None:
         super().__init__(content, **kw)
         self._on_close = on_close
 
@@ -578,7 +603,7 @@ class _Stream(StreamingResponse):
         finally:
             with contextlib.suppress(Exception):
                 await self.body_iterator.aclose()
-            self._on_close()
+            await self._on_close()
 
 
 async def _iterate(items: list[bytes]) -> AsyncIterator[bytes]:

@@ -42,6 +42,8 @@ from typing import Any
 import numpy as np
 from tokenizers import Tokenizer
 
+from gateway.wordpiece import AsciiWordPiece
+
 __all__ = [
     "DEFAULT_MODEL_FILE",
     "FEATURES",
@@ -111,6 +113,7 @@ class Featurizer:
         tok.no_truncation()
         tok.no_padding()
         self._tok = tok
+        self._ascii = AsciiWordPiece.from_config(json.loads(raw))  # exact and faster for plain-ASCII prompts
         vocab = tok.get_vocab()
         self._vocab_size = max(vocab.values()) + 1
         cont = bytearray(self._vocab_size)
@@ -124,7 +127,8 @@ class Featurizer:
 
     def encode(self, text: str) -> list[int]:
         """WordPiece ids of `text` (no special tokens), as `values` computes them for a text of <= MAX_CHARS."""
-        return self._tok.encode(text, add_special_tokens=False).ids
+        ids = self._ascii.encode(text) if self._ascii is not None else None
+        return self._tok.encode(text, add_special_tokens=False).ids if ids is None else ids
 
     def vector(self, text: str) -> np.ndarray:
         return np.array(self.values(text), dtype=np.float64)

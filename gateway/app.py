@@ -401,16 +401,27 @@ class Gateway:
         """Relay the backend's chunks, then `[DONE]`; a backend failing mid-stream ends in an SSE error event."""
         acc = relay.acc
         try:
-            payload = attempt.first
+            batch = attempt.first
             events = attempt.events
-            while payload is not None:
-                try:
-                    usage_only = acc.feed(payload)
-                except (msgspec.ValidationError, msgspec.DecodeError):
-                    usage_only = False  # relay what we cannot read; it is the backend's own chunk
-                if not usage_only or client_wants_usage:
-                    yield sse(payload)
-                payload = await anext(events, None)
+            while batch is not None:
+                out = []
+                for payload in batch:
+                    if payload == b"[DONE]":
+                        relay.status = 200
+                        attempt.finish()  # free the tier's slot now; accounting waits until the client has it all
+                        out.append(DONE)
+                        yield b"".join(out)
+                        return
+                    try:
+                        usage_only = acc.feed(payload)
+                    except (msgspec.ValidationError, msgspec.DecodeError):
+                        usage_only = False  # relay what we cannot read; it is the backend's own chunk
+                    if not usage_only or client_wants_usage:
+                        out.append(sse(payload))
+                if out:
+                    yield b"".join(out)
+                batch = await anext(events, None)
+            raise UpstreamFailure(f"{attempt.endpoint.id} ended the stream without [DONE]", kind="stream")
         except UpstreamFailure as f:
             relay.status = 502
             attempt.finish(ok=False)
@@ -420,12 +431,7 @@ class Gateway:
                         error=str(f))
             err = OpenAIError(502, f"Tier `{attempt.tier}` failed mid-stream: {f}", type="upstream_error",
                               code=f"upstream_{f.kind}")
-            yield sse(err.to_json())
-            yield DONE
-            return
-        relay.status = 200
-        attempt.finish()  # free the tier's slot now; accounting waits until the client has the whole stream
-        yield DONE
+            yield sse(err.to_json()) + DONE
 
     async def _store(self, ctx: _Ctx, answer: CachedAnswer) -> None:
         if self.cache is not None:

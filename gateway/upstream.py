@@ -18,7 +18,10 @@ import aiohttp
 from gateway.pool import Endpoint
 from policies.types import Timeouts
 
-__all__ = ["UpstreamClient", "UpstreamFailure", "UpstreamResponse"]
+__all__ = ["MAX_EVENT_BYTES", "UpstreamClient", "UpstreamFailure", "UpstreamResponse"]
+
+# One SSE line longer than this is a broken backend, not a chunk of an answer: refuse it rather than buffer it.
+MAX_EVENT_BYTES = 8 * 1024 * 1024
 
 
 class UpstreamFailure(Exception):
@@ -61,27 +64,44 @@ class UpstreamResponse:
         except aiohttp.ClientError as exc:
             raise UpstreamFailure(f"{self.endpoint.id} broke off the answer: {exc}", kind="protocol") from None
 
-    async def events(self) -> AsyncIterator[bytes]:
-        """Yield each SSE `data:` payload (without the prefix), ending before `[DONE]`.
+    async def events(self) -> AsyncIterator[list[bytes]]:
+        """Yield the SSE `data:` payloads (without the prefix) in batches: every complete event received so far.
 
-        The first event may take up to the first-byte timeout; each later one the between-chunks timeout.
+        A batch is what one read of the socket completed, so a fast backend's events go on to the client in
+        one write rather than one each. The stream's last batch ends with the payload `[DONE]`; a stream that
+        closes without it raises UpstreamFailure. The first batch may take up to the first-byte timeout,
+        each later one the between-chunks timeout.
         """
         loop = asyncio.get_running_loop()
         between = self._timeouts.between_chunks_s
         content = self._resp.content
+        buf = bytearray()
         try:
             async with asyncio.timeout(self._timeouts.first_byte_s) as deadline:
                 while True:
-                    line = await content.readline()
-                    if not line:
+                    chunk = await content.readany()
+                    if not chunk:
                         raise UpstreamFailure(f"{self.endpoint.id} closed the stream before [DONE]", kind="stream")
-                    if not line.startswith(b"data:"):
-                        continue  # blank separators, comments, `event:` lines
-                    payload = line[5:].strip()
-                    if payload == b"[DONE]":
-                        return
-                    deadline.reschedule(loop.time() + between)
-                    yield payload
+                    buf += chunk
+                    end = buf.rfind(b"\n")
+                    if end < 0:
+                        if len(buf) > MAX_EVENT_BYTES:
+                            raise UpstreamFailure(f"{self.endpoint.id} sent an event over {MAX_EVENT_BYTES} bytes",
+                                                  kind="protocol")
+                        continue
+                    lines = bytes(buf[:end]).split(b"\n")
+                    del buf[:end + 1]
+                    batch = []
+                    for line in lines:
+                        if line.startswith(b"data:"):  # not blank separators, comments, `event:` lines
+                            payload = line[5:].strip()
+                            batch.append(payload)
+                            if payload == b"[DONE]":
+                                yield batch
+                                return
+                    if batch:
+                        deadline.reschedule(loop.time() + between)
+                        yield batch
         except TimeoutError:
             raise UpstreamFailure(f"{self.endpoint.id} went silent mid-stream", kind="timeout", status=504) from None
         except aiohttp.ClientError as exc:

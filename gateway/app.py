@@ -618,11 +618,16 @@ async def _iterate(items: list[bytes]) -> AsyncIterator[bytes]:
 
 
 def _keyring_from(settings: Settings) -> KeyRing:
+    """The key file, else the inline keys, else the public demo key if allowed, else no key at all (all 401)."""
     if settings.api_keys_file:
         return KeyRing.from_file(settings.api_keys_file)
     if settings.api_keys:
         return KeyRing.from_inline(settings.api_keys)
-    return KeyRing.demo()
+    if settings.demo_key:
+        return KeyRing.demo()
+    log.warning("no_api_keys", message="no API keys configured and TIERGATE_DEMO_KEY is false: every request "
+                                       "will be refused (set TIERGATE_API_KEYS_FILE or TIERGATE_API_KEYS)")
+    return KeyRing({})
 
 
 def create_app(settings: Settings | None = None, *, keyring: KeyRing | None = None) -> Starlette:

@@ -25,7 +25,7 @@ def serve(
     policy: Annotated[Path | None, typer.Option(help="Policy YAML (TIERGATE_POLICY).")] = None,
     redis_url: Annotated[str | None, typer.Option(help="Redis URL for shared state (TIERGATE_REDIS_URL).")] = None,
     embedder: Annotated[Path | None, typer.Option(help="ONNX embedder dir (TIERGATE_EMBEDDER).")] = None,
-    workers: Annotated[int, typer.Option(help="Worker processes (each a full gateway).")] = 1,
+    workers: Annotated[int | None, typer.Option(help="Worker processes, each a full gateway (TIERGATE_WORKERS).")] = None,
 ) -> None:
     """Serve the gateway (uvicorn with uvloop and httptools)."""
     import os
@@ -33,15 +33,15 @@ def serve(
     import uvicorn
 
     for name, value in (("HOST", host), ("PORT", port), ("POLICY", policy), ("REDIS_URL", redis_url),
-                        ("EMBEDDER", embedder)):
+                        ("EMBEDDER", embedder), ("WORKERS", workers)):
         if value is not None:
             os.environ[f"TIERGATE_{name}"] = str(value)
     from gateway.settings import Settings
 
     settings = Settings()
     _check_policy(settings.policy)
-    if workers > 1:  # each worker is a full gateway; uvicorn's supervisor handles signals
-        uvicorn.run("gateway.main:app", host=settings.host, port=settings.port, workers=workers, loop="uvloop",
+    if settings.workers > 1:  # each worker is a full gateway; uvicorn's supervisor handles signals (no drain delay)
+        uvicorn.run("gateway.main:app", host=settings.host, port=settings.port, workers=settings.workers, loop="uvloop",
                     http="httptools", log_level="warning", access_log=False,
                     timeout_graceful_shutdown=int(settings.graceful_shutdown_s))
         return

@@ -21,6 +21,7 @@ import jsonschema
 import pytest
 import yaml
 
+from gateway.settings import Settings
 from tests.support.kube import CHART, KUBE_VERSIONS, REPO, helm, render_chart, validate_object
 
 SCENARIOS = ["defaults", *sorted(p.name for p in (CHART / "ci").glob("*-values.yaml"))]
@@ -244,7 +245,10 @@ def test_draining_outlasts_the_prestop_and_the_graceful_shutdown(rendered):
     pod = _gateway(rendered["defaults"])["spec"]["template"]["spec"]
     pre_stop = pod["containers"][0]["lifecycle"]["preStop"]["exec"]["command"]
     assert pre_stop == ["sleep", str(values["preStopSeconds"])]
-    assert pod["terminationGracePeriodSeconds"] > values["preStopSeconds"] + values["drainSeconds"]
+    env = {e["name"]: e.get("value") for e in pod["containers"][0]["env"]}
+    assert env["TIERGATE_GRACEFUL_SHUTDOWN_S"] == str(values["drainSeconds"])  # the gateway drains that long
+    drain_delay = float(env.get("TIERGATE_DRAIN_DELAY_S") or Settings.model_fields["drain_delay_s"].default)
+    assert pod["terminationGracePeriodSeconds"] > values["preStopSeconds"] + drain_delay + values["drainSeconds"]
 
 
 def test_autoscaling_on_inflight_with_cpu_fallback_and_on_cpu_alone(rendered):

@@ -53,3 +53,22 @@ def test_inline_keys():
     ring = KeyRing.from_inline("k1-aaaa=alpha:high, k2-bbbb=beta")
     assert ring.authenticate("Bearer k1-aaaa").priority is Priority.HIGH
     assert ring.authenticate("Bearer k2-bbbb").id == "beta"
+
+
+@pytest.mark.parametrize(("settings", "demo_accepted"), [
+    ({}, True),  # nothing configured: the demo set-up accepts the documented demo key
+    ({"demo_key": False}, False),  # e.g. the Helm chart: no key configured means no client gets in
+    ({"api_keys": "k-1=alpha"}, False),  # configured keys replace the demo key
+])
+def test_the_gateway_accepts_the_demo_key_only_when_allowed_and_no_keys_are_configured(settings, demo_accepted):
+    from gateway.app import create_app
+    from gateway.settings import Settings
+
+    base = {"api_keys_file": None, "api_keys": None, "embedder": None, "redis_url": None}
+    keyring = create_app(Settings(**(base | settings))).state.gateway.keyring
+    if demo_accepted:
+        assert keyring.authenticate(f"Bearer {DEMO_KEY}").id == "demo"
+    else:
+        with pytest.raises(OpenAIError) as info:
+            keyring.authenticate(f"Bearer {DEMO_KEY}")
+        assert info.value.status == 401

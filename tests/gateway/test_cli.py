@@ -1,0 +1,41 @@
+"""`tiergate serve`: options and TIERGATE_* settings reach uvicorn (uvicorn itself is not started here)."""
+
+from __future__ import annotations
+
+import pytest
+from typer.testing import CliRunner
+
+from gateway.cli import app
+
+
+@pytest.fixture
+def captured(monkeypatch) -> dict:
+    import uvicorn
+
+    seen: dict = {}
+    monkeypatch.setattr(uvicorn, "run", lambda target, **kw: seen.update(target=target, **kw))
+    for name in ("TIERGATE_WORKERS", "TIERGATE_PORT", "TIERGATE_POLICY"):
+        monkeypatch.delenv(name, raising=False)
+    return seen
+
+
+def test_workers_come_from_the_environment(captured, monkeypatch):
+    monkeypatch.setenv("TIERGATE_WORKERS", "3")
+    result = CliRunner().invoke(app, ["serve", "--port", "18099"])
+    assert result.exit_code == 0, result.output
+    assert captured["workers"] == 3 and captured["port"] == 18099 and captured["target"] == "gateway.main:app"
+
+
+def test_the_workers_option_overrides_the_environment(captured, monkeypatch):
+    monkeypatch.setenv("TIERGATE_WORKERS", "3")
+    result = CliRunner().invoke(app, ["serve", "--workers", "2"])
+    assert result.exit_code == 0, result.output
+    assert captured["workers"] == 2
+
+
+def test_a_broken_policy_stops_serve_with_the_error(captured, tmp_path):
+    bad = tmp_path / "policy.yaml"
+    bad.write_text("version: 1\ntiers: {}\nrules: [\n")
+    result = CliRunner().invoke(app, ["serve", "--policy", str(bad), "--workers", "2"])
+    assert result.exit_code == 2
+    assert str(bad) in result.output and captured == {}

@@ -18,6 +18,7 @@ import contextlib
 import heapq
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -168,6 +169,14 @@ class VectorIndex:
             for eid in doomed:
                 self._remove_locked(eid)
             return len(doomed)
+
+    def remove_where(self, doomed: Callable[[str, str], bool]) -> int:
+        """Remove every entry for which `doomed(entry_id, tenant_tag)` is true (e.g. one Cluster shard's)."""
+        with self._lock:
+            ids = [eid for eid, m in self._meta.items() if doomed(eid, m.tenant_tag)]
+            for eid in ids:
+                self._remove_locked(eid)
+            return len(ids)
 
     def clear(self) -> None:
         with self._lock:

@@ -54,5 +54,5 @@ def safe_url(url: str) -> str:
     """The URL without a password, for logs."""
     if "@" in url:
         scheme, rest = url.split("://", 1) if "://" in url else ("redis", url)
-        return f"{scheme}://***@{rest.split('@', 1)[1]}"
+        return f"{scheme}://***@{rest.rsplit('@', 1)[1]}"  # the last @: a password may hold one unencoded"
     return url

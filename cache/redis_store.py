@@ -40,7 +40,7 @@ import structlog
 from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
-from redis.exceptions import RedisError
+from redis.exceptions import RedisClusterException, RedisError
 
 from cache.index import VectorIndex
 from cache.keys import tenant_tag
@@ -55,7 +55,8 @@ __all__ = ["RedisStore"]
 log = structlog.get_logger("tiergate.cache.redis")
 T = TypeVar("T")
 
-_FAILURES = (RedisError, OSError, TimeoutError, asyncio.TimeoutError)
+# RedisClusterException (no slot map, slot not covered) is not a RedisError, but it is Redis failing all the same.
+_FAILURES = (RedisError, RedisClusterException, OSError, TimeoutError, asyncio.TimeoutError)
 _BLOCK_MS = 250  # stream poll: also how soon the follower notices that a request saw Redis fail
 _POLL_S = 0.1  # on a Cluster (no blocking reads): how often every shard's stream is read
 _SLOW_STRIKES = 3  # consecutive timeouts that mark a live-but-slow Redis down (refused connections: at once)
@@ -74,6 +75,7 @@ local excess = redis.call('ZCARD', KEYS[2]) - tonumber(ARGV[4])
 if excess > 0 then
   local popped = redis.call('ZPOPMIN', KEYS[2], excess)
   for i = 1, #popped, 2 do
+    -- The evicted entry's key is built here, not declared: it is in this shard's slot (same hash tag).
     redis.call('DEL', ARGV[6] .. ':e:' .. popped[i])
     redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[5], '*', 'op', 'del', 'id', popped[i], 'o', '')
     evicted = evicted + 1
@@ -90,6 +92,11 @@ return n
 """
 
 _answer_decoder = msgspec.json.Decoder(CachedAnswer)
+
+
+def _glob_escape(text: str) -> str:
+    """`text` matched literally in a SCAN MATCH pattern."""
+    return "".join("\\" + ch if ch in "*?[]\\" else ch for ch in text)
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,11 +125,16 @@ class RedisStore:
         p = settings.prefix
         if cluster:
             self._shards = [_Shard.named(f"{{{p}:{k}}}") for k in range(settings.cluster_shards)]
-            self._entry_glob = f"{{{p}:*}}:e:"  # the braces are literal in a SCAN pattern
+            # The braces are literal in a SCAN pattern. The pattern also matches other prefixes that start
+            # with ours (`{tiergate:cache:eu:3}`), so every key found is checked against our shards (_owned_key).
+            self._entry_glob = f"{{{_glob_escape(p)}:*}}:e:"
         else:
             self._shards = [_Shard.named(p)]
-            self._entry_glob = f"{p}:e:"
+            self._entry_glob = f"{_glob_escape(p)}:e:"
+        self._by_prefix = {shard.prefix: shard for shard in self._shards}
         self._shard_max = math.ceil(settings.max_entries / len(self._shards))
+        # Each shard's stream carries its share of the events, so it keeps its share of the history.
+        self._stream_maxlen = math.ceil(settings.stream_maxlen / len(self._shards))
         no_retry = Retry(NoBackoff(), 0)
         t = settings.redis_timeout_s
         # Request path: one short timeout, no retries (a retry is the caller's next request).
@@ -203,7 +215,7 @@ class RedisStore:
             "c", repr(entry.created), "e", repr(entry.expires_at),
         ]
         shard = self._shard(entry.id)
-        args = [entry.id, ttl_ms, repr(entry.expires_at), self._shard_max, self._s.stream_maxlen, shard.prefix,
+        args = [entry.id, ttl_ms, repr(entry.expires_at), self._shard_max, self._stream_maxlen, shard.prefix,
                 self._origin, entry.namespace, tenant_tag(entry.tenant), vec, *fields]
         evicted = await self._call(
             lambda: self._put_script(keys=[shard.key(entry.id), shard.zset, shard.stream], args=args))
@@ -217,23 +229,23 @@ class RedisStore:
     async def delete(self, entry_id: str) -> int:
         shard = self._shard(entry_id)
         n = await self._admin(lambda: self._delete_script(
-            keys=[shard.key(entry_id), shard.zset, shard.stream], args=[entry_id, self._s.stream_maxlen]))
+            keys=[shard.key(entry_id), shard.zset, shard.stream], args=[entry_id, self._stream_maxlen]))
         self.index.remove(entry_id)
         return int(n)
 
     async def delete_tenant(self, tenant: str) -> int:
         tag = tenant_tag(tenant)
         n = await self._admin(lambda: self._delete_matching(f"{self._entry_glob}{tag}-*"))
+        self.index.remove_tenant(tag)  # here, now; the event (which we skip) tells the other processes
         await self._admin(lambda: self._event({"op": "tenant", "tt": tag}))
-        self.index.remove_tenant(tag)
         return n
 
     async def delete_all(self) -> int:
         n = await self._admin(lambda: self._delete_matching(f"{self._entry_glob}*"))
         for shard in self._shards:  # one key per command: shards live in different slots on a Cluster
             await self._admin(lambda shard=shard: self._bg.delete(shard.zset))
-        await self._admin(lambda: self._event({"op": "all"}))
         self.index.clear()
+        await self._admin(lambda: self._event({"op": "all"}))
         return n
 
     async def _delete_matching(self, pattern: str) -> int:
@@ -251,10 +263,15 @@ class RedisStore:
     async def _delete_keys(self, keys: list[bytes]) -> int:
         by_shard: dict[_Shard, tuple[list[bytes], list[str]]] = {}
         for k in keys:
-            eid = k.decode().rsplit(":", 1)[1]
-            ks, ids = by_shard.setdefault(self._shard(eid), ([], []))
+            owned = self._owned_key(k)
+            if owned is None:
+                continue  # another deployment's key that the pattern also matched
+            shard, eid = owned
+            ks, ids = by_shard.setdefault(shard, ([], []))
             ks.append(k)
             ids.append(eid)
+        if not by_shard:
+            return 0
         async with self._bg.pipeline(transaction=False) as pipe:
             for shard, (ks, ids) in by_shard.items():  # a multi-key DEL stays within one shard's slot
                 pipe.delete(*ks)
@@ -263,10 +280,12 @@ class RedisStore:
         return sum(int(n) for n in replies[::2])
 
     async def _event(self, fields: dict[str, str]) -> None:
-        """Tell every process's index (tenant and all: on every shard's stream, as each is followed alone)."""
+        """Tell the other processes' indexes (tenant and all: on every shard's stream, as each is followed
+        alone). Marked as ours: this process applied it already, and a copy read back later would also drop
+        what this process stored since."""
         async with self._bg.pipeline(transaction=False) as pipe:
             for shard in self._shards:
-                pipe.xadd(shard.stream, {**fields, "o": ""}, maxlen=self._s.stream_maxlen, approximate=True)
+                pipe.xadd(shard.stream, {**fields, "o": self._origin}, maxlen=self._stream_maxlen, approximate=True)
             await pipe.execute()
 
     # -- failure handling -------------------------------------------------------------------------------
@@ -389,9 +408,10 @@ class RedisStore:
             rows = await pipe.execute()
         ids, nss, tags, vecs, exps = [], [], [], [], []
         for k, (ns, v, e) in zip(keys, rows, strict=True):
-            if not ns or not v or not e or len(v) != 4 * self.index.dim:
+            owned = self._owned_key(k)
+            if owned is None or not ns or not v or not e or len(v) != 4 * self.index.dim:
                 continue
-            eid = k.decode().rsplit(":", 1)[1]
+            eid = owned[1]
             ids.append(eid)
             nss.append(ns.decode())
             tags.append(eid.split("-", 1)[0])
@@ -416,16 +436,19 @@ class RedisStore:
             for i, resp in enumerate(replies):
                 for _stream, events in resp or ():
                     for event_id, fields in events:
-                        self._apply(fields)
+                        self._apply(fields, i)
                         self._last_event[i] = event_id
             self._m.entries.set(len(self.index))
             if isinstance(self._bg, RedisCluster) and not any(replies):
                 await asyncio.sleep(_POLL_S)
 
-    def _apply(self, f: dict[bytes, bytes]) -> None:
+    def _apply(self, f: dict[bytes, bytes], shard: int = 0) -> None:
+        """One event of shard `shard`'s stream. `tenant` and `all` are sent to every shard's stream and each
+        copy covers its own shard's entries only: the streams are read one after another, so a copy applied
+        to everything would also drop what another shard stored after the invalidation."""
         op = f.get(b"op")
         if f.get(b"o") == self._origin.encode():
-            return  # our own put, applied when we made it
+            return  # our own put or invalidation, applied when we made it
         if op == b"put":
             v = f.get(b"v", b"")
             if len(v) == 4 * self.index.dim:
@@ -436,15 +459,29 @@ class RedisStore:
         elif op == b"del":
             self.index.remove(f[b"id"].decode())
         elif op == b"tenant":
-            self.index.remove_tenant(f[b"tt"].decode())
+            tag = f[b"tt"].decode()
+            if len(self._shards) == 1:
+                self.index.remove_tenant(tag)
+            else:
+                self.index.remove_where(lambda eid, tt: tt == tag and self._shard_index(eid) == shard)
         elif op == b"all":
-            self.index.clear()
+            if len(self._shards) == 1:
+                self.index.clear()
+            else:
+                self.index.remove_where(lambda eid, _tt: self._shard_index(eid) == shard)
 
     # -- encoding ------------------------------------------------------------------------------------------
+    def _shard_index(self, entry_id: str) -> int:
+        return 0 if len(self._shards) == 1 else zlib.crc32(entry_id.encode()) % len(self._shards)
+
     def _shard(self, entry_id: str) -> _Shard:
-        if len(self._shards) == 1:
-            return self._shards[0]
-        return self._shards[zlib.crc32(entry_id.encode()) % len(self._shards)]
+        return self._shards[self._shard_index(entry_id)]
+
+    def _owned_key(self, key: bytes) -> tuple[_Shard, str] | None:
+        """(shard, entry id) of an entry key of this store, read from the key itself; None for anyone else's."""
+        prefix, sep, eid = key.decode().rpartition(":e:")
+        shard = self._by_prefix.get(prefix) if sep else None
+        return None if shard is None or not eid else (shard, eid)
 
     def _decode(self, entry_id: str, row: dict[bytes, bytes]) -> CacheEntry | None:
         try:

@@ -114,10 +114,15 @@ class Gateway:
     async def startup(self) -> None:
         await self.upstream.start()
         if self.settings.redis_url:
+            from redis.asyncio.retry import Retry
+            from redis.backoff import NoBackoff
+
             from cache.redis_conn import open_redis
 
+            # No retries: a heartbeat or a rate-limit check must not take seconds while a node hangs
+            # (the limiter fails open; an edge node sends its next heartbeat anyway).
             self.redis = open_redis(self.settings.redis_url, socket_timeout=0.5, socket_connect_timeout=0.5,
-                                    health_check_interval=10)
+                                    health_check_interval=10, retry=Retry(NoBackoff(), 0))
             self.limiter = Limiter(self.redis)
         await self.policy_store.start()
         self.policy_store.on_change(self._sync_pools)

@@ -4,7 +4,8 @@ Counters use a sliding window over two fixed one-minute buckets (the previous bu
 of it still overlaps the window), which is what most API gateways do: O(1) memory per tenant and accurate
 to a few percent. With Redis (one server or a Cluster) the buckets are shared by every gateway replica
 (INCRBY + EXPIRE, pipelined); if Redis does not answer in time the check fails open — a cache-and-limits
-outage must not become an outage of the API — and a metric counts it.
+outage must not become an outage of the API — and a metric counts it. After a failure the checks skip Redis
+for `retry_after_s` (failing open at once), so an outage does not add the timeout to every request.
 """
 
 from __future__ import annotations
@@ -27,10 +28,16 @@ FAIL_OPEN = Counter("tiergate_rate_limit_fail_open_total", "Limit checks skipped
 _WINDOW = 60.0
 
 
+class _RedisSkipped(Exception):
+    """Redis failed moments ago: this check fails open without waiting for it again."""
+
+
 class Limiter:
-    def __init__(self, redis=None, timeout_s: float = 0.05, prefix: str = "tg:rl") -> None:
+    def __init__(self, redis=None, timeout_s: float = 0.05, prefix: str = "tg:rl", retry_after_s: float = 1.0) -> None:
         self._redis = redis
         self._timeout = timeout_s
+        self._retry_after = retry_after_s
+        self._skip_redis_until = 0.0  # monotonic; set by a failure
         self._prefix = prefix
         self._local: dict[str, int] = defaultdict(int)  # "tenant:kind:bucket" → count, when there is no Redis
         self._concurrent: dict[str, int] = defaultdict(int)
@@ -55,12 +62,18 @@ class Limiter:
             # The hash tag keeps a tenant's buckets in one slot on a Redis Cluster (one node per pipeline).
             key_cur = f"{self._prefix}:{{{tenant}}}:{kind}:{cur}"
             key_prev = f"{self._prefix}:{{{tenant}}}:{kind}:{prev}"
-            async with asyncio.timeout(self._timeout):
-                pipe = self._redis.pipeline(transaction=False)
-                pipe.incrby(key_cur, add)
-                pipe.expire(key_cur, int(2 * _WINDOW) + 1)
-                pipe.get(key_prev)
-                c, _, p = await pipe.execute()
+            if time.monotonic() < self._skip_redis_until:
+                raise _RedisSkipped
+            try:
+                async with asyncio.timeout(self._timeout):
+                    pipe = self._redis.pipeline(transaction=False)
+                    pipe.incrby(key_cur, add)
+                    pipe.expire(key_cur, int(2 * _WINDOW) + 1)
+                    pipe.get(key_prev)
+                    c, _, p = await pipe.execute()
+            except Exception:
+                self._skip_redis_until = time.monotonic() + self._retry_after
+                raise
             c, p = int(c), int(p or 0)
         return c + p * w, _WINDOW - (now % _WINDOW)
 

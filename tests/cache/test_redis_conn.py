@@ -45,3 +45,4 @@ def test_a_cluster_url_without_hosts_is_refused() -> None:
 def test_passwords_stay_out_of_logs() -> None:
     assert safe_url("redis+cluster://u:pw@a:1,b:2") == "redis+cluster://***@a:1,b:2"
     assert safe_url("redis://a:1/0") == "redis://a:1/0"
+    assert safe_url("redis://u:p@ss@host:6379/0") == "redis://***@host:6379/0"  # an unencoded @ in the password

@@ -10,11 +10,13 @@ import redis
 from structlog.testing import capture_logs
 
 from cache import CacheSettings, SemanticCache, build_cache
+from cache.keys import request_key
 from cache.redis_conn import open_redis
 from gateway.auth import Tenant
 from gateway.errors import OpenAIError
 from gateway.limits import Limiter
 from tests.cache.helpers import RULE, SETTINGS, answer, chat, eventually, fresh_metrics, sample
+from tests.support.servers import free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.anyio]
 
@@ -118,6 +120,7 @@ async def test_size_bound_and_invalidation_across_nodes(make_cache, redis_cluste
 async def test_a_node_killed_and_restarted_bypasses_then_recovers(make_cache, redis_cluster):
     a, reg_a = await make_cache()
     statuses: list[str] = []
+    reasons: list[str | None] = []
     stop_traffic = asyncio.Event()
 
     async def traffic() -> None:  # every question, round and round, while a node dies and comes back
@@ -126,6 +129,8 @@ async def test_a_node_killed_and_restarted_bypasses_then_recovers(make_cache, re
             q = chat(QUESTIONS[i % len(QUESTIONS)])
             res = await a.check(q, "acme", RULE)
             statuses.append(res.status)
+            if res.status == "bypass":
+                reasons.append(res.reason)
             if res.status == "miss":
                 await a.store(q, "acme", RULE, answer("again"))
             i += 1
@@ -145,6 +150,9 @@ async def test_a_node_killed_and_restarted_bypasses_then_recovers(make_cache, re
         stop_traffic.set()
         await runner  # re-raises anything the traffic saw: there must be nothing
         assert set(statuses) <= {"miss", "hit-exact", "bypass"}
+        # `check` never raises: an unexpected error would show up only as a bypass for another reason
+        assert reasons and set(reasons) <= {"store_unavailable", "timeout"}, set(reasons)
+        assert sample(reg_a, "tiergate_cache_errors_total", op="lookup") == 0
         assert sample(reg_a, "tiergate_cache_redis_up") == 1
     finally:
         stop_traffic.set()
@@ -181,3 +189,69 @@ async def test_rate_limits_are_shared_through_the_cluster(redis_cluster_url):
         for c in clients:
             await c.aclose()
 
+
+
+def _question_in_shard(cache: SemanticCache, shard: int, tenant: str = "acme") -> str:
+    for n in range(1000):
+        q = f"What is item number {n} made of?"
+        if cache.backend._shard_index(request_key(chat(q), tenant).entry_id) == shard:
+            return q
+    raise AssertionError(f"no question lands in shard {shard}")
+
+
+@pytest.mark.parametrize("scope", ["all", "tenant"])
+async def test_what_is_stored_right_after_an_invalidation_stays_in_every_index(make_cache, scope):
+    a, _ = await make_cache()
+    b, _ = await make_cache()
+    try:
+        for i, q in enumerate(QUESTIONS[:10]):
+            await a.store(chat(q), "acme", RULE, answer(f"old {i}"))
+        await eventually(lambda: len(b.index) == 10, "b to follow the first entries")
+        # Shard 0's stream is read first: if another shard's copy of the invalidation event applied to every
+        # entry, it would drop this new one from the indexes again.
+        q = _question_in_shard(a, 0)
+        removed = await (a.invalidate() if scope == "all" else a.invalidate(tenant="acme"))
+        assert removed == 10
+        assert await a.store(chat(q), "acme", RULE, answer("new"))
+        eid = request_key(chat(q), "acme").entry_id
+        await eventually(lambda: eid in b.index and len(b.index) == 1, "b to drop the old and add the new")
+        await asyncio.sleep(1.0)  # ten polls of every shard's stream
+        assert eid in a.index and eid in b.index and len(a.index) == len(b.index) == 1
+    finally:
+        await stop_all(a, b)
+
+
+async def test_deployments_sharing_the_cluster_by_prefix_never_touch_each_others_entries(make_cache):
+    main, _ = await make_cache()
+    eu, _ = await make_cache(dataclasses.replace(SETTINGS, prefix="tiergate:cache:eu"))
+    try:
+        for i, q in enumerate(QUESTIONS):
+            await main.store(chat(q), "acme", RULE, answer(f"main {i}"))
+            await eu.store(chat(q), "acme", RULE, answer(f"eu {i}"))
+        late, _ = await make_cache()  # loads its own deployment's entries only
+        try:
+            assert len(late.index) == len(QUESTIONS)
+        finally:
+            await late.stop()
+        assert await main.invalidate(tenant="acme") == len(QUESTIONS)
+        for i, q in enumerate(QUESTIONS):
+            hit = await eu.lookup(chat(q), "acme", RULE)
+            assert hit is not None and hit.answer.text == f"eu {i}"
+        assert await main.invalidate() == 0
+        assert await eu.invalidate() == len(QUESTIONS)
+    finally:
+        await stop_all(main, eu)
+
+
+async def test_an_unreachable_cluster_is_bypassed_from_the_start(make_cache):
+    with capture_logs() as logs:
+        cache, registry = await make_cache(url=f"redis+cluster://127.0.0.1:{free_port()}")
+        try:
+            # start() returned because the first attempt failed as a Redis failure, not after its wait ran out
+            assert cache.backend._ready.is_set() and not cache.backend.available()
+            res = await cache.check(chat("Who wrote Hamlet?"), "acme", RULE)
+            assert res.status == "bypass" and res.reason == "store_unavailable"
+        finally:
+            await cache.stop()
+    assert not [e for e in logs if e["event"] == "cache_sync_error"]
+    assert sample(registry, "tiergate_cache_errors_total", op="sync") == 0

@@ -1,0 +1,53 @@
+"""The limiter's failure handling (fakes at the Redis boundary; tests/integration covers real Redis)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from prometheus_client import REGISTRY
+
+from gateway.auth import Tenant
+from gateway.limits import Limiter
+
+pytestmark = pytest.mark.anyio
+
+
+class _BrokenRedis:
+    """Every pipeline fails, as a Redis that is down does; counts how often it was asked."""
+
+    def __init__(self) -> None:
+        self.asked = 0
+
+    def pipeline(self, transaction: bool = False):
+        self.asked += 1
+        raise ConnectionError("redis is down")
+
+
+def _fail_open() -> float:
+    return REGISTRY.get_sample_value("tiergate_rate_limit_fail_open_total") or 0.0
+
+
+async def test_after_a_failure_checks_fail_open_without_asking_redis_for_a_while():
+    redis = _BrokenRedis()
+    limiter = Limiter(redis, retry_after_s=0.2)
+    tenant = Tenant(id="acme", requests_per_minute=1)
+    before = _fail_open()
+    for _ in range(5):  # over its limit, but the count cannot be read: served, counted as failing open
+        await limiter.admit(tenant)
+    assert redis.asked == 1 and _fail_open() == before + 5
+    await asyncio.sleep(0.25)
+    await limiter.admit(tenant)
+    assert redis.asked == 2  # asked again once the pause is over
+
+
+async def test_without_redis_the_limits_are_held_in_process():
+    from gateway.errors import OpenAIError
+
+    limiter = Limiter()
+    tenant = Tenant(id="acme", requests_per_minute=2)
+    await limiter.admit(tenant)
+    await limiter.admit(tenant)
+    with pytest.raises(OpenAIError) as refused:
+        await limiter.admit(tenant)
+    assert refused.value.status == 429 and int(refused.value.headers["retry-after"]) >= 1

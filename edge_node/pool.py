@@ -32,8 +32,10 @@ __all__ = ["EdgePool", "HeartbeatError", "NodeInfo", "parse_heartbeat"]
 log = structlog.get_logger("edge_node.pool")
 
 # The registry in Redis: KEYS[1] a sorted set of node ids by last heartbeat, KEYS[2] a hash of their
-# NodeInfo. Each change is one script (atomic on one server and on a Cluster, where the keys share a hash
-# tag; redis-py's async cluster client has no usable MULTI).
+# NodeInfo, KEYS[3] a marker that heartbeats set and nothing deletes: an empty registry without it is a
+# Redis that lost its data, an empty registry with it is one whose nodes all left. Each change is one
+# script (atomic on one server and on a Cluster, where the keys share a hash tag; redis-py's async
+# cluster client has no usable MULTI).
 _CLEANUP_LUA = """
 local ids = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1])
 for _, id in ipairs(ids) do redis.call('HDEL', KEYS[2], id) end
@@ -43,6 +45,7 @@ return #ids
 _HEARTBEAT_LUA = """
 redis.call('ZADD', KEYS[1], ARGV[2], ARGV[1])
 redis.call('HSET', KEYS[2], ARGV[1], ARGV[3])
+redis.call('SET', KEYS[3], '1')
 """
 _DEREGISTER_LUA = """
 local n = redis.call('ZREM', KEYS[1], ARGV[1])
@@ -131,6 +134,7 @@ class EdgePool:
         # One hash tag for both keys: their MULTI and script stay in one slot on a Redis Cluster.
         self._k_seen = f"{{{key_prefix}:{tier}}}:seen"
         self._k_info = f"{{{key_prefix}:{tier}}}:info"
+        self._k_written = f"{{{key_prefix}:{tier}}}:written"
         self._nodes: dict[str, Endpoint] = {}  # registered through heartbeats
         self._static: dict[str, Endpoint] = {}
         for url in static_endpoints:
@@ -244,7 +248,8 @@ class EdgePool:
             async with self._redis.pipeline(transaction=False) as pipe:  # writes are atomic scripts
                 pipe.zrange(self._k_seen, 0, -1, withscores=True)
                 pipe.hgetall(self._k_info)
-                seen_rows, infos = await pipe.execute()
+                pipe.exists(self._k_written)
+                seen_rows, infos, written = await pipe.execute()
         except Exception as e:  # noqa: BLE001 - keep the last snapshot while Redis is away
             self._redis_failed(e)
             return
@@ -261,9 +266,10 @@ class EdgePool:
                 continue
             self._apply(node, seen[nid])
             live.add(nid)
-        # An empty registry while this replica heard from nodes within the TTL means Redis lost its data
-        # (a restart without persistence): keep those nodes until they expire; their next heartbeats refill Redis.
-        restarted = not seen and not infos
+        # An empty registry never written since Redis started means Redis lost its data (a restart without
+        # persistence): keep the nodes heard from within the TTL; their next heartbeats refill Redis. Written
+        # and empty: the last node deregistered (through some replica) or expired.
+        restarted = not seen and not infos and not written
         for nid, ep in list(self._nodes.items()):
             if nid not in live and not (restarted and now - float(ep.extra.get("seen", 0.0)) <= self.ttl_s):
                 del self._nodes[nid]
@@ -309,7 +315,7 @@ class EdgePool:
         script = self._scripts.get(source)
         if script is None:
             script = self._scripts[source] = self._redis.register_script(source)
-        return await script(keys=[self._k_seen, self._k_info], args=list(args))
+        return await script(keys=[self._k_seen, self._k_info, self._k_written], args=list(args))
 
     def _redis_failed(self, e: Exception) -> None:
         if not self._redis_warned:

@@ -201,7 +201,7 @@ def test_replicas_share_the_registry_through_redis(redis_url, clock):
             leftover = await r1.hkeys(f"{{{prefix}:edge}}:info")
             return seen_by_b, after_deregister, after_expiry, sorted(k.decode() for k in leftover)
         finally:
-            await r1.delete(f"{{{prefix}:edge}}:seen", f"{{{prefix}:edge}}:info")
+            await r1.delete(f"{{{prefix}:edge}}:seen", f"{{{prefix}:edge}}:info", f"{{{prefix}:edge}}:written")
             await r1.aclose()
             await r2.aclose()
 
@@ -209,6 +209,40 @@ def test_replicas_share_the_registry_through_redis(redis_url, clock):
     assert seen_by_b == [("n2", "http://10.0.0.1:9001", 0.0), ("n1", "http://10.0.0.1:9000", 0.5)]
     assert after_deregister == ["n1"]
     assert after_expiry == ["n3"] and leftover == ["n3"]
+
+
+@pytest.mark.integration
+def test_the_last_node_leaving_through_one_replica_leaves_them_all_but_lost_data_does_not(redis_url, clock):
+    from cache.redis_conn import open_redis
+
+    prefix = "test-edge-last"
+    keys = [f"{{{prefix}:edge}}:{k}" for k in ("seen", "info", "written")]
+
+    async def scenario():
+        r1, r2 = open_redis(redis_url), open_redis(redis_url)
+        a = EdgePool("edge", [], "m", redis=r1, ttl_s=10, clock=clock, key_prefix=prefix)
+        b = EdgePool("edge", [], "m", redis=r2, ttl_s=10, clock=clock, key_prefix=prefix)
+        try:
+            await a.heartbeat(hb("only"))
+            await b.refresh()
+            known_by_b = ids(b.candidates())
+            await a.deregister("only")  # the tier's only node drains, through replica a
+            await b.refresh()
+            after_deregister = ids(b.candidates())
+            await a.heartbeat(hb("n2"))
+            await b.refresh()
+            await r1.delete(*keys)  # what a Redis restart without persistence looks like
+            await b.refresh()
+            after_data_loss = ids(b.candidates())
+            return known_by_b, after_deregister, after_data_loss
+        finally:
+            await r1.delete(*keys)
+            await r1.aclose()
+            await r2.aclose()
+
+    known_by_b, after_deregister, after_data_loss = asyncio.run(scenario())
+    assert known_by_b == ["only"] and after_deregister == []
+    assert after_data_loss == ["n2"]  # kept until its TTL: its next heartbeat refills Redis
 
 
 @pytest.mark.integration

@@ -14,8 +14,11 @@ def captured(monkeypatch) -> dict:
 
     seen: dict = {}
     monkeypatch.setattr(uvicorn, "run", lambda target, **kw: seen.update(target=target, **kw))
-    for name in ("TIERGATE_WORKERS", "TIERGATE_PORT", "TIERGATE_POLICY"):
-        monkeypatch.delenv(name, raising=False)
+    # `serve` writes its options into os.environ: set-then-delete makes monkeypatch restore each one
+    # (as unset) afterwards, so nothing leaks into later tests that start gateways.
+    for name in ("HOST", "PORT", "POLICY", "REDIS_URL", "EMBEDDER", "WORKERS"):
+        monkeypatch.setenv(f"TIERGATE_{name}", "")
+        monkeypatch.delenv(f"TIERGATE_{name}")
     return seen
 
 

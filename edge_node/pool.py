@@ -32,24 +32,27 @@ __all__ = ["EdgePool", "HeartbeatError", "NodeInfo", "parse_heartbeat"]
 log = structlog.get_logger("edge_node.pool")
 
 # The registry in Redis: KEYS[1] a sorted set of node ids by last heartbeat, KEYS[2] a hash of their
-# NodeInfo, KEYS[3] a marker that heartbeats set and nothing deletes: an empty registry without it is a
-# Redis that lost its data, an empty registry with it is one whose nodes all left. Each change is one
-# script (atomic on one server and on a Cluster, where the keys share a hash tag; redis-py's async
-# cluster client has no usable MULTI).
+# NodeInfo, KEYS[3] a sorted set of nodes that deregistered (tombstones, by time, kept one TTL). A replica
+# forgets a node when it deregistered (anywhere) or went silent past the TTL, not merely because Redis no
+# longer lists it: after a restart without persistence Redis lists only the nodes that have sent a
+# heartbeat since. Each change is one script (atomic on one server and on a Cluster, where the keys share
+# a hash tag; redis-py's async cluster client has no usable MULTI).
 _CLEANUP_LUA = """
 local ids = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1])
 for _, id in ipairs(ids) do redis.call('HDEL', KEYS[2], id) end
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', ARGV[1])
+redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', ARGV[1])
 return #ids
 """
 _HEARTBEAT_LUA = """
 redis.call('ZADD', KEYS[1], ARGV[2], ARGV[1])
 redis.call('HSET', KEYS[2], ARGV[1], ARGV[3])
-redis.call('SET', KEYS[3], '1')
+redis.call('ZREM', KEYS[3], ARGV[1])
 """
 _DEREGISTER_LUA = """
 local n = redis.call('ZREM', KEYS[1], ARGV[1])
 redis.call('HDEL', KEYS[2], ARGV[1])
+redis.call('ZADD', KEYS[3], ARGV[2], ARGV[1])
 return n
 """
 
@@ -134,7 +137,7 @@ class EdgePool:
         # One hash tag for both keys: their MULTI and script stay in one slot on a Redis Cluster.
         self._k_seen = f"{{{key_prefix}:{tier}}}:seen"
         self._k_info = f"{{{key_prefix}:{tier}}}:info"
-        self._k_written = f"{{{key_prefix}:{tier}}}:written"
+        self._k_gone = f"{{{key_prefix}:{tier}}}:gone"
         self._nodes: dict[str, Endpoint] = {}  # registered through heartbeats
         self._static: dict[str, Endpoint] = {}
         for url in static_endpoints:
@@ -227,7 +230,7 @@ class EdgePool:
         self._cooldown_until.pop(node_id, None)
         if self._redis is not None:
             try:
-                known = bool(await self._script(_DEREGISTER_LUA, node_id)) or known
+                known = bool(await self._script(_DEREGISTER_LUA, node_id, self._clock())) or known
             except Exception as e:  # noqa: BLE001 - Redis down: forgotten here, expires there
                 self._redis_failed(e)
         if known:
@@ -248,8 +251,8 @@ class EdgePool:
             async with self._redis.pipeline(transaction=False) as pipe:  # writes are atomic scripts
                 pipe.zrange(self._k_seen, 0, -1, withscores=True)
                 pipe.hgetall(self._k_info)
-                pipe.exists(self._k_written)
-                seen_rows, infos, written = await pipe.execute()
+                pipe.zrange(self._k_gone, 0, -1)
+                seen_rows, infos, gone_rows = await pipe.execute()
         except Exception as e:  # noqa: BLE001 - keep the last snapshot while Redis is away
             self._redis_failed(e)
             return
@@ -266,12 +269,10 @@ class EdgePool:
                 continue
             self._apply(node, seen[nid])
             live.add(nid)
-        # An empty registry never written since Redis started means Redis lost its data (a restart without
-        # persistence): keep the nodes heard from within the TTL; their next heartbeats refill Redis. Written
-        # and empty: the last node deregistered (through some replica) or expired.
-        restarted = not seen and not infos and not written
+        gone = {_s(k) for k in gone_rows}
         for nid, ep in list(self._nodes.items()):
-            if nid not in live and not (restarted and now - float(ep.extra.get("seen", 0.0)) <= self.ttl_s):
+            # Not listed but heard from within the TTL: Redis lost it (a restart); its next heartbeat refills it.
+            if nid in gone or nid not in live and now - float(ep.extra.get("seen", 0.0)) > self.ttl_s:
                 del self._nodes[nid]
 
     # ------------------------------------------------------------------ internals
@@ -315,7 +316,7 @@ class EdgePool:
         script = self._scripts.get(source)
         if script is None:
             script = self._scripts[source] = self._redis.register_script(source)
-        return await script(keys=[self._k_seen, self._k_info, self._k_written], args=list(args))
+        return await script(keys=[self._k_seen, self._k_info, self._k_gone], args=list(args))
 
     def _redis_failed(self, e: Exception) -> None:
         if not self._redis_warned:

@@ -131,7 +131,7 @@ def _first(outcomes, after: float, pred) -> float | None:
     return round(min(t) - after, 3) if t else None
 
 
-# ---- found by this chaos test: failing until fixed (see docs/reliability.md) ---------------------------------
+# ---- found by this chaos test, now fixed (docs/reliability.md, closed bug 6) -------------------------------------
 
 def test_cache_header_says_bypass_while_redis_is_down(tmp_path: Path, redis_server, redis_url):
     with aiohttp_server(make_app(3, "ok", model="edge-model")) as edge, \

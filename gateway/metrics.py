@@ -49,7 +49,7 @@ STREAM_ERRORS = Counter("tiergate_stream_errors_total", "Streams ended by an SSE
                         ["tier"])
 SHED = Counter("tiergate_shed_total", "Requests refused because a tier stayed saturated, by tier and priority.",
                ["tier", "priority"])
-CLIENT_ERRORS = Counter("tiergate_client_errors_total", "Requests refused as invalid, by error code.", ["code"])
+CLIENT_ERRORS = Counter("tiergate_client_errors_total", "Requests answered with an OpenAI-format error (4xx and 5xx), by error code.", ["code"])
 INFLIGHT = Gauge("tiergate_inflight_requests", "Requests in flight through this gateway, by tier.", ["tier"])
 QUEUED = Gauge("tiergate_queued_requests", "Requests waiting for a saturated tier, by tier.", ["tier"])
 DISCONNECTS = Counter("tiergate_client_disconnects_total", "Clients that went away before their answer ended.",

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import signal
 import time
 import uuid
@@ -137,6 +138,8 @@ class Gateway:
         log.info("gateway_started", policy=str(self.settings.policy), redis=bool(self.redis),
                  tiers={n: r.pool.__class__.__name__ for n, r in self._routes.items()},
                  stand_in=[n for n, t in self._tier_configs.items() if getattr(t, "stand_in", False)])
+        _tune_gc()
+
 
     async def shutdown(self) -> None:
         self.draining = True
@@ -620,6 +623,20 @@ class _Stream(StreamingResponse):
 async def _iterate(items: list[bytes]) -> AsyncIterator[bytes]:
     for item in items:
         yield item
+
+
+def _tune_gc() -> None:
+    """Keep the cyclic garbage collector off the request path's back.
+
+    What start-up loaded (tokenizer vocabularies, the compiled complexity trees, the policy: ~70k objects) lives
+    as long as the process, so it is frozen out of every later collection (a full one took 22 ms), and the
+    youngest generation is collected every 20k allocations rather than every 700, i.e. every few dozen
+    requests instead of every other one. Measured with `bench.overhead.inprocess --gap-ms 5`: p90 1.24-1.34 ms
+    against 1.58-1.59 ms with the defaults (docs/benchmarks.md).
+    """
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(20_000, 20, 20)
 
 
 def _keyring_from(settings: Settings) -> KeyRing:

@@ -344,6 +344,8 @@ class RedisStore:
 
     async def _connect(self) -> None:
         run_id = await asyncio.wait_for(self._run_ids(), 5.0)
+        if len(self._shards) > 1:
+            await asyncio.wait_for(self._check_shards(), 5.0)
         needs_reload = run_id != self._run_id or await self._gap()
         # Connections opened before the outage point at a dead socket: drop them, not a request later.
         with contextlib.suppress(Exception):
@@ -375,6 +377,23 @@ class RedisStore:
                 self._misconfigured_logged = True
             raise RedisError(f"{safe_url(self.url)} is a Redis Cluster node; use redis+cluster://")
         return str(info.get("run_id"))
+
+    async def _check_shards(self) -> None:
+        """Every gateway on a Cluster must split the cache into the same shards: with another count they would
+        look for entries in other shards and follow other streams, missing each other's answers. The first
+        gateway records its count in shard 0 (`{prefix:0}:shards`); one configured differently bypasses the
+        cache and says why, until the count is fixed (or, to change it for good, the prefix's keys and that
+        one are deleted)."""
+        key = f"{self._shards[0].prefix}:shards"
+        n = len(self._shards)
+        await self._bg.set(key, n, nx=True)
+        stored = await self._bg.get(key)
+        if stored is not None and int(stored) != n:
+            if not self._misconfigured_logged:
+                log.error("cache_cluster_shards_mismatch", url=safe_url(self.url), configured=n, in_redis=int(stored),
+                          fix=f"set cluster_shards to {int(stored)} like the other gateways (see docs/cache.md)")
+                self._misconfigured_logged = True
+            raise RedisError(f"this gateway splits the cache into {n} shards, the others into {int(stored)}")
 
     async def _gap(self) -> bool:
         """True when the last event we read of some shard is no longer in its stream: we may have missed

@@ -255,3 +255,19 @@ async def test_an_unreachable_cluster_is_bypassed_from_the_start(make_cache):
             await cache.stop()
     assert not [e for e in logs if e["event"] == "cache_sync_error"]
     assert sample(registry, "tiergate_cache_errors_total", op="sync") == 0
+
+
+async def test_a_gateway_with_another_shard_count_bypasses_the_cache_and_says_why(make_cache):
+    first, _ = await make_cache()  # the default 16 shards, recorded in the cluster
+    try:
+        with capture_logs() as logs:
+            other, _ = await make_cache(dataclasses.replace(SETTINGS, cluster_shards=4))
+            try:
+                assert first.backend.available() and not other.backend.available()
+                assert (await other.check(chat("Who wrote Hamlet?"), "acme", RULE)).status == "bypass"
+            finally:
+                await other.stop()
+        errors = [e for e in logs if e["event"] == "cache_cluster_shards_mismatch"]
+        assert errors and errors[0]["in_redis"] == 16 and errors[0]["configured"] == 4
+    finally:
+        await first.stop()

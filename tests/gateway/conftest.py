@@ -18,9 +18,11 @@ KEYS = KeyRing.from_inline("key-alpha-1=alpha:normal,key-beta-1=beta:low,key-gol
 
 def write_policy(path: Path, edge: list[str], cloud: list[str], *, fallback: bool = True,
                  max_concurrency: int | None = None, queue_s: float = 5.0, first_byte_s: float = 10.0,
-                 between_chunks_s: float = 10.0, cache: bool = True) -> Path:
+                 between_chunks_s: float = 10.0, cache: bool = True, max_waiting: int | None = None) -> Path:
     """A small policy: everything goes to the edge (falling back to the cloud); model `tiergate-cloud` to the cloud."""
     mc = f"\n    max_concurrency: {max_concurrency}" if max_concurrency else ""
+    if max_waiting is not None:
+        mc += f"\n    queue: {{max_waiting: {max_waiting}}}"
     path.write_text(f"""\
 version: 1
 defaults:

@@ -86,6 +86,26 @@ def test_saturated_tier_serves_high_priority_first_and_sheds_with_retry_after(tm
         assert int(r.headers["retry-after"]) >= 1
 
 
+def test_the_policys_queue_bound_sheds_at_once_beyond_max_waiting(tmp_path):
+    """One request runs, `max_waiting` (2) wait, the rest are shed at once instead of waiting `queue_s`."""
+    with stack(tmp_path, edge_modes=("slow",), chunks=10,
+               policy={"fallback": False, "max_concurrency": 1, "queue_s": 20.0, "max_waiting": 2}) as s:
+        url = s["gw"].url + "/v1/chat/completions"
+
+        async def one(client: httpx.AsyncClient, delay: float) -> tuple[int, str | None]:
+            await asyncio.sleep(delay)
+            r = await client.post(url, json={**CHAT, "max_tokens": 10}, headers={"Authorization": "Bearer key-alpha-1"})
+            return r.status_code, (r.json().get("error") or {}).get("code") if r.status_code != 200 else None
+
+        async def main() -> list[tuple[int, str | None]]:
+            async with httpx.AsyncClient(timeout=30) as c:
+                return await asyncio.gather(*(one(c, 0.05 * i) for i in range(5)))
+
+        results = asyncio.run(main())
+        assert sorted(code for code, _ in results) == [200, 200, 200, 429, 429], results
+        assert {err for code, err in results if code == 429} == {"tier_saturated"}
+
+
 def test_priority_header_can_only_lower(tmp_path):
     with stack(tmp_path) as s:
         r = httpx.post(s["gw"].url + "/v1/chat/completions", json=CHAT,

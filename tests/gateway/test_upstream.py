@@ -7,7 +7,7 @@ import asyncio
 import pytest
 from aiohttp import web
 
-import gateway.upstream as upstream
+from gateway import upstream
 from gateway.pool import Endpoint
 from gateway.upstream import UpstreamClient, UpstreamFailure
 from policies.types import Timeouts
@@ -35,7 +35,10 @@ def _server(segments: list[bytes], pause_s: float = 0.02, close_early: bool = Fa
     return app
 
 
-async def _batches(url: str, timeouts: Timeouts = Timeouts(first_byte_s=5, between_chunks_s=5)) -> list[list[bytes]]:
+_TIMEOUTS = Timeouts(first_byte_s=5, between_chunks_s=5)
+
+
+async def _batches(url: str, timeouts: Timeouts = _TIMEOUTS) -> list[list[bytes]]:
     client = UpstreamClient()
     await client.start()
     try:
@@ -65,23 +68,22 @@ def test_events_already_received_come_as_one_batch_and_nothing_after_done():
 
 
 def test_a_stream_closed_before_done_is_a_stream_failure():
-    with aiohttp_server(_server([b"data: {\"a\": 1}\n\n"], close_early=True)) as srv:
-        with pytest.raises(UpstreamFailure) as info:
-            asyncio.run(_batches(srv.url))
+    with aiohttp_server(_server([b"data: {\"a\": 1}\n\n"], close_early=True)) as srv, \
+            pytest.raises(UpstreamFailure) as info:
+        asyncio.run(_batches(srv.url))
     assert info.value.kind == "stream"
 
 
 def test_an_endless_line_is_refused_not_buffered(monkeypatch):
     monkeypatch.setattr(upstream, "MAX_EVENT_BYTES", 1000)
-    with aiohttp_server(_server([b"data: " + b"x" * 600, b"y" * 600, b"\n\ndata: [DONE]\n\n"])) as srv:
-        with pytest.raises(UpstreamFailure) as info:
-            asyncio.run(_batches(srv.url))
+    with aiohttp_server(_server([b"data: " + b"x" * 600, b"y" * 600, b"\n\ndata: [DONE]\n\n"])) as srv, \
+            pytest.raises(UpstreamFailure) as info:
+        asyncio.run(_batches(srv.url))
     assert info.value.kind == "protocol"
 
 
 def test_silence_between_events_times_out():
     segments = [b"data: {\"a\": 1}\n\n", b"data: [DONE]\n\n"]
-    with aiohttp_server(_server(segments, pause_s=1.0)) as srv:
-        with pytest.raises(UpstreamFailure) as info:
-            asyncio.run(_batches(srv.url, Timeouts(first_byte_s=5, between_chunks_s=0.2)))
+    with aiohttp_server(_server(segments, pause_s=1.0)) as srv, pytest.raises(UpstreamFailure) as info:
+        asyncio.run(_batches(srv.url, Timeouts(first_byte_s=5, between_chunks_s=0.2)))
     assert info.value.kind == "timeout" and info.value.status == 504

@@ -153,6 +153,7 @@ class RedisStore:
         self._last_event = [b"0-0"] * len(self._shards)
         self._misconfigured_logged = False
         self._task: asyncio.Task[None] | None = None
+        self._stopping = False
         self._ready = asyncio.Event()
         self._wake = asyncio.Event()
 
@@ -163,7 +164,8 @@ class RedisStore:
         if self._task is None:
             self._task = asyncio.create_task(self._supervise(), name="tiergate-cache-redis")
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._ready.wait(), wait_s)
+            async with asyncio.timeout(wait_s):
+                await self._ready.wait()
 
     async def start_admin(self) -> None:
         """Connect for admin commands only (CLI): no index load, no stream following."""
@@ -171,6 +173,9 @@ class RedisStore:
         self._up = True
 
     async def stop(self) -> None:
+        # Ends the loops even if a cancellation gets lost inside a Redis client call; the timeouts here are
+        # `asyncio.timeout`, not `wait_for`, whose 3.11 version can swallow a cancellation that races a result.
+        self._stopping = True
         if self._task is not None:
             self._task.cancel()
             # Bounded: shutting down must not wait on a Redis client that does not finish cancelling.
@@ -293,7 +298,8 @@ class RedisStore:
         if not self._up:
             raise StoreUnavailable("redis is down")
         try:
-            result = await asyncio.wait_for(fn(), self._s.redis_timeout_s)
+            async with asyncio.timeout(self._s.redis_timeout_s):
+                result = await fn()
         except TimeoutError as exc:
             # One slow answer (a CPU hiccup here or there) bypasses this request only; several in a row
             # mean Redis is in trouble: stop sending it request-path work until the probe sees it answer.
@@ -309,7 +315,8 @@ class RedisStore:
 
     async def _admin(self, fn: Callable[[], Awaitable[T]]) -> T:
         try:
-            return await asyncio.wait_for(fn(), 30.0)
+            async with asyncio.timeout(30.0):
+                return await fn()
         except _FAILURES as exc:
             self._mark_down(exc)
             raise StoreUnavailable(str(exc) or type(exc).__name__) from exc
@@ -324,7 +331,7 @@ class RedisStore:
 
     # -- background: connect, load, follow ----------------------------------------------------------------
     async def _supervise(self) -> None:
-        while True:
+        while not self._stopping:
             try:
                 if not self._up:
                     await self._connect()
@@ -336,16 +343,19 @@ class RedisStore:
                 self._ready.set()  # the first attempt is over: start() need not wait for a dead Redis
                 self._wake.clear()
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), self._s.retry_every_s)
+                    async with asyncio.timeout(self._s.retry_every_s):
+                        await self._wake.wait()
             except Exception as exc:
                 self._m.errors.labels("sync").inc()
                 log.exception("cache_sync_error", error=repr(exc))
                 await asyncio.sleep(self._s.retry_every_s)
 
     async def _connect(self) -> None:
-        run_id = await asyncio.wait_for(self._run_ids(), 5.0)
+        async with asyncio.timeout(5.0):
+            run_id = await self._run_ids()
         if len(self._shards) > 1:
-            await asyncio.wait_for(self._check_shards(), 5.0)
+            async with asyncio.timeout(5.0):
+                await self._check_shards()
         needs_reload = run_id != self._run_id or await self._gap()
         # Connections opened before the outage point at a dead socket: drop them, not a request later.
         with contextlib.suppress(Exception):
@@ -443,7 +453,7 @@ class RedisStore:
         """Apply other processes' changes as they come. One server: one blocking XREAD at a time. A Cluster:
         an XREAD names keys of one slot, and long blocking reads on many nodes at once do not cancel
         cleanly in redis-py's cluster client, so every shard's stream is polled in one pipeline instead."""
-        while self._up:
+        while self._up and not self._stopping:
             if isinstance(self._bg, RedisCluster):
                 async with self._bg.pipeline(transaction=False) as pipe:
                     for shard, last in zip(self._shards, self._last_event, strict=True):

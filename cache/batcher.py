@@ -88,8 +88,9 @@ class EmbeddingBatcher:
                 remaining = deadline - loop.time()
                 if remaining <= 0:
                     break
-                try:
-                    batch.append(await asyncio.wait_for(self._queue.get(), remaining))
+                try:  # asyncio.timeout: 3.11's wait_for can swallow a stop()'s cancellation that races an item
+                    async with asyncio.timeout(remaining):
+                        batch.append(await self._queue.get())
                 except TimeoutError:
                     break
             live = [(t, f) for t, f in batch if not f.done()]  # drop requests whose caller gave up

@@ -146,6 +146,7 @@ class CloudPool:
         self._servers: dict[str, _Server] = {}
         self._session: aiohttp.ClientSession | None = None
         self._task: asyncio.Task[None] | None = None
+        self._stopping = False
         self._polling = asyncio.Lock()
         self._next_dns = 0.0
         for url in endpoints:
@@ -209,6 +210,7 @@ class CloudPool:
         """Open the HTTP session, resolve DNS and poll every server once, then keep polling."""
         if self._task is not None:
             return
+        self._stopping = False
         self._session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=64, limit_per_host=4, keepalive_timeout=30),
             timeout=aiohttp.ClientTimeout(total=self.poll_timeout_s, connect=self.poll_timeout_s),
@@ -217,6 +219,7 @@ class CloudPool:
         self._task = asyncio.create_task(self._run(), name=f"cloud-pool-{self.tier}")
 
     async def stop(self) -> None:
+        self._stopping = True
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -275,7 +278,8 @@ class CloudPool:
         if not self.dns:
             return
         try:
-            addresses = await asyncio.wait_for(self._resolver(self.dns, self.port), self.poll_timeout_s)
+            async with asyncio.timeout(self.poll_timeout_s):
+                addresses = await self._resolver(self.dns, self.port)
         except (OSError, TimeoutError) as exc:
             log.warning("cloud dns resolution failed; keeping known endpoints", tier=self.tier, dns=self.dns,
                         error=str(exc) or type(exc).__name__, known=len(self._servers))
@@ -297,7 +301,7 @@ class CloudPool:
     async def _run(self) -> None:
         # start() has just polled: wait a period first.
         started = self._clock()
-        while True:
+        while not self._stopping:  # as well as the cancellation, in case a library call loses it
             await asyncio.sleep(max(0.0, self.poll_interval_s - (self._clock() - started)))
             started = self._clock()
             try:
@@ -316,7 +320,8 @@ class CloudPool:
     async def _poll(self, server: _Server) -> None:
         server.polls += 1
         try:
-            reading = await asyncio.wait_for(self._probe(server), self.poll_timeout_s)
+            async with asyncio.timeout(self.poll_timeout_s):  # not wait_for: 3.11's can lose a cancellation
+                reading = await self._probe(server)
         except _Unhealthy as exc:
             self._mark(server, None, exc.kind, exc.reason)
         except TimeoutError:

@@ -140,7 +140,6 @@ class Gateway:
                  stand_in=[n for n, t in self._tier_configs.items() if getattr(t, "stand_in", False)])
         _tune_gc()
 
-
     async def shutdown(self) -> None:
         self.draining = True
         await self.policy_store.stop()

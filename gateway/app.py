@@ -35,7 +35,7 @@ from gateway.errors import OpenAIError, bad_request, from_validation, not_found,
 from gateway.limits import Limiter
 from gateway.logs import configure_logging, get_logger
 from gateway.pool import Endpoint, Pool
-from gateway.render import DONE, StreamAccumulator, render_json, render_sse, sse, summarize
+from gateway.render import DONE, StreamAccumulator, cacheable, render_json, render_sse, sse, summarize
 from gateway.schemas import (
     ChatRequest,
     ParsedRequest,
@@ -57,7 +57,6 @@ _encode = msgspec.json.Encoder().encode
 _JSON = "application/json"
 _SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
 _STREAM_OPTIONS = StreamOptions(include_usage=True)
-_CACHEABLE_FINISH = frozenset({"stop", "length"})
 _INLINE_CLASSIFY_CHARS = 4000  # longer prompts are tokenised in a worker thread, off the event loop
 
 
@@ -352,10 +351,7 @@ class Gateway:
         headers = ctx.headers(attempt.tier, overhead)
         if attempt.fallback_from:
             headers["x-tiergate-fallback-from"] = attempt.fallback_from
-        answer = None
-        if ctx.cache == "miss" and summary.finish_reason in _CACHEABLE_FINISH and summary.n_choices == 1:
-            answer = CachedAnswer(req.kind, summary.text, summary.finish_reason, summary.model, attempt.tier,
-                                  summary.prompt_tokens, summary.completion_tokens, int(time.time()))
+        answer = cacheable(summary, req.kind, attempt.tier) if ctx.cache == "miss" else None
         task = BackgroundTask(self._after_answer, ctx, attempt.tier, overhead, time.perf_counter() - ctx.started,
                               summary.prompt_tokens, summary.completion_tokens, answer)
         return Response(body, media_type=_JSON, headers=headers, background=task)
@@ -393,11 +389,8 @@ class Gateway:
                 metrics.DISCONNECTS.labels(attempt.tier).inc()
             acc = relay.acc
             self._account(ctx, attempt.tier, relay.status, overhead, acc.prompt_tokens, acc.completion_tokens)
-            if relay.status == 200 and ctx.cache == "miss" and acc.finish_reason in _CACHEABLE_FINISH \
-                    and not acc.multi_choice:
-                await self._store(ctx, CachedAnswer(ctx.req.kind, acc.text, acc.finish_reason, acc.model,
-                                                     attempt.tier, acc.prompt_tokens, acc.completion_tokens,
-                                                     int(time.time())))
+            if relay.status == 200 and ctx.cache == "miss" and (answer := cacheable(acc, ctx.req.kind, attempt.tier)):
+                await self._store(ctx, answer)
             await self.limiter.charge_tokens(ctx.tenant, acc.prompt_tokens + acc.completion_tokens)
 
         return _Stream(self._stream_body(ctx, attempt, relay, client_wants_usage), on_close,

@@ -15,7 +15,11 @@ import msgspec
 
 from cache.types import CachedAnswer
 
-__all__ = ["DONE", "AnswerSummary", "StreamAccumulator", "render_json", "render_sse", "sse", "summarize"]
+__all__ = ["DONE", "AnswerSummary", "StreamAccumulator", "cacheable", "render_json", "render_sse", "sse", "summarize"]
+
+# Only answers that ended by themselves or at max_tokens are worth replaying; "tool_calls", "content_filter"
+# and a missing reason are not.
+_CACHEABLE_FINISH = frozenset({"stop", "length"})
 
 DONE = b"data: [DONE]\n\n"
 
@@ -54,7 +58,7 @@ class AnswerSummary:
     model: str
     prompt_tokens: int
     completion_tokens: int
-    n_choices: int
+    multi_choice: bool
 
 
 def summarize(body: bytes) -> AnswerSummary:
@@ -63,7 +67,8 @@ def summarize(body: bytes) -> AnswerSummary:
     first = a.choices[0] if a.choices else _Choice()
     text = (first.message.content if first.message else first.text) or ""
     u = a.usage or _Usage()
-    return AnswerSummary(text, first.finish_reason, a.model, u.prompt_tokens, u.completion_tokens, len(a.choices))
+    return AnswerSummary(text, first.finish_reason, a.model, u.prompt_tokens, u.completion_tokens,
+                         len(a.choices) > 1)
 
 
 @dataclass(slots=True)
@@ -101,6 +106,14 @@ class StreamAccumulator:
     @property
     def text(self) -> str:
         return "".join(self.parts)
+
+
+def cacheable(a: AnswerSummary | StreamAccumulator, kind: str, tier: str) -> CachedAnswer | None:
+    """The answer to store in the cache, or None when it is not one to replay (unfinished, several choices)."""
+    if a.finish_reason not in _CACHEABLE_FINISH or a.multi_choice:
+        return None
+    return CachedAnswer(kind, a.text, a.finish_reason, a.model, tier,  # type: ignore[arg-type]  # kind: chat|text
+                        a.prompt_tokens, a.completion_tokens, int(time.time()))
 
 
 def sse(payload: bytes) -> bytes:

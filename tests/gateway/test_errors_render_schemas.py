@@ -73,3 +73,30 @@ def test_cached_answer_replays_as_sse_that_reassembles_exactly(kind):
     assert acc.text == a.text and acc.finish_reason == "stop"
     assert usage_chunks[-1] is True and (acc.prompt_tokens, acc.completion_tokens) == (7, 30)
     assert len(events) > 3  # split into several chunks like a live stream
+
+
+def _chat_body(*finish_reasons: str | None) -> bytes:
+    return msgspec.json.encode({"model": "m", "usage": {"prompt_tokens": 3, "completion_tokens": 4}, "choices": [
+        {"index": i, "message": {"role": "assistant", "content": f"answer {i}"}, "finish_reason": r}
+        for i, r in enumerate(finish_reasons)]})
+
+
+@pytest.mark.parametrize(("finish_reasons", "stored"), [
+    (("stop",), True), (("length",), True), (("tool_calls",), False), (("content_filter",), False),
+    ((None,), False), ((), False), (("stop", "stop"), False)])
+def test_only_complete_single_choice_answers_are_cacheable_from_json_and_from_a_stream(finish_reasons, stored):
+    from gateway.render import cacheable
+
+    summary = summarize(_chat_body(*finish_reasons))
+    acc = StreamAccumulator()
+    for i, r in enumerate(finish_reasons):  # the same answer, streamed: one content delta, then its finish reason
+        acc.feed(msgspec.json.encode({"model": "m", "choices": [{"index": i, "delta": {"content": f"answer {i}"}}]}))
+        acc.feed(msgspec.json.encode({"model": "m", "choices": [{"index": i, "delta": {}, "finish_reason": r}]}))
+    acc.feed(b'{"model": "m", "choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 4}}')
+    for a in (summary, acc):
+        got = cacheable(a, "chat", "edge")
+        assert (got is not None) == stored
+        if got is not None:
+            assert (got.kind, got.text, got.finish_reason, got.model, got.tier) == (
+                "chat", "answer 0", finish_reasons[0], "m", "edge")
+            assert (got.prompt_tokens, got.completion_tokens) == (3, 4) and got.created > 0

@@ -17,11 +17,15 @@ from policies.types import Priority
 __all__ = ["Admission"]
 
 
+_RECHECK_S = 0.25  # how often a waiter looks whether the tier grew (a node joined, the policy raised a limit)
+
+
 class Admission:
     def __init__(self, capacity: Callable[[], int], max_waiting: int = 256) -> None:
         self._capacity = capacity  # re-read on every admission: pools grow and shrink as nodes come and go
         self._max_waiting = max_waiting
         self._inflight = 0
+        self._waiting = 0  # live waiters; the heap may also hold ones that gave up, until they reach its top
         self._waiters: list[tuple[int, int, asyncio.Future[None]]] = []
         self._seq = itertools.count()
 
@@ -31,46 +35,59 @@ class Admission:
 
     @property
     def waiting(self) -> int:
-        return sum(1 for _, _, f in self._waiters if not f.done())
+        return self._waiting
 
     def saturated(self) -> bool:
         return self._inflight >= self._capacity()
 
     async def acquire(self, priority: Priority, timeout_s: float) -> bool:
         """Take a slot, waiting at most `timeout_s`; False means shed (the caller answers 429/503 or overflows)."""
-        self._prune()
-        if self._inflight < self._capacity() and not self._waiters:
+        self._wake()
+        if self._inflight < self._capacity() and not self._waiting:
             self._inflight += 1
             return True
-        if timeout_s <= 0 or len(self._waiters) >= self._max_waiting:
+        if timeout_s <= 0 or self._waiting >= self._max_waiting:
             return False
-        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[None] = loop.create_future()
         heapq.heappush(self._waiters, (-int(priority), next(self._seq), fut))
+        self._waiting += 1
+        deadline = loop.time() + timeout_s
         try:
-            async with asyncio.timeout(timeout_s):
-                await fut
-            return True  # the slot was handed over by release(); _inflight already counts it
-        except TimeoutError:
-            if fut.done() and not fut.cancelled():
-                return True  # handed over just as the timer fired
-            fut.cancel()
-            return False
+            while not fut.done():
+                left = deadline - loop.time()
+                if left <= 0:
+                    break
+                await asyncio.wait((fut,), timeout=min(left, _RECHECK_S))
+                self._wake()  # capacity may have grown with nobody releasing a slot
         except asyncio.CancelledError:
-            if fut.done() and not fut.cancelled():
+            if fut.done():
                 self.release()  # we were handed a slot but will not use it
             else:
-                fut.cancel()
+                self._give_up(fut)
             raise
+        if fut.done():
+            return True  # the slot was handed over by _wake(); _inflight already counts it
+        self._give_up(fut)
+        return False
 
-    def _prune(self) -> None:
-        while self._waiters and self._waiters[0][2].done():
-            heapq.heappop(self._waiters)
+    def _give_up(self, fut: asyncio.Future[None]) -> None:
+        fut.cancel()
+        self._waiting -= 1
+
+    def _wake(self) -> None:
+        """Hand free slots to the highest-priority waiters, as many as the (current) capacity allows."""
+        waiters = self._waiters
+        while waiters and (waiters[0][2].done() or self._inflight < self._capacity()):
+            fut = heapq.heappop(waiters)[2]
+            if fut.done():
+                continue  # gave up (timed out or cancelled); already uncounted
+            self._inflight += 1
+            self._waiting -= 1
+            fut.set_result(None)
 
     def release(self) -> None:
-        """Free a slot, handing it straight to the highest-priority waiter if there is one."""
-        if self._inflight <= self._capacity():
-            self._prune()
-            if self._waiters:
-                heapq.heappop(self._waiters)[2].set_result(None)  # the slot passes over: _inflight unchanged
-                return
+        """Free a slot; the highest-priority waiter, if any, takes it before any newcomer can."""
         self._inflight -= 1
+        if self._waiters:
+            self._wake()

@@ -75,3 +75,34 @@ async def test_cancelled_waiter_does_not_leak_a_slot():
         await waiter
     adm.release()
     assert adm.inflight == 0
+
+
+async def test_waiters_are_admitted_when_the_tier_grows_without_any_release():
+    size = [1]
+    adm = Admission(lambda: size[0])
+    assert await adm.acquire(Priority.NORMAL, 0)
+    waiters = [asyncio.create_task(adm.acquire(Priority.NORMAL, 5)) for _ in range(2)]
+    await asyncio.sleep(0.01)
+    assert adm.waiting == 2
+    size[0] = 3  # a node joined: two more slots, and the request holding the first one is still busy
+    assert await asyncio.wait_for(asyncio.gather(*waiters), 2) == [True, True]
+    assert adm.inflight == 3 and adm.waiting == 0
+
+
+async def test_waiters_that_gave_up_do_not_count_against_the_queue_bound():
+    adm = Admission(lambda: 1, max_waiting=2)
+    assert await adm.acquire(Priority.NORMAL, 0)
+    # Two waiters behind a higher-priority one time out; their heap entries stay until they reach the top.
+    high = asyncio.create_task(adm.acquire(Priority.HIGH, 5))
+    await asyncio.sleep(0.01)
+    assert not await adm.acquire(Priority.LOW, 0.05)
+    assert adm.waiting == 1
+    assert not await adm.acquire(Priority.LOW, 0.05)
+    late = asyncio.create_task(adm.acquire(Priority.NORMAL, 5))
+    await asyncio.sleep(0.01)
+    assert adm.waiting == 2  # high and late: the queue has room for exactly these two
+    adm.release()
+    assert await high
+    adm.release()
+    assert await late
+    assert adm.inflight == 1 and adm.waiting == 0

@@ -1,9 +1,10 @@
 """A minimal, instant OpenAI-compatible backend (aiohttp), so that what is measured is the gateway's own cost.
 
 Also the test suite's stand-in at the HTTP boundary: a `mode` makes it fail in the ways real backends do
-(HTTP 500, a stream cut short, silence, a 400 verdict on the request).
+(HTTP 500, a stream cut short, silence, a stream stalling after its first events, a 400 verdict on the request,
+a 401 from a backend configured with another key).
 
-Run: python -m bench.instant_upstream --port 9001 [--chunks 8] [--mode ok|error500|cut|hang|reject]
+Run: python -m bench.instant_upstream --port 9001 [--chunks 8] [--mode ok|error500|cut|hang|stall|reject|unauthorized]
                                          [--ttft-ms 0] [--tbt-ms 0] [--echo]
 
 `--ttft-ms` / `--tbt-ms` (default 0: instant) make every answer take a fixed, model-like time: the first token after
@@ -26,6 +27,7 @@ __all__ = ["HITS", "MODE", "make_app", "serve"]
 
 MODE = web.AppKey("mode", str)  # tests flip a healthy backend into a broken one
 HITS = web.AppKey("hits", int)  # completion requests answered so far
+LAST_BODY = web.AppKey("last_body", bytes)  # the raw body of the latest completion request (what the gateway sent)
 
 _enc = msgspec.json.Encoder().encode
 
@@ -52,10 +54,12 @@ def make_app(chunks: int = 8, mode: str = "ok", model: str = "instant", slots: i
     app = web.Application()
     app[MODE] = mode
     app[HITS] = 0
+    app[LAST_BODY] = b""
 
     async def complete(request: web.Request) -> web.StreamResponse:
         app[HITS] += 1
-        body = _dec.decode(await request.read())
+        app[LAST_BODY] = raw = await request.read()
+        body = _dec.decode(raw)
         chat = request.path.endswith("/chat/completions")
         m = app[MODE]
         if m == "error500":
@@ -64,6 +68,9 @@ def make_app(chunks: int = 8, mode: str = "ok", model: str = "instant", slots: i
             return web.json_response({"error": {"message": "prompt is longer than the context (2048 tokens)",
                                                 "type": "invalid_request_error", "code": "context_length_exceeded"}},
                                      status=400)
+        if m == "unauthorized":
+            return web.json_response({"error": {"message": "invalid API key", "type": "authentication_error"}},
+                                     status=401)
         if m == "hang":
             await asyncio.sleep(3600)
         n = min(chunks, body.max_tokens or chunks)
@@ -93,6 +100,8 @@ def make_app(chunks: int = 8, mode: str = "ok", model: str = "instant", slots: i
             if m == "cut" and i == n // 2:
                 request.transport.close()  # a backend dying mid-stream
                 return resp
+            if m == "stall" and i == 2:
+                await asyncio.sleep(3600)  # a backend stuck mid-stream, connection open
             if m == "slow":
                 await asyncio.sleep(0.05)
             if ttft_s and i == 0 or tbt_s and i > 0:

@@ -21,7 +21,7 @@ import msgspec
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.applications import Starlette
 from starlette.background import BackgroundTask
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route as HttpRoute
 
@@ -42,6 +42,8 @@ from gateway.schemas import (
     StreamOptions,
     decode_chat,
     decode_completion,
+    unknown_fields,
+    with_fields,
 )
 from gateway.settings import Settings
 from gateway.upstream import UpstreamClient, UpstreamFailure
@@ -57,7 +59,10 @@ _encode = msgspec.json.Encoder().encode
 _JSON = "application/json"
 _SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
 _STREAM_OPTIONS = StreamOptions(include_usage=True)
-_INLINE_CLASSIFY_CHARS = 4000  # longer prompts are tokenised in a worker thread, off the event loop
+_INLINE_CLASSIFY_CHARS = 4000
+# Unmodelled request fields known not to change the answer; any other one (`functions`, `reasoning_effort`, ...)
+# might, and the cache key cannot include what it does not understand, so such requests bypass the cache.
+_ANSWER_NEUTRAL = frozenset({"metadata", "store", "service_tier", "safety_identifier", "prompt_cache_key"})  # longer prompts are tokenised in a worker thread, off the event loop
 
 
 @dataclass(slots=True)
@@ -75,6 +80,7 @@ class _Ctx:
     cache_key: RequestKey | None = None  # from the lookup, reused by the store
     similarity: float | None = None
     holds_tenant_slot: bool = False  # counted in the tenant's concurrency; whoever ends the answer releases it
+    extra: dict[str, msgspec.Raw] | None = None  # fields the structs do not model, forwarded to the backend as is
 
     def headers(self, tier: str, overhead_s: float | None = None) -> dict[str, str]:
         h = {"x-request-id": self.request_id, "x-tiergate-tier": tier, "x-tiergate-cache": self.cache}
@@ -203,8 +209,8 @@ class Gateway:
                 raise from_validation(exc) from None
             self._validate(req, ctx.tenant)
             ctx.req = req
-            await self.limiter.admit(ctx.tenant)
-            self.limiter.enter(ctx.tenant)
+            ctx.extra = unknown_fields(body, kind)
+            await self.limiter.admit(ctx.tenant)  # counts the request in the tenant's concurrency, or raises 429
             ctx.holds_tenant_slot = True
             text_len = len(req.prompt_text()) if kind == "text" else sum(len(m.text()) for m in req.messages)
             if text_len > self.settings.max_prompt_chars:
@@ -223,11 +229,39 @@ class Gateway:
             hit = await self._lookup(ctx)
             if hit is not None:
                 return self._answer_from_cache(ctx, hit)
-            return await self._dispatch(ctx, request)
+            return await self._dispatch_while_connected(ctx, request)
         except OpenAIError as exc:
             return self._error(ctx, exc)
+        except ClientDisconnect:  # gone while sending its body: nothing to answer, nothing to blame
+            return self._client_gone(ctx)
         finally:
             self._leave(ctx)
+
+    async def _dispatch_while_connected(self, ctx: _Ctx, request: Request) -> Response:
+        """Dispatch, but give up as soon as the client disconnects before its answer has begun.
+
+        Until the first byte goes out, a client that hangs up is noticed only by reading the ASGI channel;
+        without this watcher the gateway would wait out the queue, the backend's whole generation and any
+        retries for nobody, holding a tier slot and the tenant's concurrency the whole time. Once a stream
+        has begun, the streaming response notices the disconnect itself.
+        """
+        task = asyncio.current_task()
+        watcher = asyncio.get_running_loop().create_task(_cancel_on_disconnect(request.receive, task))
+        try:
+            return await self._dispatch(ctx, request)
+        except asyncio.CancelledError:
+            if not watcher.done() or watcher.cancelled() or not watcher.result() or task.uncancel() > 0:
+                raise  # cancelled by someone else (shutdown): let it through
+            return self._client_gone(ctx)
+        finally:
+            watcher.cancel()
+
+    def _client_gone(self, ctx: _Ctx) -> Response:
+        """Count and log a client that left before its answer began; the 499 is never seen by anyone."""
+        tier = ctx.decision.tier if ctx.decision is not None and ctx.decision.tier else "none"
+        metrics.DISCONNECTS.labels(tier).inc()
+        self._account(ctx, tier, 499, time.perf_counter() - ctx.started)
+        return Response(status_code=499, headers={"x-request-id": ctx.request_id})
 
     def _leave(self, ctx: _Ctx) -> None:
         if ctx.holds_tenant_slot:
@@ -270,7 +304,8 @@ class Gateway:
 
     async def _lookup(self, ctx: _Ctx) -> CacheHit | None:
         rule = ctx.decision.cache
-        if self.cache is None or not rule.enabled or ctx.req.kind == "chat" and ctx.req.tools:
+        if (self.cache is None or not rule.enabled or ctx.req.kind == "chat" and ctx.req.tools
+                or ctx.extra and not _ANSWER_NEUTRAL.issuperset(ctx.extra)):  # e.g. `functions`: not ours to key
             ctx.cache = "bypass"
             return None
         result = await self.cache.check(ctx.req, ctx.tenant.id, rule)
@@ -295,7 +330,8 @@ class Gateway:
                                      background=task)
         return Response(render_json(hit.answer), media_type=_JSON, headers=headers, background=task)
 
-    def _upstream_body(self, req: ParsedRequest, decision: Decision) -> Callable[[Endpoint], bytes]:
+    def _upstream_body(self, req: ParsedRequest, decision: Decision,
+                       extra: dict[str, msgspec.Raw] | None = None) -> Callable[[Endpoint], bytes]:
         """The request as each backend should see it: its own model name, max_tokens capped, usage asked for."""
         max_tokens = req.effective_max_tokens()
         if decision.max_tokens_cap is not None:
@@ -310,7 +346,8 @@ class Gateway:
         def body_for(ep: Endpoint) -> bytes:
             b = by_model.get(ep.model)
             if b is None:
-                b = by_model[ep.model] = _encode(msgspec.structs.replace(req, model=ep.model, **changes))
+                b = by_model[ep.model] = with_fields(_encode(msgspec.structs.replace(req, model=ep.model, **changes)),
+                                                     extra)
             return b
 
         return body_for
@@ -323,7 +360,7 @@ class Gateway:
             decision = ctx.decision = _with_cap(decision, cap)
         path = "/v1/chat/completions" if req.kind == "chat" else "/v1/completions"
         attempt = await self.dispatcher.open(request=req, features=ctx.features, decision=decision, path=path,
-                                             body_for=self._upstream_body(req, decision),
+                                             body_for=self._upstream_body(req, decision, ctx.extra),
                                              request_id=ctx.request_id, stream=req.stream)
         if req.stream:
             return self._relay_stream(ctx, attempt)
@@ -336,9 +373,9 @@ class Gateway:
             metrics.UPSTREAM_ERRORS.labels(attempt.tier, f.kind).inc()
             raise OpenAIError(f.status, f"Tier `{attempt.tier}`: {f}", type="upstream_error",
                               code=f"upstream_{f.kind}") from None
-        except BaseException:
+        except BaseException:  # cancelled: the client left (or shutdown); closing stops the generation
             attempt.response.close()
-            attempt.finish(ok=False)
+            attempt.finish()
             raise
         upstream_s = time.perf_counter() - attempt.upstream_started
         attempt.finish()
@@ -388,10 +425,15 @@ class Gateway:
             if relay.status == 499:  # the client went away; closing the response stopped the generation upstream
                 metrics.DISCONNECTS.labels(attempt.tier).inc()
             acc = relay.acc
-            self._account(ctx, attempt.tier, relay.status, overhead, acc.prompt_tokens, acc.completion_tokens)
+            prompt_tokens, completion_tokens = acc.prompt_tokens, acc.completion_tokens
+            if not (prompt_tokens or completion_tokens):
+                # No usage chunk (the stream broke or the client left first), yet the backend did the work:
+                # charge our own prompt count and one token per content chunk, which is how backends stream.
+                prompt_tokens, completion_tokens = ctx.features.prompt_tokens, len(acc.parts)
+            self._account(ctx, attempt.tier, relay.status, overhead, prompt_tokens, completion_tokens)
             if relay.status == 200 and ctx.cache == "miss" and (answer := cacheable(acc, ctx.req.kind, attempt.tier)):
                 await self._store(ctx, answer)
-            await self.limiter.charge_tokens(ctx.tenant, acc.prompt_tokens + acc.completion_tokens)
+            await self.limiter.charge_tokens(ctx.tenant, prompt_tokens + completion_tokens)
 
         return _Stream(self._stream_body(ctx, attempt, relay, client_wants_usage), on_close,
                        media_type="text/event-stream", headers=headers)
@@ -612,6 +654,19 @@ class _Stream(StreamingResponse):
             await self._on_close()
 
 
+async def _cancel_on_disconnect(receive: Callable[[], Awaitable[dict]], task: asyncio.Task) -> bool:
+    """Wait for the client's `http.disconnect` and cancel `task`; True when that happened.
+
+    Called once the request body has been read, so the next message on the channel is the disconnect
+    (or the end of the response, which comes after this watcher has been cancelled).
+    """
+    for _ in range(8):  # a server that answers with more (empty) body messages is not waited on for ever
+        if (await receive())["type"] == "http.disconnect":
+            task.cancel()
+            return True
+    return False
+
+
 async def _iterate(items: list[bytes]) -> AsyncIterator[bytes]:
     for item in items:
         yield item
@@ -677,6 +732,8 @@ def create_app(settings: Settings | None = None, *, keyring: KeyRing | None = No
                 return await handler(request)
             except OpenAIError as exc:
                 return Response(exc.to_json(), status_code=exc.status, media_type=_JSON, headers=exc.headers)
+            except ClientDisconnect:  # gone while sending its body: nobody to answer
+                return Response(status_code=499)
 
         return run
 

@@ -43,8 +43,8 @@ class Attempt:
     route: Route
     upstream_started: float  # perf_counter when the request went to the backend
     fallback_from: str | None = None
-    events: AsyncIterator[bytes] | None = None  # streaming: the rest of the stream, after `first`
-    first: bytes | None = None  # streaming: the first event, read before anything reached the client
+    events: AsyncIterator[list[bytes]] | None = None  # streaming: the rest of the stream, after `first`
+    first: list[bytes] | None = None  # streaming: the first batch of events, read before anything reached the client
     first_at: float = 0.0  # perf_counter when `first` arrived
     _done: bool = field(default=False)
 
@@ -72,18 +72,19 @@ class Dispatcher:
         is still retried elsewhere: nothing has reached the client yet.
         """
         routes = self._routes()
-        last: OpenAIError | None = None
+        failures: list[OpenAIError] = []  # one per tier tried, so the final error can say what happened where
         previous: str | None = None
         for tier in decision.tiers:
             route = routes.get(tier)
             if route is None:
                 continue
             if previous is not None:
-                metrics.FALLBACKS.labels(previous, tier, last.code if last else "unavailable").inc()
+                metrics.FALLBACKS.labels(previous, tier, failures[-1].code if failures else "unavailable").inc()
             previous = tier
             candidates = route.pool.candidates(request, features)[:MAX_ENDPOINTS_PER_TIER]
             if not candidates:
-                last = upstream_error(503, f"No healthy backend in tier `{tier}`.", code="tier_unavailable")
+                failures.append(upstream_error(503, f"No healthy backend in tier `{tier}`.", code="tier_unavailable",
+                                               retry_after_s=1))
                 continue
             metrics.child(metrics.QUEUED, tier).inc()
             try:
@@ -92,47 +93,67 @@ class Dispatcher:
                 metrics.child(metrics.QUEUED, tier).dec()
             if not admitted:
                 metrics.SHED.labels(tier, features.priority.name.lower()).inc()
-                last = rate_limited(f"Tier `{tier}` is saturated; retry shortly.", decision.timeouts.queue_s,
-                                    code="tier_saturated")
+                failures.append(rate_limited(f"Tier `{tier}` is saturated; retry shortly.", decision.timeouts.queue_s,
+                                             code="tier_saturated"))
                 continue
             metrics.child(metrics.INFLIGHT, tier).inc()
+            last: OpenAIError | None = None
             for ep in candidates:
                 ep.inflight += 1
                 started = time.perf_counter()
                 resp: UpstreamResponse | None = None
                 try:
-                    resp = await self._upstream.post(ep, path, body_for(ep), decision.timeouts, request_id)
+                    resp = await self._upstream.post(ep, path, body_for(ep), decision.timeouts, request_id,
+                                                     stream=stream)
                     events, first, first_at = None, None, 0.0
                     if stream:
                         events = resp.events()
                         first = await anext(events, None)
                         first_at = time.perf_counter()
                 except UpstreamFailure as f:
-                    if resp is not None:
-                        resp.close()
+                    _discard(resp)
                     ep.inflight -= 1
                     metrics.UPSTREAM_ERRORS.labels(tier, f.kind).inc()
-                    if not f.retryable:  # the backend judged the request itself (4xx): pass its verdict on
-                        route.admission.release()
-                        metrics.child(metrics.INFLIGHT, tier).dec()
+                    if f.kind == "http_4xx":  # the backend judged the request itself: pass its verdict on
+                        _give_back(route, tier)
                         raise _client_error_from(f) from None
                     route.pool.report(ep, False)
                     last = upstream_error(f.status, f"Tier `{tier}`: {f}", code=f"upstream_{f.kind}")
+                    if not f.retryable:  # the request's time is spent: nothing else gets to try
+                        _give_back(route, tier)
+                        raise last from None
                     continue
-                except BaseException:  # cancelled (client gone) or a bug: give everything back
-                    if resp is not None:
-                        resp.close()
+                except BaseException:  # cancelled (client gone) or a bug: give everything back, blame no one
+                    _discard(resp)
                     ep.inflight -= 1
-                    route.admission.release()
-                    metrics.child(metrics.INFLIGHT, tier).dec()
+                    _give_back(route, tier)
                     raise
                 route.pool.report(ep, True)
                 return Attempt(tier, ep, resp, route, started,
                                fallback_from=decision.tier if tier != decision.tier else None,
                                events=events, first=first, first_at=first_at)
-            route.admission.release()
-            metrics.child(metrics.INFLIGHT, tier).dec()
-        raise last or upstream_error(503, "No tier is available for this request.", code="no_tier_available")
+            _give_back(route, tier)
+            if last is not None:
+                failures.append(last)
+        if not failures:
+            raise upstream_error(503, "No tier is available for this request.", code="no_tier_available",
+                                 retry_after_s=1)
+        final = failures[-1]
+        if len(failures) > 1:  # say what happened in every tier, keep the last one's status and code
+            final = OpenAIError(final.status, " ".join(e.message for e in failures), type=final.type,
+                                code=final.code, headers=final.headers)
+        raise final
+
+
+def _give_back(route: Route, tier: str) -> None:
+    route.admission.release()
+    metrics.child(metrics.INFLIGHT, tier).dec()
+
+
+def _discard(resp: UpstreamResponse | None) -> None:
+    """Drop a response that will not be used; closing its connection stops the generation upstream."""
+    if resp is not None:
+        resp.close()
 
 
 def _client_error_from(f: UpstreamFailure) -> OpenAIError:

@@ -71,9 +71,13 @@ def rate_limited(message: str, retry_after_s: float, *, code: str = "rate_limit_
     )
 
 
-def upstream_error(status: int, message: str, *, code: str) -> OpenAIError:
-    """502 (bad answer), 503 (nothing available) or 504 (timed out) from the tiers behind the gateway."""
-    return OpenAIError(status, message, type="upstream_error", code=code)
+def upstream_error(status: int, message: str, *, code: str, retry_after_s: float | None = None) -> OpenAIError:
+    """502 (bad answer), 503 (nothing available) or 504 (timed out) from the tiers behind the gateway.
+
+    A 503 that will likely clear soon (no healthy backend right now) says when to retry, as a 429 does.
+    """
+    headers = {"retry-after": str(max(1, round(retry_after_s)))} if retry_after_s is not None else None
+    return OpenAIError(status, message, type="upstream_error", code=code, headers=headers)
 
 
 def from_validation(exc: msgspec.ValidationError | msgspec.DecodeError) -> OpenAIError:

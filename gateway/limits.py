@@ -82,11 +82,24 @@ class Limiter:
             del self._local[k]
 
     async def admit(self, tenant: Tenant) -> None:
-        """Count one request against the tenant's limits, or raise a 429 with Retry-After."""
+        """Count one request against the tenant's limits, or raise a 429 with Retry-After.
+
+        An admitted request holds one of the tenant's concurrent slots until `leave()`. The slot is taken
+        before the rate counters are read (which may wait on Redis), so that concurrent requests cannot all
+        pass the concurrency check while each waits on Redis; a refusal gives it back.
+        """
         if tenant.max_concurrency is not None and self._concurrent[tenant.id] >= tenant.max_concurrency:
             LIMITED.labels(tenant.id, "concurrency").inc()
             raise rate_limited(f"Tenant `{tenant.id}` already has {tenant.max_concurrency} requests in flight.", 1,
                                code="concurrency_limit_exceeded")
+        self.enter(tenant)
+        try:
+            await self._check_rates(tenant)
+        except BaseException:
+            self.leave(tenant)
+            raise
+
+    async def _check_rates(self, tenant: Tenant) -> None:
         try:
             if tenant.requests_per_minute is not None:
                 used, reset = await self._counts(tenant.id, "req", 1)

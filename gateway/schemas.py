@@ -21,6 +21,8 @@ __all__ = [
     "decode_chat",
     "decode_completion",
     "encode",
+    "unknown_fields",
+    "with_fields",
 ]
 
 
@@ -131,3 +133,26 @@ def decode_completion(body: bytes) -> CompletionRequest:
 
 def encode(obj: Any) -> bytes:
     return _encoder.encode(obj)
+
+
+_raw_fields = msgspec.json.Decoder(dict[str, msgspec.Raw])
+_KNOWN_FIELDS = {"chat": frozenset(ChatRequest.__struct_fields__),
+                 "text": frozenset(CompletionRequest.__struct_fields__)}
+
+
+def unknown_fields(body: bytes, kind: str) -> dict[str, msgspec.Raw]:
+    """The top-level fields of an already decoded body that the request structs do not model, still raw.
+
+    New OpenAI parameters (`reasoning_effort`, `parallel_tool_calls`, the legacy `functions`, ...) appear
+    faster than any gateway can model them; a backend that understands one must still receive it, so
+    these are forwarded untouched rather than silently dropped. Costs under a microsecond per request.
+    """
+    known = _KNOWN_FIELDS[kind]
+    return {k: v for k, v in _raw_fields.decode(body).items() if k not in known}
+
+
+def with_fields(encoded: bytes, extra: dict[str, msgspec.Raw]) -> bytes:
+    """Add raw fields to an encoded JSON object (a request struct always encodes at least `model`)."""
+    if not extra:
+        return encoded
+    return encoded[:-1] + b"," + _encoder.encode(extra)[1:]

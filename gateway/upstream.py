@@ -29,13 +29,14 @@ class UpstreamFailure(Exception):
 
     `retryable` is true when nothing reached the client yet and another endpoint may do better
     (connection refused, timeout before the first byte, 5xx); `status` is what the client gets if
-    every attempt fails this way.
+    every attempt fails this way. `kind == "http_4xx"` is the backend's verdict on the request itself
+    (400, 413, 422), which no other backend would change.
     """
 
     def __init__(self, message: str, *, kind: str, status: int = 502, retryable: bool = True,
                  body: bytes | None = None) -> None:
         super().__init__(message)
-        self.kind = kind  # connect | timeout | http_5xx | http_4xx | protocol | stream
+        self.kind = kind  # connect | timeout | http_5xx | http_4xx | http_endpoint | protocol | stream
         self.status = status
         self.retryable = retryable
         self.body = body
@@ -43,24 +44,28 @@ class UpstreamFailure(Exception):
 
 @dataclass(slots=True)
 class UpstreamResponse:
-    """An open upstream response; the caller must `close()` it (streams: when done or cancelled)."""
+    """An open upstream response; the caller must `close()` it (streams: when done or cancelled).
+
+    `deadline` (event-loop time) bounds reading a non-streaming body: the request's total budget.
+    """
 
     endpoint: Endpoint
     _resp: aiohttp.ClientResponse
     _timeouts: Timeouts
+    deadline: float = 0.0
 
     @property
     def status(self) -> int:
         return self._resp.status
 
     async def read(self) -> bytes:
-        """The whole body, bounded by the first-byte timeout (a non-streaming answer arrives at once)."""
+        """The whole body, within what is left of the request's total time."""
         try:
-            async with asyncio.timeout(self._timeouts.first_byte_s):
+            async with asyncio.timeout_at(self.deadline or None):
                 return await self._resp.read()
         except TimeoutError:
-            raise UpstreamFailure(f"{self.endpoint.id} timed out after {self._timeouts.first_byte_s:g}s",
-                                  kind="timeout", status=504) from None
+            raise UpstreamFailure(f"{self.endpoint.id} did not finish its answer within {self._timeouts.total_s:g}s",
+                                  kind="timeout", status=504, retryable=False) from None
         except aiohttp.ClientError as exc:
             raise UpstreamFailure(f"{self.endpoint.id} broke off the answer: {exc}", kind="protocol") from None
 
@@ -70,42 +75,45 @@ class UpstreamResponse:
         A batch is what one read of the socket completed, so a fast backend's events go on to the client in
         one write rather than one each. The stream's last batch ends with the payload `[DONE]`; a stream that
         closes without it raises UpstreamFailure. The first batch may take up to the first-byte timeout,
-        each later one the between-chunks timeout.
+        each later one the between-chunks timeout. Each deadline wraps only the socket read, never a `yield`:
+        the consumer may be another task, and its own pace (a slow client) is not the backend's silence.
         """
         loop = asyncio.get_running_loop()
         between = self._timeouts.between_chunks_s
         content = self._resp.content
         buf = bytearray()
-        try:
-            async with asyncio.timeout(self._timeouts.first_byte_s) as deadline:
-                while True:
+        deadline = loop.time() + self._timeouts.first_byte_s
+        while True:
+            try:
+                async with asyncio.timeout_at(deadline):
                     chunk = await content.readany()
-                    if not chunk:
-                        raise UpstreamFailure(f"{self.endpoint.id} closed the stream before [DONE]", kind="stream")
-                    buf += chunk
-                    end = buf.rfind(b"\n")
-                    if end < 0:
-                        if len(buf) > MAX_EVENT_BYTES:
-                            raise UpstreamFailure(f"{self.endpoint.id} sent an event over {MAX_EVENT_BYTES} bytes",
-                                                  kind="protocol")
-                        continue
-                    lines = bytes(buf[:end]).split(b"\n")
-                    del buf[:end + 1]
-                    batch = []
-                    for line in lines:
-                        if line.startswith(b"data:"):  # not blank separators, comments, `event:` lines
-                            payload = line[5:].strip()
-                            batch.append(payload)
-                            if payload == b"[DONE]":
-                                yield batch
-                                return
-                    if batch:
-                        deadline.reschedule(loop.time() + between)
+            except TimeoutError:
+                raise UpstreamFailure(f"{self.endpoint.id} went silent mid-stream", kind="timeout",
+                                      status=504) from None
+            except aiohttp.ClientError as exc:
+                raise UpstreamFailure(f"{self.endpoint.id} broke off the stream: {exc}", kind="stream") from None
+            if not chunk:
+                raise UpstreamFailure(f"{self.endpoint.id} closed the stream before [DONE]", kind="stream")
+            buf += chunk
+            end = buf.rfind(b"\n")
+            if end < 0:
+                if len(buf) > MAX_EVENT_BYTES:
+                    raise UpstreamFailure(f"{self.endpoint.id} sent an event over {MAX_EVENT_BYTES} bytes",
+                                          kind="protocol")
+                continue
+            lines = bytes(buf[:end]).split(b"\n")
+            del buf[:end + 1]
+            batch = []
+            for line in lines:
+                if line.startswith(b"data:"):  # not blank separators, comments, `event:` lines
+                    payload = line[5:].strip()
+                    batch.append(payload)
+                    if payload == b"[DONE]":
                         yield batch
-        except TimeoutError:
-            raise UpstreamFailure(f"{self.endpoint.id} went silent mid-stream", kind="timeout", status=504) from None
-        except aiohttp.ClientError as exc:
-            raise UpstreamFailure(f"{self.endpoint.id} broke off the stream: {exc}", kind="stream") from None
+                        return
+            if batch:
+                deadline = loop.time() + between
+                yield batch
 
     def close(self) -> None:
         self._resp.close()
@@ -137,18 +145,26 @@ class UpstreamClient:
             raise RuntimeError("UpstreamClient.start() was not called")
         return self._session
 
-    async def post(self, endpoint: Endpoint, path: str, body: bytes, timeouts: Timeouts,
-                   request_id: str) -> UpstreamResponse:
-        """Send a request and wait for the response headers; non-2xx answers raise UpstreamFailure."""
+    async def post(self, endpoint: Endpoint, path: str, body: bytes, timeouts: Timeouts, request_id: str,
+                   *, stream: bool = True) -> UpstreamResponse:
+        """Send a request and wait for the response headers; a non-2xx answer raises UpstreamFailure.
+
+        A stream's headers come before its first token, so they must arrive within connect + first-byte
+        time. A non-streaming answer's headers come only once the whole answer is generated, so for
+        those the wait is the request's total time, and running out of it is not retried: the budget is spent.
+        """
         url = endpoint.base_url + path
         timeout = aiohttp.ClientTimeout(total=timeouts.total_s, sock_connect=timeouts.connect_s)
         headers = {"content-type": "application/json", "x-request-id": request_id}
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeouts.total_s
+        wait_s = timeouts.connect_s + timeouts.first_byte_s if stream else timeouts.total_s
         try:
-            async with asyncio.timeout(timeouts.connect_s + timeouts.first_byte_s):
+            async with asyncio.timeout(wait_s):
                 resp = await self.session.post(url, data=body, headers=headers, timeout=timeout)
         except TimeoutError:
-            raise UpstreamFailure(f"{endpoint.id} did not answer within "
-                                  f"{timeouts.connect_s + timeouts.first_byte_s:g}s", kind="timeout", status=504) from None
+            raise UpstreamFailure(f"{endpoint.id} did not answer within {wait_s:g}s", kind="timeout", status=504,
+                                  retryable=stream) from None
         except aiohttp.ClientConnectorError as exc:
             raise UpstreamFailure(f"cannot connect to {endpoint.id}: {exc.os_error or exc}", kind="connect",
                                   status=503) from None
@@ -162,14 +178,28 @@ class UpstreamClient:
                 err_body = b""
             finally:
                 resp.release()
-            server_error = resp.status >= 500 or resp.status == 429
-            raise UpstreamFailure(f"{endpoint.id} answered HTTP {resp.status}",
-                                  kind="http_5xx" if server_error else "http_4xx",
-                                  status=502 if server_error else resp.status, retryable=server_error, body=err_body)
-        return UpstreamResponse(endpoint, resp, timeouts)
+            raise _failure_for_status(endpoint, resp.status, err_body)
+        return UpstreamResponse(endpoint, resp, timeouts, deadline)
 
     async def get(self, url: str, timeout_s: float) -> tuple[int, bytes]:
         """Small GETs for health and metrics polling."""
         async with asyncio.timeout(timeout_s):
             async with self.session.get(url) as resp:
                 return resp.status, await resp.read()
+
+
+# The backend judged the request itself (malformed, too long for its context): relay its verdict, do not retry.
+_VERDICT_STATUSES = frozenset({400, 413, 422})
+
+
+def _failure_for_status(endpoint: Endpoint, status: int, body: bytes) -> UpstreamFailure:
+    """Classify a non-2xx answer: the request's fault (relayed as is) or the endpoint's (another may do better).
+
+    401/403/404/405 mean the endpoint is misconfigured (wrong key, path or model name) and 429/5xx that it is
+    overloaded or broken: the client gets a 502 if no other endpoint answers, never the backend's own 401.
+    """
+    if status in _VERDICT_STATUSES:
+        return UpstreamFailure(f"{endpoint.id} answered HTTP {status}", kind="http_4xx", status=status,
+                               retryable=False, body=body)
+    kind = "http_5xx" if status >= 500 or status == 429 else "http_endpoint"
+    return UpstreamFailure(f"{endpoint.id} answered HTTP {status}", kind=kind, status=502, body=body)

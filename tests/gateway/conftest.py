@@ -18,7 +18,8 @@ KEYS = KeyRing.from_inline("key-alpha-1=alpha:normal,key-beta-1=beta:low,key-gol
 
 def write_policy(path: Path, edge: list[str], cloud: list[str], *, fallback: bool = True,
                  max_concurrency: int | None = None, queue_s: float = 5.0, first_byte_s: float = 10.0,
-                 between_chunks_s: float = 10.0, cache: bool = True, max_waiting: int | None = None) -> Path:
+                 between_chunks_s: float = 10.0, cache: bool = True, max_waiting: int | None = None,
+                 total_s: float = 30.0) -> Path:
     """A small policy: everything goes to the edge (falling back to the cloud); model `tiergate-cloud` to the cloud."""
     mc = f"\n    max_concurrency: {max_concurrency}" if max_concurrency else ""
     if max_waiting is not None:
@@ -26,7 +27,7 @@ def write_policy(path: Path, edge: list[str], cloud: list[str], *, fallback: boo
     path.write_text(f"""\
 version: 1
 defaults:
-  timeouts: {{connect_s: 1.0, first_byte_s: {first_byte_s}, between_chunks_s: {between_chunks_s}, total_s: 30, queue_s: {queue_s}}}
+  timeouts: {{connect_s: 1.0, first_byte_s: {first_byte_s}, between_chunks_s: {between_chunks_s}, total_s: {total_s}, queue_s: {queue_s}}}
   cache: {{enabled: {str(cache).lower()}, semantic: false}}
 tiers:
   edge:

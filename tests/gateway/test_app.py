@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 import httpx
 import msgspec
@@ -11,6 +12,7 @@ import pytest
 
 from bench.instant_upstream import HITS
 from tests.gateway.conftest import stack
+from tests.support.servers import wait_until
 
 AUTH = {"Authorization": "Bearer key-alpha-1"}
 CHAT = {"model": "auto", "messages": [{"role": "user", "content": "Say hi"}], "max_tokens": 4, "temperature": 0}
@@ -184,9 +186,66 @@ def test_backend_verdict_on_the_request_is_relayed(tmp_path):
 
 
 def test_silent_backend_times_out_with_504(tmp_path):
-    with stack(tmp_path, edge_modes=("hang",), policy={"fallback": False, "first_byte_s": 0.5}) as s:
+    # A stream must start within the first-byte time; a JSON answer (whose headers come only once it is
+    # generated) within the request's total time.
+    with stack(tmp_path, edge_modes=("hang",), policy={"fallback": False, "first_byte_s": 0.5, "total_s": 1.0}) as s:
         r = _post(s, {**CHAT, "temperature": 1})
         assert r.status_code == 504 and _err(r)["code"] == "upstream_timeout"
+        assert "1s" in _err(r)["message"]
+        r = _post(s, {**CHAT, "temperature": 1, "stream": True})
+        assert r.status_code == 504 and _err(r)["code"] == "upstream_timeout"
+        assert "1.5s" in _err(r)["message"]  # connect 1 s + first byte 0.5 s
+
+
+def test_json_answer_may_take_longer_than_the_first_byte_timeout(tmp_path):
+    # The backend sends nothing, not even headers, for 2 s while it generates; connect + first byte is 1.3 s.
+    with stack(tmp_path, edge_modes=("slow",), chunks=40, policy={"fallback": False, "first_byte_s": 0.3}) as s:
+        r = _post(s, {**CHAT, "temperature": 1, "max_tokens": 40})
+        assert r.status_code == 200, r.text
+        assert r.json()["usage"]["completion_tokens"] == 40
+
+
+def test_stream_stalling_mid_way_ends_with_sse_error_and_the_connection_stays_usable(tmp_path):
+    with stack(tmp_path, edge_modes=("stall",), policy={"fallback": False, "between_chunks_s": 0.3}) as s, \
+            httpx.Client(base_url=s["gw"].url, headers=AUTH, timeout=10) as http:
+        with http.stream("POST", "/v1/chat/completions", json={**CHAT, "stream": True, "temperature": 1}) as r:
+            events = [line[6:] for line in r.iter_lines() if line.startswith("data: ")]
+        assert [msgspec.json.decode(e)["choices"][0]["delta"]["content"] for e in events[:2]] == ["w0 ", "w1 "]
+        err = msgspec.json.decode(events[2])["error"]
+        assert err["code"] == "upstream_timeout" and "silent" in err["message"]
+        assert events[3:] == ["[DONE]"]
+        assert http.get("/healthz").status_code == 200  # the same client, on a connection the gateway kept open
+
+
+def test_backend_rejecting_the_gateway_itself_is_an_endpoint_failure(tmp_path):
+    # A 401 from a backend is about the gateway's configuration, not the client's request: try elsewhere,
+    # and never hand the client a 401 that its own (valid) key did not earn.
+    with stack(tmp_path, edge_modes=("unauthorized",)) as s:
+        r = _post(s, {**CHAT, "temperature": 1})
+        assert r.status_code == 200 and r.headers["x-tiergate-fallback-from"] == "edge"
+    with stack(tmp_path, edge_modes=("unauthorized",), cloud_modes=("error500",)) as s:
+        r = _post(s, {**CHAT, "temperature": 1})
+        assert r.status_code == 502
+        err = _err(r)
+        assert err["type"] == "upstream_error"
+        assert "Tier `edge`" in err["message"] and "HTTP 401" in err["message"]  # every tier's failure is named
+        assert "Tier `cloud`" in err["message"] and "HTTP 500" in err["message"]
+
+
+def test_fields_the_gateway_does_not_model_reach_the_backend_and_bypass_the_cache(basic):
+    from bench.instant_upstream import LAST_BODY
+
+    backend = basic["edges"][0].app
+    extra = {"reasoning_effort": "low", "parallel_tool_calls": False, "functions": [{"name": "f", "parameters": {}}]}
+    for _ in range(2):
+        r = _post(basic, {**CHAT, **extra})
+        assert r.status_code == 200 and r.headers["x-tiergate-cache"] == "bypass"
+        sent = msgspec.json.decode(backend[LAST_BODY])
+        assert {k: sent.get(k) for k in extra} == extra and sent["model"] == "edge-model"
+    # A field known not to change the answer keeps the request cacheable.
+    assert _post(basic, {**CHAT, "metadata": {"app": "x"}}).headers["x-tiergate-cache"] == "miss"
+    assert _post(basic, {**CHAT, "metadata": {"app": "x"}}).headers["x-tiergate-cache"] == "hit-exact"
+    assert msgspec.json.decode(backend[LAST_BODY])["metadata"] == {"app": "x"}
 
 
 def test_stream_cut_mid_way_ends_with_sse_error_then_done(tmp_path):
@@ -201,8 +260,41 @@ def test_stream_cut_mid_way_ends_with_sse_error_then_done(tmp_path):
         assert "w0 " in events[0]  # the part that arrived was relayed
 
 
-def test_openai_sdk_sees_mid_stream_error(tmp_path):
+def test_a_stream_that_breaks_before_its_usage_chunk_is_still_charged(tmp_path):
+    from prometheus_client import REGISTRY
+
+    def tokens(kind: str) -> float:
+        return REGISTRY.get_sample_value("tiergate_tokens_total", {"tier": "edge", "kind": kind}) or 0.0
+
     with stack(tmp_path, edge_modes=("cut",), policy={"fallback": False}) as s:
-        with pytest.raises(openai.APIError):
-            list(client(s).chat.completions.create(model="auto", messages=[{"role": "user", "content": "x"}],
-                                                   max_tokens=8, temperature=1, stream=True))
+        before = tokens("prompt"), tokens("completion")
+        with httpx.stream("POST", s["gw"].url + "/v1/chat/completions", headers=AUTH,
+                          json={**CHAT, "stream": True, "temperature": 1, "max_tokens": 8}) as r:
+            content = [line for line in r.iter_lines() if line.startswith('data: {"id"')]
+        assert len(content) == 4  # the backend died half-way through 8 tokens, before any usage chunk
+        wait_until(lambda: tokens("completion") == before[1] + 4, timeout_s=3, what="the 4 relayed tokens charged")
+        assert tokens("prompt") > before[0]  # the gateway's own count of the prompt
+
+
+def test_client_leaving_while_sending_its_body_is_no_internal_error(basic):
+    import socket
+
+    from prometheus_client import REGISTRY
+
+    def gone() -> float:
+        return REGISTRY.get_sample_value("tiergate_client_disconnects_total", {"tier": "none"}) or 0.0
+
+    before = gone()
+    port = int(basic["gw"].url.rsplit(":", 1)[1])
+    with socket.create_connection(("127.0.0.1", port)) as sock:
+        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer key-alpha-1\r\n"
+                     b"Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n{\"model\": \"auto\"")
+        time.sleep(0.2)
+    wait_until(lambda: gone() == before + 1, timeout_s=3, what="the abandoned request counted as a disconnect")
+    assert _post(basic, CHAT).status_code == 200
+
+
+def test_openai_sdk_sees_mid_stream_error(tmp_path):
+    with stack(tmp_path, edge_modes=("cut",), policy={"fallback": False}) as s, pytest.raises(openai.APIError):
+        list(client(s).chat.completions.create(model="auto", messages=[{"role": "user", "content": "x"}],
+                                               max_tokens=8, temperature=1, stream=True))

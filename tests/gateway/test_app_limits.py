@@ -5,12 +5,19 @@ from __future__ import annotations
 import asyncio
 
 import httpx
+import pytest
+from prometheus_client import REGISTRY
 
 from gateway.auth import KeyRing
 from tests.gateway.conftest import stack
 from tests.support.servers import wait_until
 
 CHAT = {"model": "auto", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 4, "temperature": 1}
+
+
+def _sample(name: str, **labels: str) -> float:
+    """A counter's value in this process (the threaded gateway shares the default registry)."""
+    return REGISTRY.get_sample_value(name, labels) or 0.0
 
 
 def test_rate_limit_answers_429_with_retry_after(tmp_path):
@@ -36,6 +43,7 @@ def test_tenant_max_tokens_caps_the_upstream_request(tmp_path):
 def test_client_disconnect_stops_the_upstream_stream(tmp_path):
     with stack(tmp_path, edge_modes=("slow",), chunks=200, policy={"fallback": False}) as s:
         gw = s["gw"].gateway
+        disconnects = _sample("tiergate_client_disconnects_total", tier="edge")
         with httpx.stream("POST", s["gw"].url + "/v1/chat/completions", headers={"Authorization": "Bearer key-alpha-1"},
                           json={**CHAT, "stream": True, "max_tokens": 200}) as r:
             it = r.iter_lines()
@@ -44,8 +52,47 @@ def test_client_disconnect_stops_the_upstream_stream(tmp_path):
         route = gw._routes["edge"]
         wait_until(lambda: route.admission.inflight == 0 and all(e.inflight == 0 for e in route.pool.endpoints()),
                    what="upstream released after client disconnect")
-        metrics = httpx.get(s["gw"].url + "/metrics").text
-        assert 'tiergate_client_disconnects_total{tier="edge"} 1.0' in metrics
+        assert _sample("tiergate_client_disconnects_total", tier="edge") == disconnects + 1
+
+
+def test_client_leaving_before_a_json_answer_frees_the_backend_and_every_slot(tmp_path):
+    # The backend would take 10 s to answer; the client gives up after 0.5 s.
+    with stack(tmp_path, edge_modes=("slow",), chunks=200, policy={"fallback": False}) as s:
+        gw, url = s["gw"].gateway, s["gw"].url
+        disconnects = _sample("tiergate_client_disconnects_total", tier="edge")
+        gone = {"endpoint": "chat", "tier": "edge", "rule": "default", "cache": "bypass", "status": "499"}
+        answered_499 = _sample("tiergate_requests_total", **gone)
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(url + "/v1/chat/completions", headers={"Authorization": "Bearer key-alpha-1"},
+                       json={**CHAT, "max_tokens": 200}, timeout=0.5)
+        route = gw._routes["edge"]
+        wait_until(lambda: route.admission.inflight == 0 and all(e.inflight == 0 for e in route.pool.endpoints())
+                   and gw.limiter._concurrent["alpha"] == 0, timeout_s=3, what="slots freed after the client left")
+        assert _sample("tiergate_client_disconnects_total", tier="edge") == disconnects + 1
+        assert _sample("tiergate_requests_total", **gone) == answered_499 + 1
+
+
+def test_client_leaving_the_queue_gives_up_its_place(tmp_path):
+    with stack(tmp_path, edge_modes=("hang",), policy={"fallback": False, "max_concurrency": 1, "queue_s": 30,
+                                                        "first_byte_s": 30}) as s:
+        gw, url = s["gw"].gateway, s["gw"].url + "/v1/chat/completions"
+        admission = gw._routes["edge"].admission
+
+        async def main() -> None:
+            async with httpx.AsyncClient(timeout=30) as c:
+                holder = asyncio.create_task(c.post(url, json=CHAT, headers={"Authorization": "Bearer key-alpha-1"}))
+                await asyncio.sleep(0.3)
+                with pytest.raises(httpx.ReadTimeout):
+                    await c.post(url, json=CHAT, headers={"Authorization": "Bearer key-gold-1"}, timeout=0.5)
+                for _ in range(40):  # well before its 30 s queue time is up
+                    if admission.waiting == 0:
+                        break
+                    await asyncio.sleep(0.05)
+                assert admission.waiting == 0 and admission.inflight == 1  # the holder still has its slot
+                holder.cancel()
+
+        asyncio.run(main())
+        wait_until(lambda: admission.inflight == 0, timeout_s=3, what="the holder's slot freed")
 
 
 def test_saturated_tier_serves_high_priority_first_and_sheds_with_retry_after(tmp_path):

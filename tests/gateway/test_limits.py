@@ -51,3 +51,32 @@ async def test_without_redis_the_limits_are_held_in_process():
     with pytest.raises(OpenAIError) as refused:
         await limiter.admit(tenant)
     assert refused.value.status == 429 and int(refused.value.headers["retry-after"]) >= 1
+
+
+class _SlowRedis:
+    """A reachable but slow Redis: every pipeline answers after a pause, with counts under any limit."""
+
+    def pipeline(self, transaction: bool = False):
+        return self
+
+    def incrby(self, *a) -> None: ...
+
+    def expire(self, *a) -> None: ...
+
+    def get(self, *a) -> None: ...
+
+    async def execute(self):
+        await asyncio.sleep(0.05)
+        return [1, True, None]
+
+
+async def test_concurrency_limit_holds_while_the_rate_counters_are_read():
+    from gateway.errors import OpenAIError
+
+    limiter = Limiter(_SlowRedis(), timeout_s=1.0)
+    tenant = Tenant(id="acme", max_concurrency=1, requests_per_minute=100)
+    results = await asyncio.gather(limiter.admit(tenant), limiter.admit(tenant), return_exceptions=True)
+    refused = [r for r in results if isinstance(r, OpenAIError)]
+    assert len(refused) == 1 and refused[0].code == "concurrency_limit_exceeded"  # not both let in
+    limiter.leave(tenant)
+    await limiter.admit(tenant)  # the admitted one left: room again

@@ -1,0 +1,66 @@
+"""Dispatch's bookkeeping when no backend can take a request (fakes at the pool boundary; test_app covers real ones)."""
+
+from __future__ import annotations
+
+import pytest
+
+from gateway.admission import Admission
+from gateway.dispatch import Dispatcher, Route
+from gateway.errors import OpenAIError
+from gateway.upstream import UpstreamClient
+from policies.types import Decision, Features, Priority, Timeouts
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def anyio_backend():
+    return "asyncio"
+
+
+class _EmptyPool:
+    """A tier whose every backend is down (or that has none yet): no candidates."""
+
+    def candidates(self, request, features):
+        return []
+
+    def endpoints(self):
+        return []
+
+
+class _Pool1(_EmptyPool):
+    """One (never contacted) candidate: the tier is reachable but its admission is full."""
+
+    def candidates(self, request, features):
+        return [object()]
+
+
+FEATURES = Features(prompt_tokens=3, priority=Priority.NORMAL, complexity=0.1, requested_model="auto", tenant="t")
+
+
+async def _open(tiers: dict[str, Route], decision: Decision) -> OpenAIError:
+    dispatcher = Dispatcher(UpstreamClient(), lambda: tiers)
+    with pytest.raises(OpenAIError) as failed:
+        await dispatcher.open(request=None, features=FEATURES, decision=decision, path="/v1/chat/completions",
+                              body_for=lambda ep: b"{}", request_id="r1", stream=False)
+    return failed.value
+
+
+async def test_a_tier_without_healthy_backends_is_a_503_that_says_when_to_retry():
+    routes = {"edge": Route("edge", _EmptyPool(), Admission(lambda: 1))}
+    err = await _open(routes, Decision(rule="default", tier="edge"))
+    assert err.status == 503 and err.code == "tier_unavailable"
+    assert err.headers["retry-after"] == "1"
+    assert routes["edge"].admission.inflight == 0  # nothing was taken
+
+
+async def test_when_every_tier_fails_the_error_names_each_of_them():
+    saturated = Admission(lambda: 1)
+    assert await saturated.acquire(Priority.CRITICAL, 0)
+    routes = {"edge": Route("edge", _EmptyPool(), Admission(lambda: 1)),
+              "cloud": Route("cloud", _Pool1(), saturated)}
+    no_queue = Timeouts(queue_s=0)
+    err = await _open(routes, Decision(rule="default", tier="edge", fallbacks=("cloud",), timeouts=no_queue))
+    assert err.status == 429 and err.code == "tier_saturated"  # the last tier's verdict decides the status
+    assert "tier `edge`" in err.message and "Tier `cloud` is saturated" in err.message
+    assert saturated.inflight == 1  # the shed request took nothing

@@ -241,20 +241,20 @@ class Gateway:
         """Dispatch, but give up as soon as the client disconnects before its answer has begun.
 
         Until the first byte goes out, a client that hangs up is noticed only by reading the ASGI channel;
-        without this watcher the gateway would wait out the queue, the backend's whole generation and any
+        without a watcher the gateway would wait out the queue, the backend's whole generation and any
         retries for nobody, holding a tier slot and the tenant's concurrency the whole time. Once a stream
         has begun, the streaming response notices the disconnect itself.
         """
         task = asyncio.current_task()
-        watcher = asyncio.get_running_loop().create_task(_cancel_on_disconnect(request.receive, task))
+        watch = _DisconnectWatch(request.receive, task)
         try:
             return await self._dispatch(ctx, request)
         except asyncio.CancelledError:
-            if not watcher.done() or watcher.cancelled() or not watcher.result() or task.uncancel() > 0:
+            if not watch.fired or task.uncancel() > 0:
                 raise  # cancelled by someone else (shutdown): let it through
             return self._client_gone(ctx)
         finally:
-            watcher.cancel()
+            watch.close()
 
     def _client_gone(self, ctx: _Ctx) -> Response:
         """Count and log a client that left before its answer began; the 499 is never seen by anyone."""
@@ -654,17 +654,37 @@ class _Stream(StreamingResponse):
             await self._on_close()
 
 
-async def _cancel_on_disconnect(receive: Callable[[], Awaitable[dict]], task: asyncio.Task) -> bool:
-    """Wait for the client's `http.disconnect` and cancel `task`; True when that happened.
+class _DisconnectWatch:
+    """Cancels a request's handler task if its client disconnects; `fired` says it did.
 
-    Called once the request body has been read, so the next message on the channel is the disconnect
-    (or the end of the response, which comes after this watcher has been cancelled).
+    The watching task starts only once the request has taken `after_s`: most answers that come that fast
+    are over before a disconnect could matter, and a timer costs a fraction of a task (the gateway's whole
+    budget is under a millisecond per request). It reads the ASGI channel, whose next message after the
+    body is the disconnect (or the end of the response, by which time the watch is closed).
     """
-    for _ in range(8):  # a server that answers with more (empty) body messages is not waited on for ever
-        if (await receive())["type"] == "http.disconnect":
-            task.cancel()
-            return True
-    return False
+
+    __slots__ = ("_receive", "_task", "_timer", "_watcher", "fired")
+
+    def __init__(self, receive: Callable[[], Awaitable[dict]], task: asyncio.Task, after_s: float = 0.05) -> None:
+        self._receive, self._task = receive, task
+        self._watcher: asyncio.Task | None = None
+        self.fired = False
+        self._timer = asyncio.get_running_loop().call_later(after_s, self._start)
+
+    def _start(self) -> None:
+        self._watcher = asyncio.get_running_loop().create_task(self._watch())
+
+    async def _watch(self) -> None:
+        for _ in range(8):  # a server that sends more (empty) body messages is not waited on for ever
+            if (await self._receive())["type"] == "http.disconnect":
+                self.fired = True
+                self._task.cancel()
+                return
+
+    def close(self) -> None:
+        self._timer.cancel()
+        if self._watcher is not None:
+            self._watcher.cancel()
 
 
 async def _iterate(items: list[bytes]) -> AsyncIterator[bytes]:

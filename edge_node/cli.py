@@ -141,8 +141,7 @@ def serve(
     try:
         server.run()
     finally:
-        engine.stop()
-        runtime.close()
+        engine.close()  # frees the model only once the decode thread has exited
     if server.startup_failed:
         raise _fail(f"could not serve on {host}:{port} (address in use or not permitted?)")
 

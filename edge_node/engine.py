@@ -17,6 +17,7 @@ the previous one) skips that part of the prefill; a prefix held by another slot 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ctypes
 import itertools
 import threading
@@ -41,6 +42,7 @@ __all__ = [
     "Engine",
     "EngineClosedError",
     "EngineError",
+    "EngineFailedError",
     "EngineStats",
     "Generation",
 ]
@@ -56,6 +58,10 @@ class EngineError(RuntimeError):
 
 class EngineClosedError(EngineError):
     """The engine is stopping or stopped and takes no new requests."""
+
+
+class EngineFailedError(EngineError):
+    """The decode loop died (see `Engine.failure`); the node needs a restart."""
 
 
 class ContextOverflowError(ValueError):
@@ -243,6 +249,8 @@ class Engine:
         self._cancels: list[_Request] = []
         self._running = False
         self._accepting = True
+        self.failure: str | None = None  # why the decode loop died, if it did
+        self._admitting: _Request | None = None
         self._thread: threading.Thread | None = None
         self._ids = itertools.count(1)
         self._tps_lock = threading.Lock()
@@ -289,8 +297,22 @@ class Engine:
                     h.close()
 
     def close(self) -> None:
+        """Stop, then free the model, but only once the decode thread has really exited.
+
+        A thread still inside `llama_decode` after the join timeout would use freed memory; leaving the
+        model to the process exit is the safe choice then.
+        """
+        thread = self._thread
         self.stop()
+        if thread is not None and thread.is_alive():
+            log.warning("engine thread still running after stop; leaving the model loaded until exit")
+            return
         self.rt.close()
+
+    @property
+    def alive(self) -> bool:
+        """The decode loop is running and has not failed (what /health reports)."""
+        return self.failure is None and self._thread is not None and self._thread.is_alive()
 
     def stop_accepting(self) -> None:
         """Drain mode: refuse new requests, keep decoding the ones in flight."""
@@ -352,6 +374,8 @@ class Engine:
             self._handoffs[loop] = LoopHandoff(loop, self._fast.write, self._put_all)
         req = _Request(f"{next(self._ids)}", list(prompt), params, max_new, endpoint, loop)
         with self._cv:
+            if self.failure is not None:
+                raise EngineFailedError(f"the edge node's engine has failed ({self.failure}); restart it")
             if not self._accepting or not self._running:
                 raise EngineClosedError("the edge node is shutting down")
             self._waiting.append(req)
@@ -367,6 +391,7 @@ class Engine:
     # ------------------------------------------------------------------ the loop
 
     def _run(self) -> None:
+        out: dict[asyncio.AbstractEventLoop, list[tuple[_Request, Chunk]]] = {}
         try:
             while True:
                 with self._cv:
@@ -375,18 +400,42 @@ class Engine:
                     if not self._running:
                         break
                     cancels, self._cancels = self._cancels, []
-                out: dict[asyncio.AbstractEventLoop, list[tuple[_Request, Chunk]]] = {}
+                out = {}
                 for req in cancels:
                     self._drop(req)
                 self._admit()
                 if self._busy:
                     self._step(out)
                 self._deliver(out)
-        except Exception as e:  # pragma: no cover - a bug in the loop must not hang clients
-            log.exception("engine loop crashed")
-            self._fail_all(f"engine failure: {e}")
+        except Exception as e:  # a bug or a llama.cpp failure in the loop: fail everyone, never hang them
+            self._crashed(f"engine failure: {type(e).__name__}: {e}", out)
             return
         self._fail_all("the edge node is shutting down")
+
+    def _crashed(self, why: str, out: dict) -> None:
+        """The decode loop died: take no more requests, and end every request it held with an error.
+
+        That includes the chunks of the step that failed (they were never delivered) and a request that was
+        between the queue and a slot. /health turns 503 (`failure`), so the gateway stops sending traffic.
+        """
+        log.exception("engine loop crashed", reason=why)
+        with self._cv:
+            self._running = False
+            self._accepting = False
+            self.failure = why
+        self.metrics.request_errors.labels("engine_crashed").inc()
+        req = self._admitting
+        if req is not None and req.slot is None and not req.cancelled:
+            out.setdefault(req.loop, []).append((req, Chunk("", error=why)))
+        try:
+            self._deliver(out)
+            self._fail_all(why)
+        except Exception:  # the clean-up itself failed: still tell every waiting client
+            log.exception("engine clean-up after the crash failed")
+            for r in [*self._waiting, *(s.request for s in self._slots if s.request is not None)]:
+                if not r.cancelled:
+                    with contextlib.suppress(Exception):
+                        r.loop.call_soon_threadsafe(r.queue.put_nowait, Chunk("", error=why))
 
     def _drop(self, req: _Request) -> None:
         """Forget a cancelled request wherever it is; its slot becomes free now."""
@@ -425,7 +474,9 @@ class Engine:
                 req = self._waiting.popleft()
             if req.cancelled:
                 continue
+            self._admitting = req  # neither queued nor in a slot: a crash here must still fail it
             self._assign(req, free)
+            self._admitting = None
 
     def _assign(self, req: _Request, free: list[_Slot]) -> None:
         ll, fast, mem = self._ll, self._fast, self.rt.memory
@@ -548,6 +599,9 @@ class Engine:
         if generated:
             with self._tps_lock:
                 self._tps.append((now, generated))
+                horizon = now - self._tps_window
+                while self._tps[0][0] < horizon:  # bounded by the window even if /metrics is never scraped
+                    self._tps.popleft()
             m.generation_tokens.inc(generated)
 
     def _sample(self, req: _Request, row: int, now: float, out: dict) -> int:

@@ -117,10 +117,13 @@ def available_memory() -> int:
 def check_memory(info: GGUFInfo, n_cells: int, available: int | None = None, gpu_layers: int = 0) -> int:
     """Raise ModelFileError when weights + KV cache cannot fit; returns the estimate in bytes.
 
-    Layers offloaded to a GPU do not count against host memory.
+    Layers offloaded to a GPU do not count against host memory; a negative `gpu_layers` means all of them,
+    as llama.cpp's `--n-gpu-layers -1` does (the caller passes 0 when this build cannot offload at all).
     """
     avail = available_memory() if available is None else available
-    frac_host = 1.0 if gpu_layers <= 0 else max(0.0, 1.0 - gpu_layers / max(info.n_layer, 1))
+    if gpu_layers < 0:
+        gpu_layers = info.n_layer
+    frac_host = 1.0 if gpu_layers == 0 else max(0.0, 1.0 - gpu_layers / max(info.n_layer, 1))
     weights = int(info.size_bytes * frac_host)
     kv = int(info.kv_bytes(n_cells) * frac_host)
     need = int((weights + kv) * 1.1) + (64 << 20)  # compute buffers and slack

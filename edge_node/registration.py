@@ -116,7 +116,7 @@ class Registrar:
                     self.registered = True
                     self.failures = 0
                     return True
-                detail = (await resp.text())[:200]
+                detail = (await resp.read())[:200].decode("utf-8", errors="replace")  # any bytes, any charset
                 self._failed(f"HTTP {resp.status}: {detail}", auth=resp.status in (401, 403))
         except (TimeoutError, aiohttp.ClientError, OSError) as e:
             self._failed(f"{type(e).__name__}: {e}" if str(e) else type(e).__name__)
@@ -136,8 +136,13 @@ class Registrar:
             )
 
     async def _loop(self) -> None:
+        """Heartbeat until stopped; nothing the gateway answers (or a bug here) may end the loop for good."""
         while True:
-            await self.heartbeat_once()
+            try:
+                await self.heartbeat_once()
+            except Exception as e:  # counted and logged like any failed heartbeat, then retried with backoff
+                log.exception("heartbeat raised", gateway=self.gateway)
+                self._failed(f"{type(e).__name__}: {e}")
             await asyncio.sleep(self.next_delay())
 
     async def deregister(self) -> bool:

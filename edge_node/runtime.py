@@ -46,12 +46,13 @@ class LlamaRuntime:
     def __init__(self, cfg: RuntimeConfig) -> None:
         self.cfg = cfg
         self.info: GGUFInfo = check_gguf(cfg.model_path)
-        if cfg.check_memory:
-            check_memory(self.info, cfg.ctx_per_seq * cfg.parallel, gpu_layers=cfg.n_gpu_layers)
         try:
             import llama_cpp
         except ImportError:
             raise ModelLoadError("llama-cpp-python is not installed: pip install 'tiergate[edge]'") from None
+        if cfg.check_memory:  # on a CPU-only build every layer stays in host memory, whatever was asked
+            offload = cfg.n_gpu_layers if llama_cpp.llama_supports_gpu_offload() else 0
+            check_memory(self.info, cfg.ctx_per_seq * cfg.parallel, gpu_layers=offload)
         self._ll = llama_cpp
         self._log = LlamaLogBridge()
         llama_cpp.llama_backend_init()

@@ -20,7 +20,7 @@ from typing import Any
 import msgspec
 import structlog
 from starlette.applications import Starlette
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
@@ -31,6 +31,7 @@ from edge_node.engine import (
     Engine,
     EngineClosedError,
     EngineError,
+    EngineFailedError,
     Generation,
 )
 from edge_node.sampling import DEFAULT_MIN_P, DEFAULT_TOP_K, SamplingParams
@@ -172,6 +173,8 @@ def create_app(state: ServerState) -> Starlette:
             raise _ApiError(400, str(e), param=m.group(1) if m else None) from None
         except msgspec.DecodeError as e:
             raise _ApiError(400, f"request body is not valid JSON: {e}") from None
+        except UnicodeDecodeError as e:  # msgspec's str fields reject bytes that are not UTF-8 this way
+            raise _ApiError(400, f"request body is not valid UTF-8 JSON: {e.reason} at byte {e.start}") from None
 
     def submit(tokens: list[int], params: SamplingParams, endpoint: str) -> Generation:
         if state.draining or not engine.accepting:
@@ -203,11 +206,13 @@ def create_app(state: ServerState) -> Starlette:
         try:
             await asyncio.wait({task, watch}, return_when=asyncio.FIRST_COMPLETED)
         finally:
-            if not task.done():
+            watch.cancel()
+            if not task.done():  # the client went away (or we were cancelled): nobody reads this answer
                 task.cancel()
                 gen.cancel()
-            watch.cancel()
-        if task.cancelled():  # the client went away; nobody reads this answer
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        if task.cancelled():  # counted by the engine (requests_cancelled) when it drops the generation
             raise _ApiError(499, "client closed the request", code="client_closed_request")
         return task.result()
 
@@ -218,9 +223,19 @@ def create_app(state: ServerState) -> Starlette:
             except _ApiError as e:
                 metrics.request_errors.labels(e.code or str(e.status)).inc()
                 return error_response(e.status, e.message, e.type, e.code, e.param)
+            except EngineFailedError as e:
+                metrics.request_errors.labels("engine_failed").inc()
+                return error_response(503, str(e), "server_error", code="engine_failed")
             except EngineError as e:
                 metrics.request_errors.labels("engine").inc()
                 return error_response(500, str(e), "server_error", code="engine_error")
+            except ClientDisconnect:  # gone while sending its body: nobody to answer
+                return Response(status_code=499)
+            except Exception:  # a bug: logged with its traceback, answered in the API's own error format
+                log.exception("request failed", path=request.url.path)
+                metrics.request_errors.labels("internal").inc()
+                return error_response(500, "internal error in the edge node; it has been logged", "server_error",
+                                      code="internal_error")
         return wrapped
 
     # ---------------------------------------------------------------- chat
@@ -354,11 +369,14 @@ def create_app(state: ServerState) -> Starlette:
 
     async def health(_request: Request) -> Response:
         s = engine.stats()
-        status = "draining" if state.draining else "ok"
+        failed = engine.failure is not None
+        status = "failed" if failed else "draining" if state.draining else "ok"
         body = {"status": status, "model": state.model_name, "slots": s.slots, "busy": s.busy,
                 "queued": s.queued, "ctx": s.ctx_per_slot, "kv_cells_used": s.kv_cells_used,
                 "kv_cells_total": s.kv_cells_total, "node_id": state.node_id}
-        return Response(_json.encode(body), status_code=503 if state.draining else 200,
+        if failed:
+            body["error"] = engine.failure
+        return Response(_json.encode(body), status_code=503 if failed or state.draining else 200,
                         media_type="application/json")
 
     async def metrics_endpoint(_request: Request) -> Response:

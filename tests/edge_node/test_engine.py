@@ -193,3 +193,66 @@ def forget_cached_prefixes(engine: Engine) -> None:
     for s in engine._slots:
         engine._ll.llama_memory_seq_rm(engine.rt.memory, s.seq, -1, -1)
         s.tokens = []
+
+
+@pytest.fixture
+def own_engine(edge_model):
+    """A fresh engine for tests that break it (the module's shared one must stay healthy)."""
+    from edge_node.runtime import LlamaRuntime, RuntimeConfig
+
+    rt = LlamaRuntime(RuntimeConfig(model_path=edge_model.gguf, ctx_per_seq=256, parallel=2))
+    eng = Engine(rt)
+    eng.start()
+    yield eng
+    eng.close()
+
+
+def test_a_crash_in_the_decode_loop_fails_every_request_and_refuses_new_ones(own_engine, monkeypatch):
+    from edge_node.engine import EngineError, EngineFailedError
+    from edge_node.sampling import SamplerChain
+
+    eng = own_engine
+
+    def broken(self, ctx, row):  # a bug (or a llama.cpp failure) inside the loop, on the first token
+        raise RuntimeError("sampler exploded")
+
+    monkeypatch.setattr(SamplerChain, "sample", broken)
+
+    async def scenario() -> None:
+        prompt = chat(eng, "hello")
+        first, second = eng.submit(prompt, GREEDY), eng.submit(prompt, GREEDY)
+        for gen in (first, second):  # both end with an error, neither hangs
+            with pytest.raises(EngineError, match="sampler exploded"):
+                async with asyncio.timeout(10):
+                    async for _ in gen:
+                        pass
+        with pytest.raises(EngineFailedError, match="restart"):
+            eng.submit(prompt, GREEDY)
+
+    asyncio.run(scenario())
+    assert not eng.alive and "sampler exploded" in eng.failure
+
+
+def test_tokens_per_second_samples_stay_bounded_without_scrapes(own_engine):
+    eng = own_engine
+    eng._tps_window = 0.05  # samples older than this are pruned when new ones arrive
+
+    async def scenario() -> None:
+        for _ in range(6):
+            await generate(eng, chat(eng, "count"), SamplingParams(temperature=0.0, max_tokens=8))
+            await asyncio.sleep(0.06)
+
+    asyncio.run(scenario())
+    assert len(eng._tps) <= 8  # one request's steps at most, not all six requests' (48)
+
+
+def test_close_leaves_the_model_loaded_while_the_thread_still_runs(own_engine, monkeypatch):
+    eng = own_engine
+    freed: list[bool] = []
+    monkeypatch.setattr(eng.rt, "close", lambda: freed.append(True))
+    monkeypatch.setattr(eng, "stop", lambda timeout=10.0: None)  # as if join() had timed out mid-decode
+    eng.close()
+    assert freed == []  # a thread still decoding would use freed memory
+    monkeypatch.undo()
+    eng.close()
+    assert not eng.alive

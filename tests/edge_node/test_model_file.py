@@ -48,3 +48,6 @@ def test_memory_check_counts_weights_and_kv_cache(f16_model):
         check_memory(info, 1024, available=need - 1)
     # layers on a GPU do not count against host memory
     assert check_memory(info, 1024, available=need - 1, gpu_layers=info.n_layer) < need
+    # -1 is llama.cpp's "every layer": the same as naming them all
+    assert check_memory(info, 1024, available=need - 1, gpu_layers=-1) == check_memory(
+        info, 1024, available=need - 1, gpu_layers=info.n_layer)

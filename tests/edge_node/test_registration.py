@@ -112,3 +112,41 @@ def test_rejected_token_counts_as_failure():
 def test_optional_tier_is_sent_when_configured():
     reg = Registrar("http://gw", "t", IDENT, stats, tier="edge-eu")
     assert reg.payload()["tier"] == "edge-eu"
+
+
+def test_the_heartbeat_loop_survives_junk_answers_and_its_own_errors():
+    calls = {"n": 0}
+
+    async def junk(request: web.Request):
+        calls["n"] += 1
+        if calls["n"] <= 2:  # a broken proxy in front of the gateway: bytes that are not what they claim
+            return web.Response(body=b"\xff\xfe bad gateway \xc3", status=502, content_type="text/plain",
+                                charset="utf-8")
+        return web.json_response({"ok": True})
+
+    app = web.Application()
+    app.router.add_post("/edge/v1/heartbeat", junk)
+    broken_once = {"raised": False}
+
+    def flaky_stats() -> EngineStats:
+        if calls["n"] == 2 and not broken_once["raised"]:  # and a bug of our own, once
+            broken_once["raised"] = True
+            raise RuntimeError("stats exploded")
+        return stats()
+
+    with aiohttp_server(app) as gw:
+
+        async def scenario():
+            reg = Registrar(gw.url, "t", IDENT, flaky_stats, interval_s=0.02, max_backoff_s=0.05)
+            await reg.start()
+            try:
+                for _ in range(200):
+                    if reg.registered:
+                        break
+                    await asyncio.sleep(0.02)
+                return reg.registered, reg._task.done()
+            finally:
+                await reg.stop()
+
+        assert asyncio.run(scenario()) == (True, False)  # recovered, and the loop is still running
+    assert broken_once["raised"] and calls["n"] >= 3

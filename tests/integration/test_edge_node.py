@@ -186,6 +186,9 @@ def test_bad_requests_get_openai_errors(edge_node):
         assert r.json()["error"]["param"] == param
     r = httpx.post(edge_node.url + "/v1/chat/completions", content=b"{not json", timeout=30)
     assert r.status_code == 400 and "JSON" in r.json()["error"]["message"]
+    latin1 = '{"model": "m", "messages": [{"role": "user", "content": "caf\u00e9"}]}'.encode("latin-1")
+    r = httpx.post(edge_node.url + "/v1/chat/completions", content=latin1, timeout=30)
+    assert r.status_code == 400 and "UTF-8" in r.json()["error"]["message"], r.text
     assert httpx.get(edge_node.url + "/v1/chat/completions", timeout=30).status_code == 405
 
 
@@ -274,3 +277,5 @@ def test_non_streaming_client_that_gives_up_frees_its_slot(long_node):
     wait_until(lambda: long_node.health()["busy"] == 0, timeout_s=30, what="slot freed")
     assert long_node.metric("tiergate_edge_requests_cancelled_total") == 1
     assert long_node.metric("tiergate_edge_generation_tokens_total") < LONG
+    assert long_node.metric("tiergate_edge_request_errors_total", code="internal") == 0
+    assert "Traceback" not in long_node.log() and "InvalidStateError" not in long_node.log()

@@ -89,6 +89,8 @@ def serve(
     threads: Annotated[int, typer.Option(min=1, help="CPU threads for llama.cpp (1 is fastest on shared CPUs).")] = 1,
     n_gpu_layers: Annotated[int, typer.Option(help="Layers offloaded to the GPU (-1: all; needs a CUDA build).")] = 0,
     batch: Annotated[int, typer.Option(min=1, help="Max tokens per llama_decode (prefill chunk size).")] = 512,
+    max_queue: Annotated[int, typer.Option(min=0, help="Requests waiting for a slot beyond which new ones get "
+                                                       "429 queue_full (0: none wait).")] = 64,
     kv_unified: Annotated[bool, typer.Option(help="One KV buffer shared by all slots (cheaper prefix sharing; "
                                                   "attention then scans every slot's cells).")] = False,
     model_name: Annotated[str | None, typer.Option(help="Name served in /v1/models (default: file name).")] = None,
@@ -125,7 +127,7 @@ def serve(
     from edge_node.engine import Engine
     from edge_node.server import ServerState, create_app
 
-    engine = Engine(runtime)
+    engine = Engine(runtime, max_queue=max_queue)
     name = model_name or path.name.removesuffix(".gguf")
     nid = node_id or f"{socket.gethostname()}-{port}"
     state = ServerState(engine=engine, model_name=name, node_id=nid)
@@ -138,12 +140,15 @@ def serve(
         state.on_startup.append(registrar.start)
         state.on_shutdown.append(registrar.stop)
     server = _DrainingServer(create_app(state), host, port, drain_timeout, state, registrar, log_level)
+    engine.on_failure = server.engine_failed
     try:
         server.run()
     finally:
         engine.close()  # frees the model only once the decode thread has exited
     if server.startup_failed:
         raise _fail(f"could not serve on {host}:{port} (address in use or not permitted?)")
+    if engine.failure is not None:  # exit non-zero, so systemd (Restart=on-failure) or a supervisor restarts us
+        raise _fail(f"the inference engine failed ({engine.failure}); exiting for a restart")
 
 
 class _DrainingServer:
@@ -190,6 +195,17 @@ class _DrainingServer:
         with contextlib.suppress(SystemExit):
             self.server.run()
 
+    def engine_failed(self, why: str) -> None:
+        """From the engine thread: the decode loop died. Deregister and exit (the CLI then exits non-zero)."""
+        if self._loop is not None and not self._loop.is_closed():
+            self._loop.call_soon_threadsafe(lambda: self._loop.create_task(self._leave()))
+
+    async def _leave(self) -> None:
+        if self.registrar is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self.registrar.deregister(), 5)
+        self.server.should_exit = True
+
     def _on_signal(self, sig: int) -> None:
         self._signals += 1
         if self._signals > 1 or self._loop is None:
@@ -206,10 +222,7 @@ class _DrainingServer:
         self.state.draining = True
         self.state.engine.stop_accepting()
         log.info("draining", signal=signal.Signals(sig).name, in_flight=self.state.engine.in_flight())
-        if self.registrar is not None:
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(self.registrar.deregister(), 5)
-        self.server.should_exit = True
+        await self._leave()
 
 
 @app.command()

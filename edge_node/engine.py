@@ -23,7 +23,7 @@ import itertools
 import threading
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -45,6 +45,7 @@ __all__ = [
     "EngineFailedError",
     "EngineStats",
     "Generation",
+    "QueueFullError",
 ]
 
 log = structlog.get_logger("edge_node.engine")
@@ -62,6 +63,10 @@ class EngineClosedError(EngineError):
 
 class EngineFailedError(EngineError):
     """The decode loop died (see `Engine.failure`); the node needs a restart."""
+
+
+class QueueFullError(EngineError):
+    """Every slot is busy and the waiting queue is at its bound: shed now rather than queue for ever."""
 
 
 class ContextOverflowError(ValueError):
@@ -232,6 +237,7 @@ class Engine:
         prefix_reuse_min: int = 16,
         prefix_copy_min: int = 32,
         tps_window_s: float = 5.0,
+        max_queue: int | None = None,
     ) -> None:
         self.rt = runtime
         self._ll = runtime.llama
@@ -240,6 +246,7 @@ class Engine:
         self.ctx_per_slot = runtime.cfg.ctx_per_seq
         self.n_batch = runtime.cfg.n_batch
         self.kv_unified = runtime.cfg.kv_unified
+        self.max_queue = max_queue  # None: unbounded (embedding and tests); the CLI bounds it
         self._prefix_reuse_min = prefix_reuse_min
         self._prefix_copy_min = prefix_copy_min
         self._slots = [_Slot(i) for i in range(self.parallel)]
@@ -250,6 +257,7 @@ class Engine:
         self._running = False
         self._accepting = True
         self.failure: str | None = None  # why the decode loop died, if it did
+        self.on_failure: Callable[[str], None] | None = None  # called from the engine thread once it has died
         self._admitting: _Request | None = None
         self._thread: threading.Thread | None = None
         self._ids = itertools.count(1)
@@ -378,6 +386,9 @@ class Engine:
                 raise EngineFailedError(f"the edge node's engine has failed ({self.failure}); restart it")
             if not self._accepting or not self._running:
                 raise EngineClosedError("the edge node is shutting down")
+            if self.max_queue is not None and len(self._waiting) >= self.max_queue:
+                raise QueueFullError(f"the edge node has {len(self._waiting)} requests waiting for a slot "
+                                     f"(--max-queue {self.max_queue}); retry shortly or use another node")
             self._waiting.append(req)
             self._cv.notify()
         return Generation(self, req)
@@ -436,6 +447,8 @@ class Engine:
                 if not r.cancelled:
                     with contextlib.suppress(Exception):
                         r.loop.call_soon_threadsafe(r.queue.put_nowait, Chunk("", error=why))
+        if self.on_failure is not None:
+            self.on_failure(why)
 
     def _drop(self, req: _Request) -> None:
         """Forget a cancelled request wherever it is; its slot becomes free now."""

@@ -33,6 +33,7 @@ from edge_node.engine import (
     EngineError,
     EngineFailedError,
     Generation,
+    QueueFullError,
 )
 from edge_node.sampling import DEFAULT_MIN_P, DEFAULT_TOP_K, SamplingParams
 from gateway.schemas import ChatRequest, CompletionRequest, decode_chat, decode_completion
@@ -48,16 +49,18 @@ _COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for the legacy completi
 
 class _ApiError(Exception):
     def __init__(self, status: int, message: str, type_: str = "invalid_request_error",
-                 code: str | None = None, param: str | None = None) -> None:
+                 code: str | None = None, param: str | None = None, retry_after_s: int | None = None) -> None:
         super().__init__(message)
         self.status, self.message, self.type, self.code, self.param = status, message, type_, code, param
+        self.retry_after_s = retry_after_s
 
 
 def error_response(status: int, message: str, type_: str = "invalid_request_error",
-                   code: str | None = None, param: str | None = None) -> Response:
+                   code: str | None = None, param: str | None = None, retry_after_s: int | None = None) -> Response:
     """An error in OpenAI's shape: {"error": {"message", "type", "code", "param"}}."""
     body = {"error": {"message": message, "type": type_, "code": code, "param": param}}
-    return Response(_json.encode(body), status_code=status, media_type="application/json")
+    headers = {"retry-after": str(retry_after_s)} if retry_after_s is not None else None
+    return Response(_json.encode(body), status_code=status, media_type="application/json", headers=headers)
 
 
 @dataclass(slots=True)
@@ -136,16 +139,23 @@ def _usage(c: Chunk) -> dict[str, Any]:
 
 async def _terminated(frames: AsyncIterator[bytes], gen: Generation) -> AsyncIterator[bytes]:
     """An SSE body that always ends with `[DONE]`: an engine failure mid-stream becomes an error event first,
-    and the generation is cancelled however the stream ends (finished, failed or the client gone)."""
+    and the generation is cancelled however the stream ends (finished, failed or the client gone).
+    Its end is logged (under the request id bound by the handler), as a JSON answer's is."""
+    started, outcome = time.perf_counter(), "client_gone"
     try:
         async for chunk in frames:
             yield chunk
+        outcome = "done"
         yield b"data: [DONE]\n\n"
     except EngineError as e:
+        outcome = "engine_error"
+        log.warning("stream failed", error=str(e))
         yield _sse({"error": {"message": str(e), "type": "server_error", "code": "engine_error", "param": None}})
         yield b"data: [DONE]\n\n"
     finally:
         gen.cancel()
+        log.info("stream ended", outcome=outcome, prompt_tokens=gen.prompt_tokens,
+                 ms=round((time.perf_counter() - started) * 1000, 1))
 
 
 async def _wait_disconnect(request: Request) -> None:
@@ -160,10 +170,18 @@ def create_app(state: ServerState) -> Starlette:
     metrics = engine.metrics
 
     async def read_body(request: Request) -> bytes:
-        body = await request.body()
-        if len(body) > state.max_body_bytes:
-            raise _ApiError(413, f"request body exceeds {state.max_body_bytes} bytes")
-        return body
+        """The body, refused with 413 as soon as it is known to be too large (declared or counted)."""
+        limit = state.max_body_bytes
+        declared = request.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > limit:
+            raise _ApiError(413, f"request body is {declared} bytes; the limit is {limit}", code="body_too_large")
+        chunks, size = [], 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:  # chunked: stop reading here, never buffer the rest
+                raise _ApiError(413, f"request body exceeds {limit} bytes", code="body_too_large")
+            chunks.append(chunk)
+        return b"".join(chunks)
 
     def decode(fn, body: bytes):
         try:
@@ -187,6 +205,8 @@ def create_app(state: ServerState) -> Starlette:
                             if endpoint == "chat" else "prompt") from None
         except EngineClosedError as e:
             raise _ApiError(503, str(e), "server_error", code="draining") from None
+        except QueueFullError as e:
+            raise _ApiError(429, str(e), "rate_limit_error", code="queue_full", retry_after_s=1) from None
         except ValueError as e:
             raise _ApiError(400, str(e)) from None
 
@@ -218,11 +238,23 @@ def create_app(state: ServerState) -> Starlette:
 
     def guard(handler: Callable[[Request], Awaitable[Response]]):
         async def wrapped(request: Request) -> Response:
+            """Bind the request id for every log line of this request, echo it, log how the request ended."""
+            rid = request.headers.get("x-request-id") or uuid.uuid4().hex
+            structlog.contextvars.bind_contextvars(request_id=rid)
+            started = time.perf_counter()
+            resp = await answer(request)
+            resp.headers["x-request-id"] = rid
+            if not isinstance(resp, StreamingResponse):  # a stream logs its own end (see _terminated)
+                log.info("request", path=request.url.path, status=resp.status_code,
+                         ms=round((time.perf_counter() - started) * 1000, 1))
+            return resp
+
+        async def answer(request: Request) -> Response:
             try:
                 return await handler(request)
             except _ApiError as e:
                 metrics.request_errors.labels(e.code or str(e.status)).inc()
-                return error_response(e.status, e.message, e.type, e.code, e.param)
+                return error_response(e.status, e.message, e.type, e.code, e.param, e.retry_after_s)
             except EngineFailedError as e:
                 metrics.request_errors.labels("engine_failed").inc()
                 return error_response(503, str(e), "server_error", code="engine_failed")

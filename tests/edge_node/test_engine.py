@@ -217,6 +217,8 @@ def test_a_crash_in_the_decode_loop_fails_every_request_and_refuses_new_ones(own
         raise RuntimeError("sampler exploded")
 
     monkeypatch.setattr(SamplerChain, "sample", broken)
+    told: list[str] = []
+    eng.on_failure = told.append  # the CLI exits for a restart when told
 
     async def scenario() -> None:
         prompt = chat(eng, "hello")
@@ -231,6 +233,7 @@ def test_a_crash_in_the_decode_loop_fails_every_request_and_refuses_new_ones(own
 
     asyncio.run(scenario())
     assert not eng.alive and "sampler exploded" in eng.failure
+    assert told == [eng.failure]
 
 
 def test_tokens_per_second_samples_stay_bounded_without_scrapes(own_engine):

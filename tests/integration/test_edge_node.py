@@ -279,3 +279,72 @@ def test_non_streaming_client_that_gives_up_frees_its_slot(long_node):
     assert long_node.metric("tiergate_edge_generation_tokens_total") < LONG
     assert long_node.metric("tiergate_edge_request_errors_total", code="internal") == 0
     assert "Traceback" not in long_node.log() and "InvalidStateError" not in long_node.log()
+
+
+def test_a_full_queue_sheds_with_429_and_retry_after(edge_node_factory):
+    node = edge_node_factory("--parallel", "1", "--max-queue", "1", "--ctx", "4096")
+    url = node.url + "/v1/chat/completions"
+
+    async def main() -> httpx.Response:
+        async with httpx.AsyncClient(timeout=60) as c:
+            started, release = asyncio.Event(), asyncio.Event()
+            holder = asyncio.create_task(first_chunk_then_hold(
+                c, url, chat_body("hold", max_tokens=LONG, temperature=0.0, stream=True), started, release))
+            await started.wait()  # the only slot is busy
+            queued = asyncio.create_task(c.post(url, json=chat_body("wait", max_tokens=4)))
+            for _ in range(100):
+                if node.health()["queued"] == 1:
+                    break
+                await asyncio.sleep(0.02)
+            shed = await c.post(url, json=chat_body("no room", max_tokens=4))
+            holder.cancel()
+            queued.cancel()
+            return shed
+
+    r = asyncio.run(main())
+    assert r.status_code == 429 and r.headers["retry-after"] == "1"
+    err = r.json()["error"]
+    assert err["code"] == "queue_full" and "--max-queue 1" in err["message"]
+    assert node.metric("tiergate_edge_request_errors_total", code="queue_full") == 1
+
+
+def test_bodies_over_the_limit_are_refused_before_being_read_whole(edge_node):
+    import socket
+
+    url = edge_node.url + "/v1/chat/completions"
+    with socket.create_connection(("127.0.0.1", edge_node.port), timeout=30) as sock:  # declares 64 MiB, sends 2 bytes
+        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: %d\r\n\r\n{}" % (64 << 20))
+        answer = sock.recv(65536).decode()
+    assert answer.startswith("HTTP/1.1 413") and '"code":"body_too_large"' in answer
+
+    def chunked():  # no Content-Length: counted while it arrives
+        for _ in range(20):
+            yield b" " * (1 << 20)
+
+    try:
+        r = httpx.post(url, content=chunked(), timeout=30)
+        assert r.status_code == 413 and "exceeds" in r.json()["error"]["message"]
+    except httpx.WriteError:  # the node answered and closed before the client finished sending: also a refusal
+        pass
+    assert edge_node.metric("tiergate_edge_request_errors_total", code="body_too_large") >= 1
+
+
+def test_request_ids_are_echoed_and_name_the_log_line(edge_node):
+    url = edge_node.url + "/v1/chat/completions"
+    r = httpx.post(url, json=chat_body("hi", max_tokens=2), headers={"x-request-id": "req-abc-123"}, timeout=60)
+    assert r.status_code == 200 and r.headers["x-request-id"] == "req-abc-123"
+    generated = httpx.post(url, json=chat_body("hi", max_tokens=2), timeout=60).headers["x-request-id"]
+    assert len(generated) == 32
+    with httpx.stream("POST", url, json=chat_body("hi", max_tokens=2, stream=True),
+                      headers={"x-request-id": "req-stream-9"}, timeout=60) as s:
+        assert s.headers["x-request-id"] == "req-stream-9"
+        list(s.iter_lines())
+
+    def lines() -> list[dict]:
+        return [json.loads(x) for x in edge_node.log().splitlines() if x.startswith("{")]
+
+    wait_until(lambda: any(e.get("request_id") == "req-stream-9" and e.get("event") == "stream ended"
+                           for e in lines()), timeout_s=10, what="the stream's end logged")
+    done = [e for e in lines() if e.get("request_id") == "req-abc-123" and e.get("event") == "request"]
+    assert done and done[0]["status"] == 200

@@ -435,8 +435,8 @@ class Engine:
             self._accepting = False
             self.failure = why
         self.metrics.request_errors.labels("engine_crashed").inc()
-        req = self._admitting
-        if req is not None and req.slot is None and not req.cancelled:
+        req = self._admitting  # half-assigned perhaps (slot chosen, sampler not built): in no slot's hands yet
+        if req is not None and not req.cancelled and all(s.request is not req for s in self._slots):
             out.setdefault(req.loop, []).append((req, Chunk("", error=why)))
         try:
             self._deliver(out)

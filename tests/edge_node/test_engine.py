@@ -207,16 +207,17 @@ def own_engine(edge_model):
     eng.close()
 
 
-def test_a_crash_in_the_decode_loop_fails_every_request_and_refuses_new_ones(own_engine, monkeypatch):
+@pytest.mark.parametrize("where", ["sample", "__init__"])
+def test_a_crash_in_the_decode_loop_fails_every_request_and_refuses_new_ones(own_engine, monkeypatch, where):
     from edge_node.engine import EngineError, EngineFailedError
     from edge_node.sampling import SamplerChain
 
     eng = own_engine
 
-    def broken(self, ctx, row):  # a bug (or a llama.cpp failure) inside the loop, on the first token
-        raise RuntimeError("sampler exploded")
+    def broken(self, *args, **kwargs):  # a bug (or a llama.cpp failure) inside the loop: on the first
+        raise RuntimeError("sampler exploded")  # token, or while a request is half-way into its slot
 
-    monkeypatch.setattr(SamplerChain, "sample", broken)
+    monkeypatch.setattr(SamplerChain, where, broken)
     told: list[str] = []
     eng.on_failure = told.append  # the CLI exits for a restart when told
 

@@ -214,7 +214,7 @@ def test_stream_stalling_mid_way_ends_with_sse_error_and_the_connection_stays_us
         err = msgspec.json.decode(events[2])["error"]
         assert err["code"] == "upstream_timeout" and "silent" in err["message"]
         assert events[3:] == ["[DONE]"]
-        assert http.get("/healthz").status_code == 200  # the same client, on a connection the gateway kept open
+        assert http.get("/healthz").status_code == 200  # the gateway still serves the same client afterwards
 
 
 def test_backend_rejecting_the_gateway_itself_is_an_endpoint_failure(tmp_path):

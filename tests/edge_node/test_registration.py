@@ -18,6 +18,14 @@ def stats() -> EngineStats:
 IDENT = NodeIdentity("node-1", "http://10.1.1.1:8081", "edge-model")
 
 
+async def until_registered(reg: Registrar, timeout_s: float) -> None:
+    """Poll until the running loop has registered, for at most `timeout_s` (the caller checks the outcome)."""
+    for _ in range(int(timeout_s / 0.02)):
+        if reg.registered:
+            return
+        await asyncio.sleep(0.02)
+
+
 def fake_gateway(received: list, status: int = 200) -> web.Application:
     async def heartbeat(request: web.Request):
         received.append(("heartbeat", request.headers.get("Authorization"), await request.json()))
@@ -41,10 +49,7 @@ def test_heartbeat_payload_and_token_follow_the_contract():
             reg = Registrar(gw.url + "/", "s3cret", IDENT, stats)
             await reg.start()
             try:
-                for _ in range(100):
-                    if reg.registered:
-                        break
-                    await asyncio.sleep(0.02)
+                await until_registered(reg, 2.0)
                 ok = await reg.deregister()
             finally:
                 await reg.stop()
@@ -140,10 +145,7 @@ def test_the_heartbeat_loop_survives_junk_answers_and_its_own_errors():
             reg = Registrar(gw.url, "t", IDENT, flaky_stats, interval_s=0.02, max_backoff_s=0.05)
             await reg.start()
             try:
-                for _ in range(200):
-                    if reg.registered:
-                        break
-                    await asyncio.sleep(0.02)
+                await until_registered(reg, 4.0)
                 return reg.registered, reg._task.done()
             finally:
                 await reg.stop()

@@ -53,8 +53,7 @@ class Attempt:
             return
         self._done = True
         self.endpoint.inflight -= 1
-        self.route.admission.release()
-        metrics.child(metrics.INFLIGHT, self.tier).dec()
+        _give_back(self.route, self.tier)
         if not ok:
             self.route.pool.report(self.endpoint, False)
 
@@ -146,6 +145,7 @@ class Dispatcher:
 
 
 def _give_back(route: Route, tier: str) -> None:
+    """Free the tier slot an attempt held (admission and the in-flight gauge move together)."""
     route.admission.release()
     metrics.child(metrics.INFLIGHT, tier).dec()
 

@@ -59,10 +59,10 @@ _encode = msgspec.json.Encoder().encode
 _JSON = "application/json"
 _SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
 _STREAM_OPTIONS = StreamOptions(include_usage=True)
-_INLINE_CLASSIFY_CHARS = 4000
+_INLINE_CLASSIFY_CHARS = 4000  # longer prompts are tokenised in a worker thread, off the event loop
 # Unmodelled request fields known not to change the answer; any other one (`functions`, `reasoning_effort`, ...)
 # might, and the cache key cannot include what it does not understand, so such requests bypass the cache.
-_ANSWER_NEUTRAL = frozenset({"metadata", "store", "service_tier", "safety_identifier", "prompt_cache_key"})  # longer prompts are tokenised in a worker thread, off the event loop
+_ANSWER_NEUTRAL = frozenset({"metadata", "store", "service_tier", "safety_identifier", "prompt_cache_key"})
 
 
 @dataclass(slots=True)

@@ -162,6 +162,9 @@ class UpstreamClient:
         try:
             async with asyncio.timeout(wait_s):
                 resp = await self.session.post(url, data=body, headers=headers, timeout=timeout)
+        except aiohttp.ConnectionTimeoutError:  # a TimeoutError too: the endpoint never accepted, try another
+            raise UpstreamFailure(f"cannot connect to {endpoint.id} within {timeouts.connect_s:g}s", kind="connect",
+                                  status=503) from None
         except TimeoutError:
             raise UpstreamFailure(f"{endpoint.id} did not answer within {wait_s:g}s", kind="timeout", status=504,
                                   retryable=stream) from None

@@ -25,7 +25,8 @@ class Admission:
         self._capacity = capacity  # re-read on every admission: pools grow and shrink as nodes come and go
         self._max_waiting = max_waiting
         self._inflight = 0
-        self._waiting = 0  # live waiters; the heap may also hold ones that gave up, until they reach its top
+        self._waiting = 0  # live waiters; the heap may also hold ones that gave up (`_dead` of them)
+        self._dead = 0
         self._waiters: list[tuple[int, int, asyncio.Future[None]]] = []
         self._seq = itertools.count()
 
@@ -72,8 +73,21 @@ class Admission:
         return False
 
     def _give_up(self, fut: asyncio.Future[None]) -> None:
+        """Leave the queue. The heap entry stays (a heap cannot drop one from its middle cheaply) and is skipped
+        when it reaches the top; once such dead entries outnumber the live ones, the heap is rebuilt without them.
+
+        Without the rebuild, a waiter that keeps the top (a long-waiting higher priority) lets the entries of
+        every lower-priority waiter that times out behind it pile up for as long as the overload lasts.
+        Rebuilding costs O(live) at most once per that many give-ups: O(1) amortised, and the heap never
+        holds more than twice the live waiters (plus one).
+        """
         fut.cancel()
         self._waiting -= 1
+        self._dead += 1
+        if self._dead > self._waiting:
+            self._waiters = [w for w in self._waiters if not w[2].done()]
+            heapq.heapify(self._waiters)
+            self._dead = 0
 
     def _wake(self) -> None:
         """Hand free slots to the highest-priority waiters, as many as the (current) capacity allows."""
@@ -81,6 +95,7 @@ class Admission:
         while waiters and (waiters[0][2].done() or self._inflight < self._capacity()):
             fut = heapq.heappop(waiters)[2]
             if fut.done():
+                self._dead -= 1
                 continue  # gave up (timed out or cancelled); already uncounted
             self._inflight += 1
             self._waiting -= 1

@@ -106,3 +106,32 @@ async def test_waiters_that_gave_up_do_not_count_against_the_queue_bound():
     adm.release()
     assert await late
     assert adm.inflight == 1 and adm.waiting == 0
+
+
+async def test_the_heap_stays_bounded_under_a_long_overload():
+    # One slot, held for the whole test; a HIGH waiter keeps the top of the heap all along, so nothing behind it
+    # ever reaches the top; meanwhile thousands of LOW waiters queue and give up (cancelled or timed out).
+    # Their heap entries must not pile up: the heap holds at most twice the live waiters, plus one.
+    adm = Admission(lambda: 1, max_waiting=8)
+    assert await adm.acquire(Priority.NORMAL, 0)
+    high = asyncio.create_task(adm.acquire(Priority.HIGH, 60))
+    await asyncio.sleep(0)
+    largest = 0
+    for _ in range(500):
+        lows = [asyncio.create_task(adm.acquire(Priority.LOW, 60)) for _ in range(4)]
+        await asyncio.sleep(0)
+        assert adm.waiting == 5
+        for t in lows:
+            t.cancel()
+        await asyncio.gather(*lows, return_exceptions=True)
+        largest = max(largest, len(adm._waiters))
+        assert len(adm._waiters) <= 2 * adm.waiting + 1
+    for _ in range(20):
+        assert not await adm.acquire(Priority.LOW, 0.001)  # gives up by timing out
+        assert len(adm._waiters) <= 2 * adm.waiting + 1
+    assert largest <= 11 and adm.waiting == 1
+    adm.release()
+    assert await high  # the waiter that held the top all along is still served, and first
+    adm.release()
+    assert adm.inflight == 0 and adm.waiting == 0
+    assert await adm.acquire(Priority.LOW, 0)

@@ -40,10 +40,11 @@ from gateway.schemas import (
     ChatRequest,
     ParsedRequest,
     StreamOptions,
-    decode_chat,
-    decode_completion,
-    unknown_fields,
-    with_fields,
+    decode_request,
+    raw_fields,
+    refused_field,
+    unknown_names,
+    upstream_body,
 )
 from gateway.settings import Settings
 from gateway.upstream import UpstreamClient, UpstreamFailure
@@ -80,7 +81,9 @@ class _Ctx:
     cache_key: RequestKey | None = None  # from the lookup, reused by the store
     similarity: float | None = None
     holds_tenant_slot: bool = False  # counted in the tenant's concurrency; whoever ends the answer releases it
-    extra: dict[str, msgspec.Raw] | None = None  # fields the structs do not model, forwarded to the backend as is
+    raw: dict[str, msgspec.Raw] | None = None  # the body's top-level fields as sent: what the backend gets, amended
+    extra: list[str] | None = None  # names of the top-level fields the structs do not model
+    plain: bool = True  # no field the structs do not model below the top level (see `decode_request`)
 
     def headers(self, tier: str, overhead_s: float | None = None) -> dict[str, str]:
         h = {"x-request-id": self.request_id, "x-tiergate-tier": tier, "x-tiergate-cache": self.cache}
@@ -204,12 +207,16 @@ class Gateway:
             ctx.tenant = self.keyring.authenticate(request.headers.get("authorization"))
             body = await self._read_body(request)
             try:
-                req = decode_chat(body) if kind == "chat" else decode_completion(body)
+                req, ctx.plain = decode_request(body, kind)
             except (msgspec.ValidationError, msgspec.DecodeError) as exc:
                 raise from_validation(exc) from None
             self._validate(req, ctx.tenant)
             ctx.req = req
-            ctx.extra = unknown_fields(body, kind)
+            ctx.raw = raw = raw_fields(body)
+            ctx.extra = extra = unknown_names(raw, kind)
+            if extra and (refused := refused_field(raw, extra)):
+                raise bad_request(f"`{refused[0]}` is not supported through this gateway: {refused[1]}.",
+                                  code="unsupported_parameter", param=refused[0])
             await self.limiter.admit(ctx.tenant)  # counts the request in the tenant's concurrency, or raises 429
             ctx.holds_tenant_slot = True
             text_len = len(req.prompt_text()) if kind == "text" else sum(len(m.text()) for m in req.messages)
@@ -289,8 +296,11 @@ class Gateway:
         if isinstance(req, ChatRequest):
             if not req.messages:
                 raise bad_request("`messages` must contain at least one message.", param="messages")
-        elif isinstance(req.prompt, list) and len(req.prompt) != 1:
-            raise bad_request("`prompt` must be a string or a list of exactly one string.", param="prompt")
+        else:
+            if isinstance(req.prompt, list) and len(req.prompt) != 1:
+                raise bad_request("`prompt` must be a string or a list of exactly one string.", param="prompt")
+            if req.best_of is not None and req.best_of != 1:
+                raise bad_request("Only `best_of: 1` is supported: one sequence per request.", param="best_of")
         mt = req.effective_max_tokens()
         if mt is not None and mt < 1:
             field = "max_completion_tokens" if getattr(req, "max_completion_tokens", None) is not None else "max_tokens"
@@ -304,7 +314,7 @@ class Gateway:
 
     async def _lookup(self, ctx: _Ctx) -> CacheHit | None:
         rule = ctx.decision.cache
-        if (self.cache is None or not rule.enabled or ctx.req.kind == "chat" and ctx.req.tools
+        if (self.cache is None or not rule.enabled or ctx.req.kind == "chat" and ctx.req.tools or not ctx.plain
                 or ctx.extra and not _ANSWER_NEUTRAL.issuperset(ctx.extra)):  # e.g. `functions`: not ours to key
             ctx.cache = "bypass"
             return None
@@ -331,14 +341,16 @@ class Gateway:
         return Response(render_json(hit.answer), media_type=_JSON, headers=headers, background=task)
 
     def _upstream_body(self, req: ParsedRequest, decision: Decision,
-                       extra: dict[str, msgspec.Raw] | None = None) -> Callable[[Endpoint], bytes]:
-        """The request as each backend should see it: its own model name, max_tokens capped, usage asked for."""
+                       raw: dict[str, msgspec.Raw]) -> Callable[[Endpoint], bytes]:
+        """The request as each backend should see it: its own model name, max_tokens capped, usage asked for.
+
+        Built from the client's own JSON (`raw`), so every field the structs do not model, at any depth, is
+        forwarded byte for byte; only these fields are the gateway's.
+        """
         max_tokens = req.effective_max_tokens()
         if decision.max_tokens_cap is not None:
             max_tokens = decision.max_tokens_cap if max_tokens is None else min(max_tokens, decision.max_tokens_cap)
-        changes: dict[str, object] = {"max_tokens": max_tokens}
-        if isinstance(req, ChatRequest):
-            changes["max_completion_tokens"] = None
+        changes: dict[str, object] = {"model": None, "max_tokens": max_tokens, "max_completion_tokens": None}
         if req.stream:
             changes["stream_options"] = _STREAM_OPTIONS
         by_model: dict[str, bytes] = {}
@@ -346,8 +358,8 @@ class Gateway:
         def body_for(ep: Endpoint) -> bytes:
             b = by_model.get(ep.model)
             if b is None:
-                b = by_model[ep.model] = with_fields(_encode(msgspec.structs.replace(req, model=ep.model, **changes)),
-                                                     extra)
+                changes["model"] = ep.model
+                b = by_model[ep.model] = upstream_body(raw, changes)
             return b
 
         return body_for
@@ -360,7 +372,7 @@ class Gateway:
             decision = ctx.decision = _with_cap(decision, cap)
         path = "/v1/chat/completions" if req.kind == "chat" else "/v1/completions"
         attempt = await self.dispatcher.open(request=req, features=ctx.features, decision=decision, path=path,
-                                             body_for=self._upstream_body(req, decision, ctx.extra),
+                                             body_for=self._upstream_body(req, decision, ctx.raw),
                                              request_id=ctx.request_id, stream=req.stream)
         if req.stream:
             return self._relay_stream(ctx, attempt)

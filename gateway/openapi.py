@@ -29,7 +29,8 @@ _LIMITS: dict[str, dict[str, Schema]] = {
     "ChatRequest": {"messages": {"type": "array", "minItems": 1},
                     "max_completion_tokens": {"type": "integer", "minimum": 1}, **_SAMPLING},
     "CompletionRequest": {"prompt": {"type": "array", "minItems": 1, "maxItems": 1},
-                          "max_tokens": {"type": "integer", "minimum": 1}, **_SAMPLING},
+                          "max_tokens": {"type": "integer", "minimum": 1}, "best_of": {"type": "integer", "const": 1},
+                          **_SAMPLING},
     # slots, busy, queued and ctx carry their bounds in the struct (msgspec.Meta) and so in its schema already.
     "NodeInfo": {"node_id": {"type": "string", "minLength": 1}, "url": {"type": "string", "pattern": "^https?://"}},
 }
@@ -50,6 +51,20 @@ def _chat_max_tokens(chat: Schema) -> None:
     chat["else"] = {"properties": {"max_tokens": {"anyOf": [{"type": "integer", "minimum": 1}, {"type": "null"}]}}}
 
 
+def _controlled(struct: Schema) -> None:
+    """The unmodelled fields the gateway refuses (`CONTROLLED_FIELDS`): only null, or the value that changes nothing.
+
+    Any other field the structs do not model is allowed (and forwarded to the backend as it is).
+    """
+    from gateway.schemas import CONTROLLED_FIELDS
+
+    for name, (neutral, why) in CONTROLLED_FIELDS.items():
+        if name not in struct["properties"]:
+            struct["properties"][name] = {"enum": [None, *(msgspec.json.decode(v) for v in neutral)],
+                                          "description": f"Refused with 400 `unsupported_parameter` unless null or "
+                                                         f"the default: {why}."}
+
+
 def _request_schemas() -> dict[str, Schema]:
     from edge_node.pool import NodeInfo
     from gateway.schemas import ChatRequest, CompletionRequest
@@ -61,6 +76,7 @@ def _request_schemas() -> dict[str, Schema]:
             _narrow(components[struct]["properties"][field], limit)
     for struct in ("ChatRequest", "CompletionRequest"):
         components[struct]["properties"]["model"]["description"] = _MODEL
+        _controlled(components[struct])
     _chat_max_tokens(components["ChatRequest"])
     components["NodeInfo"]["description"] = ("An edge node's heartbeat: registers it (first time) or refreshes its "
                                              "load; `tier` names an edge tier, default the policy's first.")

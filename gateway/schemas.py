@@ -12,6 +12,7 @@ from typing import Any, ClassVar, Literal
 import msgspec
 
 __all__ = [
+    "CONTROLLED_FIELDS",
     "ChatRequest",
     "CompletionRequest",
     "ContentPart",
@@ -20,9 +21,13 @@ __all__ = [
     "StreamOptions",
     "decode_chat",
     "decode_completion",
+    "decode_request",
     "encode",
+    "raw_fields",
+    "refused_field",
     "unknown_fields",
-    "with_fields",
+    "unknown_names",
+    "upstream_body",
 ]
 
 
@@ -131,6 +136,42 @@ def decode_completion(body: bytes) -> CompletionRequest:
         raise msgspec.DecodeError("JSON is nested too deeply") from None
 
 
+class _PlainPart(ContentPart, forbid_unknown_fields=True):
+    pass
+
+
+class _PlainMessage(Message, forbid_unknown_fields=True):
+    content: str | list[_PlainPart] | None = None
+
+
+class _PlainChatRequest(ChatRequest, kw_only=True):
+    """A ChatRequest whose messages carry nothing the structs do not model (the top level may)."""
+
+    messages: list[_PlainMessage]
+
+
+_plain_chat_decoder = msgspec.json.Decoder(_PlainChatRequest)
+
+
+def decode_request(body: bytes, kind: str) -> tuple[ParsedRequest, bool]:
+    """Decode and validate a request of `kind` ("chat" or "text"); raises msgspec.ValidationError / DecodeError.
+
+    The flag says the request is plain: no message or content part has a field the structs do not model
+    (a legacy `function_call`, an `input_audio` part, ...). Such fields reach the backend all the same
+    (`upstream_body`), but the cache's key is made of what the structs model, so a request that is not
+    plain must not be answered from the cache. Plain requests, the usual ones, are decoded once.
+    """
+    if kind != "chat":
+        return decode_completion(body), True
+    try:
+        return _plain_chat_decoder.decode(body), True
+    except msgspec.ValidationError:
+        pass  # a field below the top level that the structs do not model, or an invalid request
+    except RecursionError:
+        raise msgspec.DecodeError("JSON is nested too deeply") from None
+    return decode_chat(body), False  # raises the request's own error if it is invalid
+
+
 def encode(obj: Any) -> bytes:
     return _encoder.encode(obj)
 
@@ -140,19 +181,73 @@ _KNOWN_FIELDS = {"chat": frozenset(ChatRequest.__struct_fields__),
                  "text": frozenset(CompletionRequest.__struct_fields__)}
 
 
+def raw_fields(body: bytes) -> dict[str, msgspec.Raw]:
+    """The top-level fields of an already decoded body, each value still raw JSON (its exact bytes).
+
+    The body the backend receives is built from these (`upstream_body`), not from the struct: whatever the
+    structs do not model, at any depth (a message's legacy `function_call`, a content part of a type they do
+    not know, a backend's own extension), reaches the backend byte for byte. Under a microsecond per request.
+    """
+    return _raw_fields.decode(body)
+
+
+def unknown_names(raw: dict[str, msgspec.Raw], kind: str) -> list[str]:
+    """The top-level fields the request structs do not model (`reasoning_effort`, `functions`, ...)."""
+    known = _KNOWN_FIELDS[kind]
+    return [k for k in raw if k not in known]
+
+
 def unknown_fields(body: bytes, kind: str) -> dict[str, msgspec.Raw]:
     """The top-level fields of an already decoded body that the request structs do not model, still raw.
 
     New OpenAI parameters (`reasoning_effort`, `parallel_tool_calls`, the legacy `functions`, ...) appear
     faster than any gateway can model them; a backend that understands one must still receive it, so
-    these are forwarded untouched rather than silently dropped. Costs under a microsecond per request.
+    these are forwarded untouched rather than silently dropped (except `CONTROLLED_FIELDS`).
     """
-    known = _KNOWN_FIELDS[kind]
-    return {k: v for k, v in _raw_fields.decode(body).items() if k not in known}
+    raw = raw_fields(body)
+    return {k: raw[k] for k in unknown_names(raw, kind)}
 
 
-def with_fields(encoded: bytes, extra: dict[str, msgspec.Raw]) -> bytes:
-    """Add raw fields to an encoded JSON object (a request struct always encodes at least `model`)."""
-    if not extra:
-        return encoded
-    return encoded[:-1] + b"," + _encoder.encode(extra)[1:]
+def upstream_body(raw: dict[str, msgspec.Raw], changes: dict[str, Any]) -> bytes:
+    """The client's body with the gateway's `changes` applied (a None value removes the field), as JSON."""
+    out = dict(raw)
+    for k, v in changes.items():
+        if v is None:
+            out.pop(k, None)
+        else:
+            out[k] = v
+    return _encoder.encode(out)
+
+
+# Fields outside the OpenAI API that some backends understand and that would override what the gateway controls:
+# the length of the answer (the policy's and the tenant's max_tokens caps), how many sequences one request
+# decodes (`n` is 1), generating past the natural end, the backend's scheduling (the gateway admits by the
+# tenant's priority), or the plumbing between a router and its servers. A request carrying one of them with any
+# value but null or the one that changes nothing (each field's backend default, spelled as listed) is refused
+# with 400 `unsupported_parameter`: dropping it silently would answer something else than was asked, and
+# forwarding it would let any tenant step around the limits. Everything else unmodelled is forwarded.
+# field -> (JSON spellings of the values that change nothing besides `null`, why it is refused)
+CONTROLLED_FIELDS: dict[str, tuple[tuple[bytes, ...], str]] = {
+    "n_predict": ((), "it is llama.cpp's `max_tokens` and would override the gateway's cap; use `max_tokens`"),
+    "max_completion_tokens": ((), "a text completion's length is `max_tokens`"),  # chat models it (and caps it)
+    "n_cmpl": ((b"1",), "it is llama.cpp's `n`, and one completion per request is supported"),
+    "best_of": ((b"1",), "one sequence per request is supported"),
+    "use_beam_search": ((b"false",), "one sequence per request is supported"),
+    "min_tokens": ((b"0",), "it forces generation past the answer's natural end"),
+    "ignore_eos": ((b"false",), "it forces generation past the answer's natural end"),
+    "priority": ((b"0",), "the gateway schedules by the API key's priority (lowered with `x-tiergate-priority`)"),
+    "id_slot": ((b"-1",), "the backend's slots are scheduled by the gateway"),
+    "prompt_logprobs": ((), "it computes log-probabilities at every prompt position"),
+    "kv_transfer_params": ((), "it is the plumbing between a router and its vLLM servers"),
+}
+
+
+def refused_field(raw: dict[str, msgspec.Raw], names: list[str]) -> tuple[str, str] | None:
+    """The first of the unmodelled `names` that `CONTROLLED_FIELDS` refuses with the value it has, and why."""
+    for name in names:
+        rule = CONTROLLED_FIELDS.get(name)
+        if rule is not None:
+            value = bytes(raw[name])
+            if value != b"null" and value not in rule[0]:
+                return name, rule[1]
+    return None

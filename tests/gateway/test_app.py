@@ -248,6 +248,86 @@ def test_fields_the_gateway_does_not_model_reach_the_backend_and_bypass_the_cach
     assert msgspec.json.decode(backend[LAST_BODY])["metadata"] == {"app": "x"}
 
 
+TEXT = {"model": "auto", "prompt": "Once upon", "max_tokens": 4, "temperature": 1}
+
+
+@pytest.mark.parametrize("path, body, field", [
+    ("/v1/chat/completions", {**CHAT, "n_predict": 5000}, "n_predict"),  # llama.cpp prefers it over max_tokens
+    ("/v1/completions", {**TEXT, "n_predict": -1}, "n_predict"),  # -1: until the context is full
+    ("/v1/completions", {**TEXT, "max_completion_tokens": 5000}, "max_completion_tokens"),
+    ("/v1/completions", {**TEXT, "best_of": 8}, "best_of"),  # modelled for text completions, one sequence only
+    ("/v1/chat/completions", {**CHAT, "best_of": 8}, "best_of"),
+    ("/v1/chat/completions", {**CHAT, "n_cmpl": 4}, "n_cmpl"),
+    ("/v1/chat/completions", {**CHAT, "use_beam_search": True}, "use_beam_search"),
+    ("/v1/chat/completions", {**CHAT, "min_tokens": 4000}, "min_tokens"),
+    ("/v1/chat/completions", {**CHAT, "ignore_eos": True}, "ignore_eos"),
+    ("/v1/completions", {**TEXT, "priority": -100}, "priority"),
+    ("/v1/chat/completions", {**CHAT, "id_slot": 0}, "id_slot"),
+    ("/v1/chat/completions", {**CHAT, "prompt_logprobs": 5}, "prompt_logprobs"),
+    ("/v1/chat/completions", {**CHAT, "kv_transfer_params": {"do_remote_prefill": True}}, "kv_transfer_params"),
+])
+def test_fields_that_would_step_around_the_gateways_limits_are_refused(basic, path, body, field):
+    backend = basic["edges"][0].app
+    hits = backend[HITS]
+    r = _post(basic, body, path=path)
+    assert r.status_code == 400
+    err = _err(r)
+    assert err["param"] == field and f"`{field}" in err["message"]
+    assert err["code"] == ("invalid_request" if field == "best_of" and path == "/v1/completions"
+                           else "unsupported_parameter")
+    assert backend[HITS] == hits  # refused before any backend saw it
+
+
+def test_the_values_of_controlled_fields_that_change_nothing_are_forwarded(basic):
+    from bench.instant_upstream import LAST_BODY
+
+    neutral = {"n_predict": None, "n_cmpl": 1, "best_of": 1, "use_beam_search": False, "min_tokens": 0,
+               "ignore_eos": False, "priority": 0, "id_slot": -1, "prompt_logprobs": None, "n_probs": 5,
+               "n_keep": 10, "min_p": 0.1}
+    r = _post(basic, {**CHAT, **neutral})
+    assert r.status_code == 200, r.text
+    sent = msgspec.json.decode(basic["edges"][0].app[LAST_BODY])
+    assert {k: sent.get(k, "absent") for k in neutral} == neutral
+
+
+def test_fields_the_structs_do_not_model_at_any_depth_reach_the_backend_as_sent(basic):
+    from bench.instant_upstream import LAST_BODY
+
+    messages = [
+        {"role": "user", "content": [{"type": "text", "text": "what is in this?"},
+                                     {"type": "input_audio", "input_audio": {"data": "AAAA", "format": "wav"}},
+                                     {"type": "text", "text": "be brief", "cache_control": {"type": "ephemeral"}}]},
+        {"role": "assistant", "content": None, "function_call": {"name": "lookup", "arguments": "{\"q\": 1}"},
+         "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"},
+                         "index": 0, "x_vendor": [1, 2.50, None]}], "refusal": None},
+        {"role": "function", "name": "lookup", "content": "42"},
+        {"role": "user", "content": "and now?", "x_meta": {"nested": {"deeper": True}}},
+    ]
+    body = {**CHAT, "messages": messages, "stream_options": {"include_usage": True, "continuous_usage_stats": True},
+            "stream": True}
+    r = _post(basic, body)
+    assert r.status_code == 200 and r.text.rstrip().endswith("data: [DONE]")
+    sent = msgspec.json.decode(basic["edges"][0].app[LAST_BODY])
+    assert sent["messages"] == messages
+    assert sent["model"] == "edge-model" and sent["max_tokens"] == 4
+    assert sent["stream_options"] == {"include_usage": True}  # the gateway's own: it needs the usage chunk
+
+
+@pytest.mark.parametrize("message", [
+    {"role": "user", "content": "What is an edge tier?", "x_meta": {"version": 2}},
+    {"role": "user", "content": [{"type": "text", "text": "What is this?"},
+                                 {"type": "input_audio", "input_audio": {"data": "AAAA", "format": "wav"}}]},
+])
+def test_a_message_with_fields_the_cache_cannot_key_on_bypasses_the_cache(basic, message):
+    # The backend gets these fields (so the answer may depend on them), the cache's key would not include them.
+    backend = basic["edges"][0].app
+    hits = backend[HITS]
+    for _ in range(2):
+        r = _post(basic, {**CHAT, "messages": [message]})
+        assert r.status_code == 200 and r.headers["x-tiergate-cache"] == "bypass"
+    assert backend[HITS] == hits + 2
+
+
 def test_stream_cut_mid_way_ends_with_sse_error_then_done(tmp_path):
     with stack(tmp_path, edge_modes=("cut",), policy={"fallback": False}) as s:
         with httpx.stream("POST", s["gw"].url + "/v1/chat/completions", headers=AUTH,

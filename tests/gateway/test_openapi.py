@@ -33,11 +33,18 @@ PROBES = [
         ({"temperature": 2.01}, False),
         ({"top_p": 0}, False), ({"top_p": 0.01}, True), ({"top_p": 1}, True), ({"top_p": 1.01}, False),
         ({"n": 0}, False), ({"n": 1}, True), ({"n": 2}, False), ({"n": None}, True),
+        ({"n_predict": 9}, False), ({"n_predict": None}, True), ({"priority": 1}, False), ({"priority": 0}, True),
+        ({"ignore_eos": True}, False), ({"ignore_eos": False}, True), ({"best_of": 2}, False), ({"best_of": 1}, True),
+        ({"min_tokens": 1}, False), ({"min_tokens": 0}, True), ({"id_slot": 0}, False), ({"id_slot": -1}, True),
+        ({"reasoning_effort": "low"}, True),  # any other unmodelled field is allowed (and forwarded)
     ]],
     *[("/v1/completions", {**TEXT, **change}, ok) for change, ok in [
         ({}, True), ({"prompt": ""}, True), ({"prompt": []}, False), ({"prompt": ["a"]}, True),
         ({"prompt": ["a", "b"]}, False), ({"max_tokens": 0}, False), ({"max_tokens": 1}, True),
         ({"temperature": 2.01}, False), ({"top_p": 0}, False), ({"n": 2}, False), ({"n": 1}, True),
+        ({"best_of": 2}, False), ({"best_of": 1}, True), ({"best_of": None}, True),
+        ({"max_completion_tokens": 9}, False), ({"max_completion_tokens": None}, True),
+        ({"n_predict": 9}, False), ({"use_beam_search": True}, False), ({"use_beam_search": False}, True),
     ]],
     *[("/edge/v1/heartbeat", {**NODE, **change}, ok) for change, ok in [
         ({}, True), ({"node_id": ""}, False), ({"url": "ftp://x"}, False), ({"url": "https://x"}, True),

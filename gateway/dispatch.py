@@ -2,7 +2,8 @@
 
 Within a tier, endpoints are tried best first; a failure that reached nobody yet (connection refused,
 timeout before the first byte, 5xx) moves to the next endpoint, then to the next tier in the
-decision's fallbacks. A saturated tier is waited on in priority order for at most the policy's queue
+decision's fallbacks. A backend saying it cannot serve the request (too long for its context, a feature
+it lacks) moves straight to the next tier; its verdict on the request itself (a 400) is the answer. A saturated tier is waited on in priority order for at most the policy's queue
 time, then overflowed. What comes back holds its admission slot until `finish()`.
 """
 
@@ -73,7 +74,8 @@ class Dispatcher:
         routes = self._routes()
         failures: list[OpenAIError] = []  # one per tier tried, so the final error can say what happened where
         previous: str | None = None
-        for tier in decision.tiers:
+        tiers = decision.tiers
+        for i, tier in enumerate(tiers):
             route = routes.get(tier)
             if route is None:
                 continue
@@ -113,7 +115,12 @@ class Dispatcher:
                     _discard(resp)
                     ep.inflight -= 1
                     metrics.UPSTREAM_ERRORS.labels(tier, f.kind).inc()
-                    if f.kind == "http_4xx":  # the backend judged the request itself: pass its verdict on
+                    if f.kind == "capability" and any(t in routes for t in tiers[i + 1:]):
+                        # This tier cannot serve it (context too short, a feature missing): a later one may.
+                        # The endpoint is fine and the same tier's others are alike, so on to the next tier.
+                        last = _client_error_from(f, f"Tier `{tier}` cannot serve this request: ")
+                        break
+                    if f.kind in ("http_4xx", "capability"):  # the backend judged the request: pass its verdict on
                         _give_back(route, tier)
                         raise _client_error_from(f) from None
                     route.pool.report(ep, False)
@@ -156,7 +163,7 @@ def _discard(resp: UpstreamResponse | None) -> None:
         resp.close()
 
 
-def _client_error_from(f: UpstreamFailure) -> OpenAIError:
+def _client_error_from(f: UpstreamFailure, prefix: str = "") -> OpenAIError:
     """Relay a backend's own 4xx (e.g. prompt longer than its context) in the OpenAI format."""
     import msgspec
 
@@ -171,4 +178,4 @@ def _client_error_from(f: UpstreamFailure) -> OpenAIError:
                 message = err
         except (msgspec.DecodeError, AttributeError):
             pass
-    return OpenAIError(f.status, message, code=code)
+    return OpenAIError(f.status, prefix + message, code=code)

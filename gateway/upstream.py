@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 import aiohttp
+import msgspec
 
 from gateway.pool import Endpoint
 from policies.types import Timeouts
@@ -30,13 +31,14 @@ class UpstreamFailure(Exception):
     `retryable` is true when nothing reached the client yet and another endpoint may do better
     (connection refused, timeout before the first byte, 5xx); `status` is what the client gets if
     every attempt fails this way. `kind == "http_4xx"` is the backend's verdict on the request itself
-    (400, 413, 422), which no other backend would change.
+    (400, 413, 422), which no other backend would change; `kind == "capability"` is a backend saying that it
+    cannot serve this request (too long for its context, a feature it lacks), which a bigger one may.
     """
 
     def __init__(self, message: str, *, kind: str, status: int = 502, retryable: bool = True,
                  body: bytes | None = None) -> None:
         super().__init__(message)
-        self.kind = kind  # connect | timeout | http_5xx | http_4xx | http_endpoint | protocol | stream
+        self.kind = kind  # connect | timeout | http_5xx | http_4xx | capability | http_endpoint | protocol | stream
         self.status = status
         self.retryable = retryable
         self.body = body
@@ -193,6 +195,15 @@ class UpstreamClient:
 
 # The backend judged the request itself (malformed, too long for its context): relay its verdict, do not retry.
 _VERDICT_STATUSES = frozenset({400, 413, 422})
+# ... unless the verdict is about the backend's own limits: another tier's backend may well serve the request.
+# `context_length_exceeded` is what edge nodes (and OpenAI) answer for a prompt longer than the context;
+# `unsupported_parameter` / `unsupported_value` are OpenAI's codes for a feature a model lacks. A 413 is always the
+# backend's own body limit (the gateway has enforced its own). docs/CONTRACTS.md states this for edge nodes.
+_CAPABILITY_CODES = frozenset({"context_length_exceeded", "unsupported_parameter", "unsupported_value"})
+# edge_node/server.py refuses what it cannot do (logprobs, response_format other than text, suffix, best_of) with
+# a message saying so but no code yet: recognised by that message until it sends `unsupported_parameter`.
+_EDGE_UNSUPPORTED = "not supported by the edge node"
+_error_body = msgspec.json.Decoder()
 
 
 def _failure_for_status(endpoint: Endpoint, status: int, body: bytes) -> UpstreamFailure:
@@ -202,7 +213,23 @@ def _failure_for_status(endpoint: Endpoint, status: int, body: bytes) -> Upstrea
     overloaded or broken: the client gets a 502 if no other endpoint answers, never the backend's own 401.
     """
     if status in _VERDICT_STATUSES:
-        return UpstreamFailure(f"{endpoint.id} answered HTTP {status}", kind="http_4xx", status=status,
+        kind = "capability" if status == 413 or _is_capability(body) else "http_4xx"
+        return UpstreamFailure(f"{endpoint.id} answered HTTP {status}", kind=kind, status=status,
                                retryable=False, body=body)
     kind = "http_5xx" if status >= 500 or status == 429 else "http_endpoint"
     return UpstreamFailure(f"{endpoint.id} answered HTTP {status}", kind=kind, status=502, body=body)
+
+
+def _is_capability(body: bytes) -> bool:
+    """Whether a 400/422 body says the backend cannot serve the request, rather than that the request is wrong."""
+    try:
+        err = _error_body.decode(body).get("error")
+    except (msgspec.DecodeError, AttributeError, RecursionError):
+        return False
+    if not isinstance(err, dict):
+        return False
+    code = err.get("code")
+    if isinstance(code, str):
+        return code in _CAPABILITY_CODES
+    message = err.get("message")
+    return code is None and isinstance(message, str) and _EDGE_UNSUPPORTED in message

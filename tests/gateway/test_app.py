@@ -4,15 +4,19 @@ from __future__ import annotations
 
 import asyncio
 import time
+from contextlib import contextmanager
 
 import httpx
 import msgspec
 import openai
 import pytest
 
-from bench.instant_upstream import HITS
-from tests.gateway.conftest import stack
-from tests.support.servers import wait_until
+from aiohttp import web
+
+from bench.instant_upstream import HITS, make_app
+from gateway.settings import Settings
+from tests.gateway.conftest import KEYS, stack, write_policy
+from tests.support.servers import aiohttp_server, gateway_server, wait_until
 
 AUTH = {"Authorization": "Bearer key-alpha-1"}
 CHAT = {"model": "auto", "messages": [{"role": "user", "content": "Say hi"}], "max_tokens": 4, "temperature": 0}
@@ -178,11 +182,81 @@ def test_everything_down_is_a_fast_explicit_error(tmp_path):
 
 
 def test_backend_verdict_on_the_request_is_relayed(tmp_path):
-    with stack(tmp_path, edge_modes=("reject",)) as s:
+    with stack(tmp_path, edge_modes=("reject",), policy={"fallback": False}) as s:
         r = _post(s, {**CHAT, "temperature": 1})
         assert r.status_code == 400
         err = _err(r)
         assert err["code"] == "context_length_exceeded" and "context" in err["message"]
+
+
+@contextmanager
+def _refusing_edge(tmp_path, status: int, error: dict, *, cloud_mode: str = "ok"):
+    """A gateway whose edge tier (falling back to the cloud) answers every completion with `status` and `error`."""
+    app = web.Application()
+    app[HITS] = 0
+
+    async def complete(request: web.Request) -> web.Response:
+        app[HITS] += 1
+        await request.read()
+        return web.json_response({"error": error}, status=status)
+
+    async def health(request: web.Request) -> web.Response:
+        return web.json_response({"status": "ok", "model": "edge-model", "slots": 4, "busy": 0, "queued": 0})
+
+    app.router.add_post("/v1/chat/completions", complete)
+    app.router.add_get("/health", health)
+    with aiohttp_server(app) as edge, aiohttp_server(make_app(8, cloud_mode, model="cloud-model")) as cloud:
+        pol = write_policy(tmp_path / "policy.yaml", [edge.url], [cloud.url], cache=False)
+        with gateway_server(Settings(policy=pol, embedder=None, redis_url=None), keyring=KEYS) as gw:
+            yield {"gw": gw, "edges": [edge], "clouds": [cloud]}
+
+
+_CANNOT = [  # how backends say "not me": the edge node's own answers, OpenAI's codes, a body over the backend's limit
+    (400, {"message": "prompt has 1500 tokens; the context is 1024", "type": "invalid_request_error",
+           "code": "context_length_exceeded", "param": "messages"}),
+    (400, {"message": "logprobs are not supported by the edge node", "type": "invalid_request_error", "code": None,
+           "param": "logprobs"}),
+    (400, {"message": "response_format other than text is not supported by the edge node",
+           "type": "invalid_request_error", "code": None, "param": "response_format"}),
+    (400, {"message": "logprobs is not supported with this model", "type": "invalid_request_error",
+           "code": "unsupported_parameter", "param": "logprobs"}),
+    (413, {"message": "request body exceeds 65536 bytes", "type": "invalid_request_error", "code": "body_too_large",
+           "param": None}),
+]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("status, error", _CANNOT, ids=[e["code"] or e["param"] for _, e in _CANNOT])
+def test_a_request_the_edge_cannot_serve_is_served_by_the_fallback_tier(tmp_path, status, error, stream):
+    with _refusing_edge(tmp_path, status, error) as s:
+        r = _post(s, {**CHAT, "stream": stream})
+        assert r.status_code == 200, r.text
+        assert r.headers["x-tiergate-tier"] == "cloud" and r.headers["x-tiergate-fallback-from"] == "edge"
+        assert s["edges"][0].app[HITS] == 1  # the edge was asked once: its other endpoints are alike
+
+
+def test_a_request_no_tier_can_serve_says_why_each_could_not(tmp_path):
+    status, error = _CANNOT[0]
+    with _refusing_edge(tmp_path, status, error, cloud_mode="error500") as s:
+        r = _post(s, CHAT)
+        assert r.status_code == 502
+        message = _err(r)["message"]
+        assert "Tier `edge` cannot serve this request: prompt has 1500 tokens" in message
+        assert "Tier `cloud`" in message and "HTTP 500" in message
+
+
+@pytest.mark.parametrize("error", [
+    {"message": "messages[1]: a tool message must follow a tool call", "type": "invalid_request_error",
+     "code": None, "param": "messages"},
+    {"message": "invalid value for `stop`", "type": "invalid_request_error", "code": "invalid_value", "param": "stop"},
+])
+def test_the_edges_verdict_on_the_request_itself_is_not_retried_elsewhere(tmp_path, error):
+    with _refusing_edge(tmp_path, 400, error) as s:
+        r = _post(s, CHAT)
+        assert r.status_code == 400
+        err = _err(r)
+        assert err["message"] == error["message"] and err["code"] == (error["code"] or "upstream_rejected")
+        assert s["clouds"][0].app[HITS] == 0  # no other tier was bothered with it
 
 
 def test_silent_backend_times_out_with_504(tmp_path):

@@ -84,6 +84,8 @@ class _Ctx:
     raw: dict[str, msgspec.Raw] | None = None  # the body's top-level fields as sent: what the backend gets, amended
     extra: list[str] | None = None  # names of the top-level fields the structs do not model
     plain: bool = True  # no field the structs do not model below the top level (see `decode_request`)
+    sent: bool = False  # a backend was given the request (it may be working on it)
+    sent_max_tokens: int | None = None  # the max_tokens the backend was asked for
 
     def headers(self, tier: str, overhead_s: float | None = None) -> dict[str, str]:
         h = {"x-request-id": self.request_id, "x-tiergate-tier": tier, "x-tiergate-cache": self.cache}
@@ -259,15 +261,32 @@ class Gateway:
         except asyncio.CancelledError:
             if not watch.fired or task.uncancel() > 0:
                 raise  # cancelled by someone else (shutdown): let it through
-            return self._client_gone(ctx)
         finally:
             watch.close()
+        return await self._abandoned(ctx)
 
-    def _client_gone(self, ctx: _Ctx) -> Response:
+    async def _abandoned(self, ctx: _Ctx) -> Response:
+        """A client gone before its answer began, once a backend may have worked for it: charge the tenant.
+
+        As for a stream whose client leaves (charged the prompt and what was relayed), the prompt was processed.
+        A JSON answer shows nothing of its progress before it is whole, so it is charged the max_tokens the
+        backend was asked for as well: the most it may have generated before the closed connection stopped it
+        (what OpenAI counts against a tokens-per-minute limit up front). Never reaching a backend costs nothing.
+        """
+        prompt_tokens = spent = 0
+        if ctx.sent:
+            prompt_tokens = spent = ctx.features.prompt_tokens
+            if not ctx.req.stream and ctx.sent_max_tokens:
+                spent += ctx.sent_max_tokens
+        response = self._client_gone(ctx, prompt_tokens)
+        await self.limiter.charge_tokens(ctx.tenant, spent)
+        return response
+
+    def _client_gone(self, ctx: _Ctx, prompt_tokens: int = 0) -> Response:
         """Count and log a client that left before its answer began; the 499 is never seen by anyone."""
         tier = ctx.decision.tier if ctx.decision is not None and ctx.decision.tier else "none"
         metrics.DISCONNECTS.labels(tier).inc()
-        self._account(ctx, tier, 499, time.perf_counter() - ctx.started)
+        self._account(ctx, tier, 499, time.perf_counter() - ctx.started, prompt_tokens)
         return Response(status_code=499, headers={"x-request-id": ctx.request_id})
 
     def _leave(self, ctx: _Ctx) -> None:
@@ -340,22 +359,24 @@ class Gateway:
                                      background=task)
         return Response(render_json(hit.answer), media_type=_JSON, headers=headers, background=task)
 
-    def _upstream_body(self, req: ParsedRequest, decision: Decision,
-                       raw: dict[str, msgspec.Raw]) -> Callable[[Endpoint], bytes]:
+    def _upstream_body(self, ctx: _Ctx, decision: Decision) -> Callable[[Endpoint], bytes]:
         """The request as each backend should see it: its own model name, max_tokens capped, usage asked for.
 
         Built from the client's own JSON (`raw`), so every field the structs do not model, at any depth, is
         forwarded byte for byte; only these fields are the gateway's.
         """
+        req, raw = ctx.req, ctx.raw
         max_tokens = req.effective_max_tokens()
         if decision.max_tokens_cap is not None:
             max_tokens = decision.max_tokens_cap if max_tokens is None else min(max_tokens, decision.max_tokens_cap)
         changes: dict[str, object] = {"model": None, "max_tokens": max_tokens, "max_completion_tokens": None}
         if req.stream:
             changes["stream_options"] = _STREAM_OPTIONS
+        ctx.sent_max_tokens = max_tokens
         by_model: dict[str, bytes] = {}
 
         def body_for(ep: Endpoint) -> bytes:
+            ctx.sent = True  # dispatch asks for the body just before it posts it
             b = by_model.get(ep.model)
             if b is None:
                 changes["model"] = ep.model
@@ -372,7 +393,7 @@ class Gateway:
             decision = ctx.decision = _with_cap(decision, cap)
         path = "/v1/chat/completions" if req.kind == "chat" else "/v1/completions"
         attempt = await self.dispatcher.open(request=req, features=ctx.features, decision=decision, path=path,
-                                             body_for=self._upstream_body(req, decision, ctx.raw),
+                                             body_for=self._upstream_body(ctx, decision),
                                              request_id=ctx.request_id, stream=req.stream)
         if req.stream:
             return self._relay_stream(ctx, attempt)

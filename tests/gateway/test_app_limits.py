@@ -72,6 +72,53 @@ def test_client_leaving_before_a_json_answer_frees_the_backend_and_every_slot(tm
         assert _sample("tiergate_requests_total", **gone) == answered_499 + 1
 
 
+def test_a_client_leaving_before_its_json_answer_is_charged_what_the_backend_was_asked_for(tmp_path):
+    keys = tmp_path / "keys.yaml"
+    keys.write_text("tenants:\n  metered: {tokens_per_minute: 100000}\n  other: {}\nkeys:\n"
+                    "  - {tenant: metered, key: metered-key-1}\n  - {tenant: other, key: other-key-1}\n")
+    with stack(tmp_path, keyring=KeyRing.from_file(keys), edge_modes=("slow",), chunks=60,
+               policy={"fallback": False, "max_concurrency": 1, "queue_s": 30}) as s:
+        gw, url = s["gw"].gateway, s["gw"].url + "/v1/chat/completions"
+        admission = gw._routes["edge"].admission
+
+        def charged() -> int:
+            return sum(n for k, n in gw.limiter._local.items() if k.startswith("metered:tok:"))
+
+        # The backend works for 3 s on a 60-token answer; the client leaves after 0.5 s, with nothing to show
+        # for it: the prompt and the 60 tokens it asked for are charged (a JSON answer shows no progress).
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(url, json={**CHAT, "max_tokens": 60}, headers={"Authorization": "Bearer metered-key-1"},
+                       timeout=0.5)
+        wait_until(lambda: charged() > 60, timeout_s=3, what="the abandoned answer charged")
+        assert charged() <= 60 + 10  # and a prompt of a word or two
+        wait_until(lambda: admission.inflight == 0, timeout_s=3, what="the slot freed")
+
+        # A client leaving while queued behind another tenant's request cost no backend anything: not charged.
+        before = charged()
+
+        async def queued_then_gone() -> None:
+            async with httpx.AsyncClient(timeout=30) as c:
+                holder = asyncio.create_task(c.post(url, json={**CHAT, "max_tokens": 60},
+                                                    headers={"Authorization": "Bearer other-key-1"}))
+                for _ in range(100):  # until the holder has the tier's one slot
+                    if admission.inflight:
+                        break
+                    await asyncio.sleep(0.02)
+                with pytest.raises(httpx.ReadTimeout):
+                    await c.post(url, json={**CHAT, "max_tokens": 60},
+                                 headers={"Authorization": "Bearer metered-key-1"}, timeout=0.5)
+                for _ in range(100):
+                    if not admission.waiting:
+                        break
+                    await asyncio.sleep(0.02)
+                assert admission.waiting == 0 and admission.inflight == 1  # it left the queue; the holder still runs
+                holder.cancel()
+
+        asyncio.run(queued_then_gone())
+        wait_until(lambda: admission.inflight == 0, timeout_s=3, what="the holder's slot freed")
+        assert charged() == before
+
+
 def test_client_leaving_the_queue_gives_up_its_place(tmp_path):
     with stack(tmp_path, edge_modes=("hang",), policy={"fallback": False, "max_concurrency": 1, "queue_s": 30,
                                                         "first_byte_s": 30}) as s:

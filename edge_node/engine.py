@@ -134,6 +134,11 @@ class Generation:
             self.finished = True
         return chunk
 
+    @property
+    def completion_tokens(self) -> int:
+        """Tokens generated so far (final once the request has ended, however it ended)."""
+        return self._req.n_generated
+
     def cancel(self) -> None:
         """The consumer went away: stop generating and free the slot (idempotent)."""
         if not self.finished:
@@ -279,6 +284,7 @@ class Engine:
     # ------------------------------------------------------------------ public surface
 
     def start(self) -> None:
+        """Start the decode thread (once: a stopped engine is not restarted)."""
         if self._thread is not None:
             return
         self._running = True
@@ -291,9 +297,8 @@ class Engine:
             self._accepting = False
             self._running = False
             self._cv.notify_all()
-        if self._thread is not None:
+        if self._thread is not None:  # kept after a join timeout: close() must see the thread still running
             self._thread.join(timeout)
-            self._thread = None
         for loop, h in list(self._handoffs.items()):
             self._handoffs.pop(loop, None)
             if loop.is_closed():
@@ -310,9 +315,8 @@ class Engine:
         A thread still inside `llama_decode` after the join timeout would use freed memory; leaving the
         model to the process exit is the safe choice then.
         """
-        thread = self._thread
         self.stop()
-        if thread is not None and thread.is_alive():
+        if self._thread is not None and self._thread.is_alive():
             log.warning("engine thread still running after stop; leaving the model loaded until exit")
             return
         self.rt.close()
@@ -326,10 +330,6 @@ class Engine:
         """Drain mode: refuse new requests, keep decoding the ones in flight."""
         with self._cv:
             self._accepting = False
-
-    @property
-    def accepting(self) -> bool:
-        return self._accepting
 
     def stats(self) -> EngineStats:
         return EngineStats(
@@ -386,8 +386,11 @@ class Engine:
                 raise EngineFailedError(f"the edge node's engine has failed ({self.failure}); restart it")
             if not self._accepting or not self._running:
                 raise EngineClosedError("the edge node is shutting down")
-            if self.max_queue is not None and len(self._waiting) >= self.max_queue:
-                raise QueueFullError(f"the edge node has {len(self._waiting)} requests waiting for a slot "
+            # Requests in `_waiting` may still be headed for a free slot, so the bound is on what cannot get
+            # one: everything held (queued, being admitted, in a slot) beyond the number of slots.
+            waiting = len(self._waiting) + (self._admitting is not None) + self._busy - self.parallel
+            if self.max_queue is not None and waiting >= self.max_queue:
+                raise QueueFullError(f"the edge node has {waiting} requests waiting for a slot "
                                      f"(--max-queue {self.max_queue}); retry shortly or use another node")
             self._waiting.append(req)
             self._cv.notify()
@@ -418,7 +421,7 @@ class Engine:
                 if self._busy:
                     self._step(out)
                 self._deliver(out)
-        except Exception as e:  # a bug or a llama.cpp failure in the loop: fail everyone, never hang them
+        except Exception as e:  # noqa: BLE001 - a bug or a llama.cpp failure: _crashed logs it, fails everyone
             self._crashed(f"engine failure: {type(e).__name__}: {e}", out)
             return
         self._fail_all("the edge node is shutting down")
@@ -485,11 +488,10 @@ class Engine:
                 if not free:
                     return
                 req = self._waiting.popleft()
-            if req.cancelled:
-                continue
-            self._admitting = req  # neither queued nor in a slot: a crash here must still fail it
+                if req.cancelled:
+                    continue
+                self._admitting = req  # neither queued nor in a slot: still counted, and failed on a crash
             self._assign(req, free)
-            self._admitting = None
 
     def _assign(self, req: _Request, free: list[_Slot]) -> None:
         ll, fast, mem = self._ll, self._fast, self.rt.memory
@@ -531,8 +533,10 @@ class Engine:
         req.n_prompt_done = reused
         req.cached = reused
         req.sampler = SamplerChain(ll, req.params, self.rt.n_vocab, sample_fn=fast.sampler_sample)
-        slot.request = req
-        self._busy += 1
+        with self._cv:  # from "admitting" to "in a slot" in one step, as submit's queue bound counts them
+            slot.request = req
+            self._busy += 1
+            self._admitting = None
         self.metrics.prompt_tokens.inc(len(prompt))
         if reused:
             self.metrics.prompt_tokens_cached.inc(reused)

@@ -35,6 +35,7 @@ from edge_node.engine import (
     Generation,
     QueueFullError,
 )
+from edge_node.metrics import EdgeMetrics
 from edge_node.sampling import DEFAULT_MIN_P, DEFAULT_TOP_K, SamplingParams
 from gateway.schemas import ChatRequest, CompletionRequest, decode_chat, decode_completion
 
@@ -137,10 +138,16 @@ def _usage(c: Chunk) -> dict[str, Any]:
     }
 
 
-async def _terminated(frames: AsyncIterator[bytes], gen: Generation) -> AsyncIterator[bytes]:
-    """An SSE body that always ends with `[DONE]`: an engine failure mid-stream becomes an error event first,
-    and the generation is cancelled however the stream ends (finished, failed or the client gone).
-    Its end is logged (under the request id bound by the handler), as a JSON answer's is."""
+def _sse_error(message: str, code: str) -> bytes:
+    return _sse({"error": {"message": message, "type": "server_error", "code": code, "param": None}})
+
+
+async def _terminated(frames: AsyncIterator[bytes], gen: Generation,
+                     metrics: EdgeMetrics) -> AsyncIterator[bytes]:
+    """An SSE body that always ends with `[DONE]`: a failure mid-stream (the engine's, or a bug here) becomes
+    an error event first, as the headers are already sent; the generation is cancelled however the stream
+    ends (finished, failed or the client gone). Its end is logged (under the request id bound by the
+    handler), as a JSON answer's is."""
     started, outcome = time.perf_counter(), "client_gone"
     try:
         async for chunk in frames:
@@ -150,12 +157,19 @@ async def _terminated(frames: AsyncIterator[bytes], gen: Generation) -> AsyncIte
     except EngineError as e:
         outcome = "engine_error"
         log.warning("stream failed", error=str(e))
-        yield _sse({"error": {"message": str(e), "type": "server_error", "code": "engine_error", "param": None}})
+        metrics.request_errors.labels("engine").inc()
+        yield _sse_error(str(e), "engine_error")
+        yield b"data: [DONE]\n\n"
+    except Exception:
+        outcome = "internal_error"
+        log.exception("stream failed")
+        metrics.request_errors.labels("internal").inc()
+        yield _sse_error("internal error in the edge node; it has been logged", "internal_error")
         yield b"data: [DONE]\n\n"
     finally:
         gen.cancel()
         log.info("stream ended", outcome=outcome, prompt_tokens=gen.prompt_tokens,
-                 ms=round((time.perf_counter() - started) * 1000, 1))
+                 completion_tokens=gen.completion_tokens, ms=round((time.perf_counter() - started) * 1000, 1))
 
 
 async def _wait_disconnect(request: Request) -> None:
@@ -194,12 +208,13 @@ def create_app(state: ServerState) -> Starlette:
         except UnicodeDecodeError as e:  # msgspec's str fields reject bytes that are not UTF-8 this way
             raise _ApiError(400, f"request body is not valid UTF-8 JSON: {e.reason} at byte {e.start}") from None
 
-    def submit(tokens: list[int], params: SamplingParams, endpoint: str) -> Generation:
-        if state.draining or not engine.accepting:
+    def submit(request: Request, tokens: list[int], params: SamplingParams, endpoint: str) -> Generation:
+        """Hand the request to the engine (or refuse it in the API's terms); its end is logged by `guard`."""
+        if state.draining:
             raise _ApiError(503, "the edge node is draining and takes no new requests", "server_error",
                             code="draining")
-        try:
-            return engine.submit(tokens, params, endpoint)
+        try:  # the engine tells a dead decode loop (EngineFailedError: 503 engine_failed) from a stopping one
+            gen = engine.submit(tokens, params, endpoint)
         except ContextOverflowError as e:
             raise _ApiError(400, str(e), code="context_length_exceeded", param="messages"
                             if endpoint == "chat" else "prompt") from None
@@ -209,6 +224,9 @@ def create_app(state: ServerState) -> Starlette:
             raise _ApiError(429, str(e), "rate_limit_error", code="queue_full", retry_after_s=1) from None
         except ValueError as e:
             raise _ApiError(400, str(e)) from None
+        request.state.generation = gen
+        log.info("accepted", path=request.url.path, prompt_tokens=gen.prompt_tokens, max_tokens=params.max_tokens)
+        return gen
 
     async def collect(request: Request, gen: Generation) -> tuple[str, Chunk]:
         """Gather a whole answer; cancel generation if the client leaves first."""
@@ -242,14 +260,17 @@ def create_app(state: ServerState) -> Starlette:
             rid = request.headers.get("x-request-id") or uuid.uuid4().hex
             structlog.contextvars.bind_contextvars(request_id=rid)
             started = time.perf_counter()
-            resp = await answer(request)
+            resp = await answer(request, rid)
             resp.headers["x-request-id"] = rid
             if not isinstance(resp, StreamingResponse):  # a stream logs its own end (see _terminated)
+                gen: Generation | None = getattr(request.state, "generation", None)
                 log.info("request", path=request.url.path, status=resp.status_code,
+                         prompt_tokens=gen.prompt_tokens if gen else None,
+                         completion_tokens=gen.completion_tokens if gen else None,
                          ms=round((time.perf_counter() - started) * 1000, 1))
             return resp
 
-        async def answer(request: Request) -> Response:
+        async def answer(request: Request, rid: str) -> Response:
             try:
                 return await handler(request)
             except _ApiError as e:
@@ -259,6 +280,7 @@ def create_app(state: ServerState) -> Starlette:
                 metrics.request_errors.labels("engine_failed").inc()
                 return error_response(503, str(e), "server_error", code="engine_failed")
             except EngineError as e:
+                log.warning("generation failed", error=str(e))
                 metrics.request_errors.labels("engine").inc()
                 return error_response(500, str(e), "server_error", code="engine_error")
             except ClientDisconnect:  # gone while sending its body: nobody to answer
@@ -266,8 +288,8 @@ def create_app(state: ServerState) -> Starlette:
             except Exception:  # a bug: logged with its traceback, answered in the API's own error format
                 log.exception("request failed", path=request.url.path)
                 metrics.request_errors.labels("internal").inc()
-                return error_response(500, "internal error in the edge node; it has been logged", "server_error",
-                                      code="internal_error")
+                return error_response(500, f"internal error in the edge node (request {rid}); it has been logged",
+                                      "server_error", code="internal_error")
         return wrapped
 
     # ---------------------------------------------------------------- chat
@@ -298,7 +320,7 @@ def create_app(state: ServerState) -> Starlette:
                                             sum(len(m["content"]) for m in messages))
         except ChatTemplateError as e:
             raise _ApiError(400, str(e), param="messages") from None
-        gen = submit(tokens, params, "chat")
+        gen = submit(request, tokens, params, "chat")
         rid = f"chatcmpl-{uuid.uuid4().hex[:24]}"
         created = int(time.time())
         model = state.model_name
@@ -331,7 +353,7 @@ def create_app(state: ServerState) -> Starlette:
                         yield _sse({"id": rid, "object": "chat.completion.chunk", "created": created,
                                     "model": model, "choices": [], "usage": _usage(c)})
 
-        return _SSEResponse(_terminated(frames(), gen), media_type="text/event-stream", headers=_SSE_HEADERS)
+        return _SSEResponse(_terminated(frames(), gen, metrics), media_type="text/event-stream", headers=_SSE_HEADERS)
 
     # ---------------------------------------------------------------- completions
 
@@ -354,7 +376,7 @@ def create_app(state: ServerState) -> Starlette:
         max_tokens = req.max_tokens if req.max_tokens is not None else _COMPLETIONS_DEFAULT_MAX_TOKENS
         params = _params(req, max_tokens, engine.rt.n_vocab)
         tokens = await _maybe_in_thread(lambda: engine.tokenize_prompt(prompt), len(prompt))
-        gen = submit(tokens, params, "completions")
+        gen = submit(request, tokens, params, "completions")
         rid = f"cmpl-{uuid.uuid4().hex[:24]}"
         created = int(time.time())
         model = state.model_name
@@ -389,7 +411,7 @@ def create_app(state: ServerState) -> Starlette:
                 elif c.text:
                     yield frame(c.text, None)
 
-        return _SSEResponse(_terminated(frames(), gen), media_type="text/event-stream", headers=_SSE_HEADERS)
+        return _SSEResponse(_terminated(frames(), gen, metrics), media_type="text/event-stream", headers=_SSE_HEADERS)
 
     # ---------------------------------------------------------------- info
 

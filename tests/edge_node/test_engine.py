@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 
 import pytest
@@ -260,3 +261,61 @@ def test_close_leaves_the_model_loaded_while_the_thread_still_runs(own_engine, m
     monkeypatch.undo()
     eng.close()
     assert not eng.alive
+
+
+def test_close_after_a_timed_out_stop_still_waits_for_the_thread(own_engine, monkeypatch):
+    """What `edge-node serve` does: the server's shutdown stops the engine (join may time out mid-decode),
+    then the CLI closes it. The model must stay loaded while the thread is still inside a step."""
+    from edge_node.sampling import SamplerChain
+
+    eng = own_engine
+    sample, in_step, leave = SamplerChain.sample, threading.Event(), threading.Event()
+
+    def stuck(self, *args, **kwargs):  # a decode step that outlasts the join timeout
+        in_step.set()
+        leave.wait(10)
+        return sample(self, *args, **kwargs)
+
+    monkeypatch.setattr(SamplerChain, "sample", stuck)
+    freed: list[bool] = []
+    monkeypatch.setattr(eng.rt, "close", lambda: freed.append(True))
+
+    async def scenario() -> None:
+        eng.submit(chat(eng, "hello"), GREEDY)
+        assert await asyncio.to_thread(in_step.wait, 10)
+        eng.stop(timeout=0.01)
+        monkeypatch.setattr(eng, "stop", lambda timeout=10.0: None)  # close()'s own join times out too
+        eng.close()
+
+    asyncio.run(scenario())
+    assert freed == []  # the thread is still sampling: freeing now would be a use-after-free
+    leave.set()
+    eng._thread.join(10)
+    eng.close()  # the thread has exited now: the model is freed
+    assert freed == [True]
+
+
+@pytest.mark.parametrize("max_queue", [0, 1])
+def test_the_queue_bound_counts_only_requests_that_cannot_get_a_slot(own_engine, max_queue):
+    """Free slots take requests whatever the bound (--max-queue 0 still serves `parallel` at once); past
+    the slots, `max_queue` more may wait and the next is refused, even before the engine has admitted any."""
+    from edge_node.engine import QueueFullError
+
+    eng = own_engine
+    eng.max_queue = max_queue
+    no_end = {t: float("-inf") for t in range(eng.rt.n_vocab) if eng.rt.is_eog(t)}
+    endless = SamplingParams(temperature=0.0, logit_bias=no_end)  # to the end of the context: none finishes here
+
+    async def scenario() -> int:
+        prompt = chat(eng, "hold a slot")
+        held = [eng.submit(prompt, endless) for _ in range(eng.parallel + max_queue)]
+        try:
+            with pytest.raises(QueueFullError, match=f"--max-queue {max_queue}"):
+                eng.submit(prompt, endless)
+            return len(held)
+        finally:
+            for gen in held:
+                gen.cancel()
+
+    assert asyncio.run(scenario()) == eng.parallel + max_queue
+    wait_idle(eng)

@@ -1,6 +1,7 @@
 """bench/overhead: the gateway's own cost, side by side with calling the upstream directly and with LiteLLM's proxy.
 
     .venv/bin/python -m bench.overhead [--duration 10] [--rounds 8] [--skip-litellm] [--cpu-latency-us N]
+                                       [--guest-halt-poll-ns N]
 
 One run starts an instant OpenAI-compatible upstream, then for each target (direct; passthrough, the floor: uvicorn +
 Starlette + aiohttp relaying bytes with no logic at all; tiergate; LiteLLM) and each
@@ -14,7 +15,10 @@ to every target in turn (rotating the order). A target's p50/p99 are over all it
 is also given per round (median, min, max), so drift in the machine hits every target alike. LiteLLM cannot
 take 200 requests/s, so its open-loop run is separate. `--cpu-latency-us N` holds a PM QoS request
 (/dev/cpu_dma_latency, what tuned's latency-performance profile does) for the whole run, to measure how much
-of the added latency is idle-CPU wake-up. Prints a table and writes bench/results/overhead.json.
+of the added latency is idle-CPU wake-up. `--guest-halt-poll-ns N` sets the KVM guest's halt-polling window
+(/sys/module/haltpoll/parameters/guest_halt_poll_ns) for the run and restores it afterwards: this VM's kernel
+command line sets it to 0, where Linux's default for guests is 200000, so every idle vCPU halts at once and each
+wake-up is a VM exit. Prints a table and writes bench/results/overhead*.json.
 """
 
 from __future__ import annotations
@@ -191,6 +195,25 @@ def cpu_latency(us: int | None) -> Iterator[None]:
         os.close(fd)
 
 
+HALT_POLL = Path("/sys/module/haltpoll/parameters/guest_halt_poll_ns")
+
+
+@contextlib.contextmanager
+def guest_halt_poll(ns: int | None) -> Iterator[None]:
+    """Let idle vCPUs poll up to `ns` before halting (the cpuidle-haltpoll driver), then put the old value back."""
+    if ns is None:
+        yield
+        return
+    if not HALT_POLL.exists():
+        sys.exit(f"--guest-halt-poll-ns: {HALT_POLL} does not exist (not a KVM guest with cpuidle-haltpoll)")
+    old = HALT_POLL.read_text().strip()
+    HALT_POLL.write_text(str(ns))  # needs root
+    try:
+        yield
+    finally:
+        HALT_POLL.write_text(old)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description="gateway overhead vs direct vs LiteLLM")
     ap.add_argument("--duration", type=int, default=10)
@@ -200,8 +223,10 @@ def main() -> None:
     ap.add_argument("--skip-litellm", action="store_true")
     ap.add_argument("--cpu-latency-us", type=int, default=None,
                     help="hold this PM QoS CPU latency (/dev/cpu_dma_latency) during the run; e.g. 0")
+    ap.add_argument("--guest-halt-poll-ns", type=int, default=None,
+                    help="KVM guests: poll this long before halting an idle vCPU during the run; Linux's default 200000")
     args = ap.parse_args()
-    with cpu_latency(args.cpu_latency_us):
+    with cpu_latency(args.cpu_latency_us), guest_halt_poll(args.guest_halt_poll_ns):
         run(args)
 
 
@@ -262,9 +287,21 @@ def run(args) -> None:
         upstream.stop()
     report = {"args": vars(args), "upstream_peak_rss_mib": upstream_rss, "results": results,
               "when": time.strftime("%Y-%m-%d %H:%M:%S")}
-    name = "overhead.json" if args.cpu_latency_us is None else f"overhead-cpu-latency-{args.cpu_latency_us}us.json"
-    (RESULTS / name).write_text(json.dumps(report, indent=2))
+    name = "overhead"
+    if args.cpu_latency_us is not None:
+        name += f"-cpu-latency-{args.cpu_latency_us}us"
+    if args.guest_halt_poll_ns is not None:
+        name += f"-halt-poll-{args.guest_halt_poll_ns}ns"
+    report["idle"] = {"guest_halt_poll_ns": HALT_POLL.read_text().strip() if HALT_POLL.exists() else None,
+                      "cpuidle_governor": _read("/sys/devices/system/cpu/cpuidle/current_governor_ro")}
+    (RESULTS / f"{name}.json").write_text(json.dumps(report, indent=2))
     print(table(report))
+
+
+def _read(path: str) -> str | None:
+    with contextlib.suppress(OSError):
+        return Path(path).read_text().strip()
+    return None
 
 
 def table(report: dict) -> str:

@@ -131,7 +131,11 @@ def _params(req: ParsedRequest) -> dict[str, Any]:
 
 
 def _message(m: Any) -> list[Any]:
-    return [m.role, normalize_text(m.text()), m.name, m.tool_call_id, m.tool_calls]
+    out = [m.role, normalize_text(m.text()), m.name, m.tool_call_id, m.tool_calls]
+    c = m.content
+    if isinstance(c, list) and (media := [[p.type, p.image_url] for p in c if p.type != "text"]):
+        out.append(media)  # two questions about different images are different questions
+    return out
 
 
 def _is_text_question(m: Any) -> bool:

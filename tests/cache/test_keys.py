@@ -11,7 +11,7 @@ from cache.keys import (
     tenant_tag,
     uncacheable_reason,
 )
-from gateway.schemas import ChatRequest, Message
+from gateway.schemas import ChatRequest, ContentPart, Message
 from tests.cache.helpers import RULE, answer, chat, completion
 
 
@@ -64,6 +64,33 @@ def test_chat_matches_the_last_user_message_under_its_context() -> None:
         Message(role="user", content="hi"), Message(role="assistant", content="Hello")])
     k2 = request_key(ends_with_assistant, "t")
     assert not k2.semantic_ok and k2.text == ""
+
+
+def _about_image(url: str, *, earlier: bool = False) -> ChatRequest:
+    image = Message(role="user", content=[ContentPart(type="text", text="What is in this picture?"),
+                                          ContentPart(type="image_url", image_url={"url": url})])
+    if earlier:  # the image in an earlier turn, then a text-only question about it
+        return ChatRequest(model="m", temperature=0, messages=[
+            image, Message(role="assistant", content="A cat."), Message(role="user", content="What colour?")])
+    return ChatRequest(model="m", temperature=0, messages=[image])
+
+
+@pytest.mark.parametrize("earlier", [False, True])
+def test_questions_about_different_images_never_share_a_key(earlier: bool) -> None:
+    a = request_key(_about_image("https://example.com/cat.png", earlier=earlier), "t")
+    b = request_key(_about_image("https://example.com/dog.png", earlier=earlier), "t")
+    again = request_key(_about_image("https://example.com/cat.png", earlier=earlier), "t")
+    assert a.entry_id != b.entry_id
+    assert a.entry_id == again.entry_id
+
+
+def test_text_only_messages_keep_their_keys_when_split_into_parts() -> None:
+    parts = ChatRequest(model="m", temperature=0, messages=[
+        Message(role="system", content=[ContentPart(type="text", text="Be brief.")]),
+        Message(role="user", content="What is Rust?")])
+    plain = ChatRequest(model="m", temperature=0, messages=[
+        Message(role="system", content="Be brief."), Message(role="user", content="What is Rust?")])
+    assert request_key(parts, "t").entry_id == request_key(plain, "t").entry_id
 
 
 def test_completion_prompts() -> None:

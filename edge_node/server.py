@@ -103,7 +103,8 @@ def _stops(stop: str | list[str] | None) -> tuple[str, ...]:
 
 def _params(req: ChatRequest | CompletionRequest, max_tokens: int | None, n_vocab: int) -> SamplingParams:
     if req.n not in (None, 1):
-        raise _ApiError(400, "n > 1 is not supported by the edge node", param="n")
+        raise _ApiError(400, "n > 1 is not supported by the edge node", param="n",
+                        code="unsupported_parameter")
     bias: dict[int, float] = {}
     for k, v in (req.logit_bias or {}).items():
         try:
@@ -297,11 +298,12 @@ def create_app(state: ServerState) -> Starlette:
     async def chat_completions(request: Request) -> Response:
         req: ChatRequest = decode(decode_chat, await read_body(request))
         if req.logprobs:
-            raise _ApiError(400, "logprobs are not supported by the edge node", param="logprobs")
+            raise _ApiError(400, "logprobs are not supported by the edge node", param="logprobs",
+                            code="unsupported_parameter")
         rf = req.response_format
         if rf and rf.get("type") not in (None, "text"):
             raise _ApiError(400, "response_format other than text is not supported by the edge node",
-                            param="response_format")
+                            param="response_format", code="unsupported_value")
         if not req.messages:
             raise _ApiError(400, "messages must not be empty", param="messages")
         params = _params(req, req.effective_max_tokens(), engine.rt.n_vocab)
@@ -360,11 +362,14 @@ def create_app(state: ServerState) -> Starlette:
     async def completions(request: Request) -> Response:
         req: CompletionRequest = decode(decode_completion, await read_body(request))
         if req.logprobs:
-            raise _ApiError(400, "logprobs are not supported by the edge node", param="logprobs")
+            raise _ApiError(400, "logprobs are not supported by the edge node", param="logprobs",
+                            code="unsupported_parameter")
         if req.suffix:
-            raise _ApiError(400, "suffix is not supported by the edge node", param="suffix")
+            raise _ApiError(400, "suffix is not supported by the edge node", param="suffix",
+                            code="unsupported_parameter")
         if req.best_of not in (None, 1):
-            raise _ApiError(400, "best_of > 1 is not supported by the edge node", param="best_of")
+            raise _ApiError(400, "best_of > 1 is not supported by the edge node", param="best_of",
+                            code="unsupported_parameter")
         if isinstance(req.prompt, list):
             if len(req.prompt) != 1:
                 raise _ApiError(400, "exactly one prompt per request is supported by the edge node", param="prompt")

@@ -200,9 +200,9 @@ _VERDICT_STATUSES = frozenset({400, 413, 422})
 # `unsupported_parameter` / `unsupported_value` are OpenAI's codes for a feature a model lacks. A 413 is always the
 # backend's own body limit (the gateway has enforced its own). docs/CONTRACTS.md states this for edge nodes.
 _CAPABILITY_CODES = frozenset({"context_length_exceeded", "unsupported_parameter", "unsupported_value"})
-# edge_node/server.py refuses what it cannot do (logprobs, response_format other than text, suffix, best_of) with
-# a message saying so but no code yet: recognised by that message until it sends `unsupported_parameter`.
-_EDGE_UNSUPPORTED = "not supported by the edge node"
+# Backends that say so only in words (no string code): edge nodes before they sent `unsupported_parameter`, and
+# vLLM, whose context-length refusal is a 400 with `code: 400` and OpenAI's old wording.
+_CAPABILITY_PHRASES = ("not supported by the edge node", "maximum context length is")
 _error_body = msgspec.json.Decoder()
 
 
@@ -232,4 +232,4 @@ def _is_capability(body: bytes) -> bool:
     if isinstance(code, str):
         return code in _CAPABILITY_CODES
     message = err.get("message")
-    return code is None and isinstance(message, str) and _EDGE_UNSUPPORTED in message
+    return isinstance(message, str) and any(p in message for p in _CAPABILITY_PHRASES)

@@ -216,3 +216,20 @@ def test_request_ids_are_echoed_or_made_and_the_log_lines_carry_them(node, logs)
         assert accepted["prompt_tokens"] > 0 and accepted["max_tokens"] == 3
         assert end["status"] == 200 and end["completion_tokens"] == 3 and end["ms"] > 0
         assert end["prompt_tokens"] == accepted["prompt_tokens"]
+
+
+@pytest.mark.parametrize("path, body, param, code", [
+    ("/v1/chat/completions", {"logprobs": True}, "logprobs", "unsupported_parameter"),
+    ("/v1/chat/completions", {"n": 2}, "n", "unsupported_parameter"),
+    ("/v1/chat/completions", {"response_format": {"type": "json_object"}}, "response_format", "unsupported_value"),
+    ("/v1/completions", {"suffix": "end"}, "suffix", "unsupported_parameter"),
+    ("/v1/completions", {"best_of": 2}, "best_of", "unsupported_parameter"),
+])
+def test_what_the_node_cannot_do_is_refused_with_a_code_that_sends_it_elsewhere(node, path, body, param, code):
+    # The gateway hands a request refused with these codes to its next tier (docs/CONTRACTS.md, "Backends").
+    base = {"messages": [{"role": "user", "content": "hi"}]} if "chat" in path else {"prompt": "hi"}
+    r = httpx.post(node.url + path, json={"model": "tiny", **base, "max_tokens": 4, **body}, timeout=10)
+    assert r.status_code == 400
+    err = r.json()["error"]
+    assert (err["param"], err["code"]) == (param, code)
+    assert "not supported by the edge node" in err["message"]

@@ -222,11 +222,14 @@ _CANNOT = [  # how backends say "not me": the edge node's own answers, OpenAI's 
            "code": "unsupported_parameter", "param": "logprobs"}),
     (413, {"message": "request body exceeds 65536 bytes", "type": "invalid_request_error", "code": "body_too_large",
            "param": None}),
+    (400, {"message": "This model's maximum context length is 256 tokens. However, your prompt contains 300 input "
+                      "tokens, which exceeds this limit even without any output tokens.",  # vLLM's own words
+           "type": "BadRequestError", "code": 400, "param": None}),
 ]
 
 
 @pytest.mark.parametrize("stream", [False, True])
-@pytest.mark.parametrize("status, error", _CANNOT, ids=[e["code"] or e["param"] for _, e in _CANNOT])
+@pytest.mark.parametrize("status, error", _CANNOT, ids=[str(e["code"] or e["param"]) for _, e in _CANNOT])
 def test_a_request_the_edge_cannot_serve_is_served_by_the_fallback_tier(tmp_path, status, error, stream):
     with _refusing_edge(tmp_path, status, error) as s:
         r = _post(s, {**CHAT, "stream": stream})

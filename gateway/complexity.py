@@ -5,19 +5,24 @@ Design, chosen by measurement (bench/router, docs/benchmarks.md):
   answer options, digits and math symbols, multi-part statements, how alike the options are, options that are
   verdicts like "True, False", negations, calculation cues, WordPiece fragmentation and rarity of the words,
   ...): 25 numbers, computed with regular expressions and one WordPiece tokenization (the vocabulary shipped
-  in `tokenizer_default.json`). Learned word or embedding features were tried and generalised worse to
-  unseen subjects.
+  in `tokenizer_default.json`), plus 2 on how alike the answer options are in meaning: the cosines between
+  the options' sums of static word vectors (all-MiniLM-L6-v2's input word embeddings, reduced to 64
+  dimensions and shipped as `word_vectors.npy`, see policies/word_vectors.py). Options that are near
+  synonyms need finer judgment, whatever the subject: these two raised held-out subjects' APGR by about
+  0.01-0.02. Learned word or embedding features of the prompt itself (its topic) were tried and generalised
+  worse to unseen subjects.
 - The head is two small gradient-boosted tree ensembles ("members") trained (`tiergate classifier train`)
   to estimate the expected gain of escalating, E[strong_correct - weak_correct | prompt], which is what the
   APGR sweep ranks by: one fitted to that difference directly, one as P(strong right) - P(weak right). Each
   member's prediction becomes a percentile of its training predictions and the two are averaged (a rank
   average ranked held-out subjects better than either member). The trees are stored as plain arrays in JSON;
   no torch, no scikit-learn at run time.
-- Scoring one prompt is plain Python on purpose: numpy's per-call cost on 25-number vectors dominated, and on
+- Scoring one prompt is plain Python on purpose: numpy's per-call cost on 27-number vectors dominated, and on
   a gateway core that also runs the network code it is paid cold, several times over. Each tree ensemble is
   compiled once, at load, into one Python expression of nested conditionals (only the model's numbers go
   into it), which evaluates 450 trees in a few microseconds. Training uses the same code, so the numbers are
-  identical.
+  identical. The option similarity is the one numpy step (a handful of calls for all options together, some
+  30 microseconds).
 - The average is mapped through the training set's empirical distribution, so the score is a percentile:
   `complexity >= 0.8` in a policy means "among the 20 % of training prompts that gain most".
 
@@ -46,6 +51,7 @@ from gateway.wordpiece import AsciiWordPiece
 
 __all__ = [
     "DEFAULT_MODEL_FILE",
+    "DEFAULT_VECTORS_FILE",
     "FEATURES",
     "MAX_CHARS",
     "MODEL_FORMAT",
@@ -58,7 +64,9 @@ __all__ = [
 MODEL_FORMAT = "tiergate-complexity/2"
 DEFAULT_MODEL_FILE = Path(__file__).resolve().parent / "complexity_model.json"
 _TOKENIZER_FILE = Path(__file__).resolve().parent / "tokenizer_default.json"
+DEFAULT_VECTORS_FILE = Path(__file__).resolve().parent / "word_vectors.npy"
 MAX_CHARS = 16_000
+MAX_SIMILAR_OPTIONS = 16  # the option-similarity features look at the first 16 options (quadratic cost)
 
 FEATURES: tuple[str, ...] = (
     "log_chars",            # length of the whole prompt
@@ -86,6 +94,8 @@ FEATURES: tuple[str, ...] = (
     "capitalised_words",
     "unknown_tokens",
     "verdict_options",      # options that are verdicts on statements ("True, False", "Wrong, Not wrong", "Valid")
+    "option_similarity",    # mean cosine between the options' word-vector sums: near-synonymous options
+    "option_similarity_max",  # the two most alike options
 )
 
 _OPTION = re.compile(r"^[ \t]*\(?([A-H])[.)][ \t]+(.*)$", re.MULTILINE)
@@ -105,10 +115,17 @@ _CALC = re.compile(r"\b(calculate|compute|find|how many|how much|what is the val
 class Featurizer:
     """Prompt → the FEATURES vector. Shared by training and serving, so both see identical numbers."""
 
-    def __init__(self, tokenizer_file: Path = _TOKENIZER_FILE) -> None:
+    def __init__(self, tokenizer_file: Path = _TOKENIZER_FILE, vectors_file: Path = DEFAULT_VECTORS_FILE) -> None:
         self.tokenizer_file = tokenizer_file
         raw = tokenizer_file.read_bytes()
         self.tokenizer_sha256 = hashlib.sha256(raw).hexdigest()
+        self.vectors_file = vectors_file
+        vec_raw = vectors_file.read_bytes()
+        self.vectors_sha256 = hashlib.sha256(vec_raw).hexdigest()
+        vectors = np.load(vectors_file, allow_pickle=False)
+        if vectors.ndim != 2 or vectors.dtype != np.float16:
+            raise ValueError(f"{vectors_file}: expected a 2-d float16 array, got {vectors.dtype} {vectors.shape}")
+        self._vectors = vectors  # float16 rows summed in float64: exact, whatever the order
         tok = Tokenizer.from_str(raw.decode("utf-8"))
         tok.no_truncation()
         tok.no_padding()
@@ -122,6 +139,8 @@ class Featurizer:
                 cont[idx] = 1
         self._continuation = bytes(cont)
         self._unk = vocab.get("[UNK]", -1)
+        if len(vectors) != self._vocab_size:
+            raise ValueError(f"{vectors_file}: {len(vectors)} word vectors for a vocabulary of {self._vocab_size}")
         # The gateway's default token counter uses this same file: the classifier then encodes a prompt once.
         self.builtin_tokenizer = tokenizer_file == _TOKENIZER_FILE
 
@@ -164,8 +183,9 @@ class Featurizer:
             overlap = len(inter) / (len(union) + 1)
             repetition = 1 - len(union) / (sum(len(s) for s in sets) + 1)
             verdict = sum(1 for o in opt_texts if len(o.split()) <= 6 and _VERDICT.search(o)) / len(opt_texts)
+            similarity, similarity_max = self._option_similarity(opt_texts)
         else:
-            opt_len = opt_digits = compound = overlap = repetition = verdict = 0.0
+            opt_len = opt_digits = compound = overlap = repetition = verdict = similarity = similarity_max = 0.0
         if ids:  # integer counts and sums: exact, whatever the order
             n_ids = len(ids)
             frag = float(sum(map(self._continuation.__getitem__, ids))) / nw
@@ -206,7 +226,30 @@ class Featurizer:
             caps,
             unk,
             verdict,
+            similarity,
+            similarity_max,
         ]
+
+    def _option_similarity(self, opt_texts: list[str]) -> tuple[float, float]:
+        """Mean and largest cosine between the options' word-vector sums (0, 0 with fewer than 2 non-empty)."""
+        ids: list[int] = []
+        starts: list[int] = []
+        for o in opt_texts[:MAX_SIMILAR_OPTIONS]:
+            piece = self.encode(o)
+            if piece:
+                starts.append(len(ids))
+                ids += piece
+        if len(starts) < 2:
+            return 0.0, 0.0
+        # float16 rows summed in float64 are exact, whatever the order: the same numbers on any machine
+        sums = np.add.reduceat(self._vectors[ids].astype(np.float64), starts, axis=0)
+        norms = np.sqrt(np.einsum("ij,ij->i", sums, sums))
+        m = sums[norms > 0.0] / norms[norms > 0.0, None]
+        k = len(m)
+        if k < 2:
+            return 0.0, 0.0
+        off = (m @ m.T)[~np.eye(k, dtype=bool)]  # every pair twice
+        return float(off.sum()) / (k * (k - 1)), float(off.max())
 
     def matrix(self, texts: list[str]) -> np.ndarray:
         return np.stack([self.vector(t) for t in texts]) if texts else np.zeros((0, len(FEATURES)))
@@ -368,6 +411,7 @@ class ComplexityModel:
     def to_dict(self) -> dict[str, Any]:
         return {"format": MODEL_FORMAT, "features": list(FEATURES),
                 "tokenizer_sha256": self.featurizer.tokenizer_sha256,
+                "vectors_sha256": self.featurizer.vectors_sha256,
                 "members": [m.to_dict() for m in self.members],
                 "calibration": {"raw": self.calibration_raw.tolist(), "score": self.calibration_score.tolist()},
                 "meta": self.meta}
@@ -393,6 +437,8 @@ class ComplexityModel:
         feats = featurizer or Featurizer()
         if d.get("tokenizer_sha256") != feats.tokenizer_sha256:
             raise ValueError(f"{path}: trained with another tokenizer than {feats.tokenizer_file}; retrain it")
+        if d.get("vectors_sha256") != feats.vectors_sha256:
+            raise ValueError(f"{path}: trained with other word vectors than {feats.vectors_file}; retrain it")
         members = tuple(Member.from_dict(m) for m in d["members"])
         if not members:
             raise ValueError(f"{path}: no members")

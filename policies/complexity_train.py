@@ -14,6 +14,11 @@ Both use the same tree settings (DEFAULT_PARAMS). On subjects held out of traini
 than either alone (bench/router, docs/benchmarks.md). `target="escalate"` trains one ensemble on the binary
 "only the strong model is right" label instead.
 
+The features are `gateway.complexity.FEATURES`, computed by the same `Featurizer` the gateway uses; two of them
+(option similarity) read the shipped word vectors `gateway/word_vectors.npy`, built once from all-MiniLM-L6-v2
+by `python -m policies.word_vectors`; the model records their sha256 and the gateway refuses a model trained
+with other vectors.
+
 Training needs scikit-learn (a training-only dependency); the result is exported to plain arrays and the
 gateway scores with numpy alone. Same data and parameters give the same file, byte for byte.
 """

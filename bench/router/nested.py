@@ -2,7 +2,8 @@
 
     .venv/bin/python -m bench.router.nested [--outer five|loso|both] [--extended] [--cache DIR] [--only NAME ...]
 
-The shipped design (rank average of a "gain" and a "strong-weak" member, with the `verdict_options` feature)
+The shipped design (rank average of a "gain" and a "strong-weak" member, with the `verdict_options` and the
+option-similarity features)
 was picked among a handful of designs by the same subject cross-validation bench/router reports, which
 flatters it. This repeats that choice INSIDE each outer fold: for every outer fold (5 folds of 8 subjects,
 or leave-one-subject-out), each candidate is scored by a 4-fold by-subject cross-validation on the outer
@@ -10,7 +11,8 @@ training subjects only; the winner is refitted on them and scores the held-out s
 its training prompts, as the gateway scores). The pooled APGR is an honest estimate of design + selection.
 
 Candidates (the documented run): {one gain ensemble, strong minus weak ensembles, rank average of both} x
-{24 features without `verdict_options`, all features}, all with DEFAULT_PARAMS. With `--extended`, also three
+{24 features (without `verdict_options` and the two option-similarity features), 25 features (without the
+option-similarity features: the previous model's), all 27 features}, all with DEFAULT_PARAMS. With `--extended`, also three
 attempts at generalising better to unseen subjects (all features; measured, not shipped: on 5-fold
 subject CV neither of the first two beat the shipped design, see the per-candidate outer-CV line this prints):
 - "bagged average": 5 copies of the average design, each fitted on a random 80 % of the training SUBJECTS;
@@ -49,6 +51,8 @@ Fitter = Callable[[np.ndarray, np.ndarray, np.ndarray, np.ndarray], Scorer]  # (
 BAGS = 5
 BAG_SHARE = 0.8
 MONOTONE = ("parts", "compound_options", "verdict_options")
+SIMILARITY = ("option_similarity", "option_similarity_max")
+LATER_FEATURES = ("verdict_options", *SIMILARITY)  # added after the first 24, each by a measured design step
 
 
 def predict_all(t: Any, z: np.ndarray) -> np.ndarray:
@@ -154,10 +158,15 @@ EXTENDED = ("bagged average, all", "monotone average, all", "bagged monotone ave
 
 
 def candidates(n_features: int) -> dict[str, tuple[np.ndarray, Fitter]]:
+    from gateway.complexity import FEATURES
+
     all_cols = np.arange(n_features)
-    base_cols = all_cols[:-1]  # verdict_options is the last feature
+    later = {FEATURES.index(n) for n in LATER_FEATURES}
+    no_similarity = np.array([c for c in all_cols if FEATURES[c] not in SIMILARITY])  # the 25 of the last model
+    base_cols = np.array([c for c in all_cols if c not in later])  # the 24 of the one before
     out: dict[str, tuple[np.ndarray, Fitter]] = {
-        f"{name}, {label}": (cols, fn) for label, cols in (("24 features", base_cols), ("all", all_cols))
+        f"{name}, {label}": (cols, fn)
+        for label, cols in (("24 features", base_cols), ("25 features", no_similarity), ("all", all_cols))
         for name, fn in (("gain", _gain), ("strong-weak", _sep), ("average", _avg))}
     out["bagged average, all"] = (all_cols, _bagged)
     out["monotone average, all"] = (all_cols, _mono)
@@ -177,7 +186,8 @@ def _evaluate(x, w, s, subj, outer, f, name, cols, fn, cache: Path | None) -> di
     """Inner-CV APGR of one candidate on one outer fold's training subjects, and its refitted outer scores."""
     from policies.complexity_train import apgr
 
-    key = hashlib.sha256(json.dumps([name, int(f), outer.tolist(), BAGS, BAG_SHARE]).encode()).hexdigest()[:20]
+    key = hashlib.sha256(json.dumps([name, cols.tolist(), int(f), outer.tolist(), BAGS, BAG_SHARE]).encode()
+                         ).hexdigest()[:20]
     path = cache / f"{key}.pkl" if cache else None
     if path is not None and path.exists():
         return pickle.loads(path.read_bytes())

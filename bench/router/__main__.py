@@ -213,6 +213,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     "peak_rss_mib": round(lat["peak_rss_mib"], 1),
                     "litellm_p50_ms": _pct(lite["latency_ms"], 50), "litellm_p99_ms": _pct(lite["latency_ms"], 99)},
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}",
+        "load_average": round(os.getloadavg()[0], 2),  # at the end of the run: what else shared the machine
         "seconds": round(time.perf_counter() - started, 1),
     }
 
@@ -293,8 +294,9 @@ def markdown(r: dict[str, Any]) -> str:
         f"p99 {lat['complexity_p99_ms']} ms. Peak RSS of that process (Python, numpy, tokenizers, the "
         f"policy and the model): {lat['peak_rss_mib']} MiB. LiteLLM's `classify` on the same prompts: "
         f"p50 {lat['litellm_p50_ms']} ms, p99 {lat['litellm_p99_ms']} ms.", "",
-        f"Machine: {r['machine']}, shared with other jobs while measured (load average well above the core "
-        f"count), which is what stretches the p99s. Run time {r['seconds']} s.", "",
+        f"Machine: {r['machine']}; load average {r['load_average']} at the end of the run"
+        + (" (other work shared the machine, which stretches the p99s)" if r["load_average"] > (os.cpu_count() or 1)
+           else "") + f". Run time {r['seconds']} s.", "",
     ]
     return "\n".join(lines)
 

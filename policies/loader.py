@@ -215,6 +215,36 @@ def _is_tag(part: str | int) -> bool:
                                       part in ("int", "str", "float", "bool"))
 
 
+def _unreadable_scalar(text: str) -> tuple[int | None, int | None, str | None]:
+    """Where the first scalar that resolves to a number but does not read as one is (ruamel resolves `._` as a
+    float, then fails to construct it with a bare ValueError, which has no position)."""
+    try:
+        root = YAML(typ="rt").compose(text)
+    except (YAMLError, ValueError):
+        return None, None, None
+    stack = [root] if root is not None else []
+    while stack:
+        node = stack.pop()
+        if isinstance(node.value, list):
+            for item in reversed(node.value):
+                stack.extend(reversed(item) if isinstance(item, tuple) else [item])
+        elif node.tag.endswith((":float", ":int")):
+            digits = node.value.replace("_", "").lower().lstrip("+-")
+            if digits not in (".inf", ".nan") and not _reads_as_number(digits):
+                return node.start_mark.line + 1, node.start_mark.column + 1, node.value
+    return None, None, None
+
+
+def _reads_as_number(s: str) -> bool:
+    for conv in (float, lambda v: int(v, 0)):
+        try:
+            conv(s)
+            return True
+        except ValueError:
+            pass
+    return ":" in s  # YAML 1.1 sexagesimal (1:30): ruamel reads these itself
+
+
 # ------------------------------------------------------------------------------------------ public API
 
 
@@ -230,6 +260,10 @@ def check_policy(text: str, source: str = "<policy>", base_dir: Path | None = No
         return None, [Problem(source, line, col, "", f"YAML syntax error: {what} (a half-written file?)")]
     except YAMLError as exc:
         return None, [Problem(source, None, None, "", f"YAML error: {exc}")]
+    except (ValueError, TypeError, OverflowError) as exc:  # ruamel's constructor on a scalar it resolved wrongly
+        line, col, value = _unreadable_scalar(text)
+        what = f"`{value}` looks like a number but is not one" if value is not None else str(exc)
+        return None, [Problem(source, line, col, "", f"YAML error: {what}; quote it if it is text")]
     if doc is None:
         return None, [Problem(source, 1, 1, "", "the policy is empty; it needs at least `tiers` and `rules`")]
     if not isinstance(doc, dict):

@@ -59,6 +59,7 @@ yaml_chars = st.text(alphabet=st.sampled_from(list(string.printable) + ["é", "\
 @example(text="a: &x [1]\nb: *x\n")
 @example(text="!!python/object:os.system {}\n")
 @example(text="---\na: 1\n---\nb: 2\n")
+@example(text="a: ._\n")  # resolved as a float, then not one: ruamel raised a bare ValueError
 def test_arbitrary_text(text):
     out = outcome(text)
     if isinstance(out, Policy):

@@ -171,6 +171,14 @@ def test_yaml_syntax_error_has_position():
     assert "YAML syntax error" in p.message and p.line is not None and p.line >= _line_of(text, "kind: [edge")
 
 
+def test_a_scalar_that_looks_like_a_number_but_is_not_one_is_located():
+    # ruamel resolves `._` as a float and then fails to build it with a bare ValueError (found by tests/fuzz)
+    text = BASE.replace("kind: edge", "kind: ._", 1)
+    (p,) = _error(text).problems
+    assert p.line == _line_of(text, "kind: ._") and p.column == text.splitlines()[p.line - 1].index("._") + 1
+    assert "`._` looks like a number" in p.message and "quote it" in p.message
+
+
 def test_duplicate_yaml_key_is_an_error():
     text = BASE.replace("    kind: edge\n", "    kind: edge\n    kind: cloud\n", 1)
     err = _error(text)

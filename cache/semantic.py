@@ -21,6 +21,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import msgspec
 import numpy as np
 import structlog
 
@@ -33,8 +34,8 @@ from cache.store import Store, StoreUnavailable
 from cache.types import CachedAnswer, CacheEntry, CacheHit, CacheStatus
 
 if TYPE_CHECKING:
-    from gateway.schemas import ParsedRequest
-    from policies.types import CacheRule
+    from core.types import CacheRule
+    from core.wire import ParsedRequest
 
 __all__ = ["LookupResult", "PairScore", "SemanticCache"]
 
@@ -304,6 +305,4 @@ class SemanticCache:
 
 
 def _stamped(answer: CachedAnswer, now: float) -> CachedAnswer:
-    import msgspec
-
     return msgspec.structs.replace(answer, created=int(now))

@@ -20,22 +20,22 @@ import socket
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 import aiohttp
 import structlog
 
-from cloud_pool import metrics as m
 from cloud_pool.breaker import BreakerState, CircuitBreaker
+from cloud_pool.metrics import CloudMetrics
+from cloud_pool.probe import Unhealthy, probe
 from cloud_pool.selection import Selector, Strategy
-from cloud_pool.vllm_metrics import NotVllmError, Rates, VllmMetrics, Window, parse
-from gateway.pool import Endpoint
+from cloud_pool.vllm_metrics import Rates, VllmMetrics, Window
+from core.pool import Endpoint
 
 if TYPE_CHECKING:
-    from gateway.schemas import ParsedRequest
-    from policies.model import TierConfig
-    from policies.types import Features
+    from core.types import Features
+    from core.wire import ParsedRequest
 
 __all__ = ["CloudPool", "PoolSnapshot", "Resolver"]
 
@@ -43,13 +43,6 @@ log = structlog.get_logger("tiergate.cloud_pool")
 
 Resolver = Callable[[str, int], Awaitable[list[str]]]
 """Resolves a DNS name to IP addresses (injectable for tests)."""
-
-
-class _Unhealthy(Exception):
-    def __init__(self, kind: str, reason: str) -> None:
-        super().__init__(reason)
-        self.kind = kind
-        self.reason = reason
 
 
 @dataclass(slots=True)
@@ -94,7 +87,7 @@ def _base_url(host: str, port: int, scheme: str) -> str:
 
 
 class CloudPool:
-    """`gateway.pool.Pool` over vLLM servers from a static list and/or a DNS name.
+    """`core.pool.Pool` over vLLM servers from a static list and/or a DNS name.
 
     `model` is the served model name each server must list in /v1/models (and what dispatch sends
     upstream). `slots` is each server's `max_num_seqs`, the denominator of its load.
@@ -123,11 +116,13 @@ class CloudPool:
         scheme: str = "http",
         resolver: Resolver | None = None,
         clock: Callable[[], float] = time.monotonic,
+        metrics: CloudMetrics | None = None,
     ) -> None:
         if not endpoints and not dns:
             raise ValueError(f"cloud tier {tier!r}: give static endpoints, a DNS name, or both")
         self.tier = tier
         self.model = model
+        self.metrics = metrics or CloudMetrics()  # the gateway passes the one on its registry
         self.dns = dns
         self.port = port
         self.scheme = scheme
@@ -152,24 +147,6 @@ class CloudPool:
         for url in endpoints:
             self._add(url.rstrip("/"), static=True)
 
-    @classmethod
-    def from_tier(cls, tier: TierConfig, **options: Any) -> CloudPool:
-        """Build from a policy tier: name, served model, endpoints, `discovery` and `routing`.
-
-        `options` (CloudPool keyword arguments) override what the tier config says."""
-        discovery, routing = tier.discovery, tier.routing
-        if discovery is not None:
-            options.setdefault("dns_interval_s", discovery.interval_s)
-            options.setdefault("scheme", discovery.scheme)
-        if routing is not None:
-            options.setdefault("strategy", routing.strategy)
-            options.setdefault("load_bound", routing.load_bound)
-            options.setdefault("affinity_chars", routing.affinity_chars)
-            if routing.max_num_seqs:
-                options.setdefault("slots", routing.max_num_seqs)
-        return cls(tier.name, tier.served_model or tier.model, list(tier.endpoints),
-                   dns=discovery.dns if discovery else None, port=discovery.port if discovery else 8000, **options)
-
     @property
     def strategy(self) -> Strategy:
         return self.selector.strategy
@@ -188,7 +165,7 @@ class CloudPool:
             order = [probe.endpoint, *order]
             reason = "probe"
         if reason is not None:
-            m.SELECTIONS.labels(self.tier, self.strategy, reason).inc()
+            self.metrics.selections.labels(self.tier, self.strategy, reason).inc()
         return order
 
     def report(self, endpoint: Endpoint, ok: bool) -> None:
@@ -269,9 +246,9 @@ class CloudPool:
         )
         server.endpoint.extra["status"] = "not polled yet"
         self._servers[ep_id] = server
-        m.ENDPOINTS.labels(self.tier).set(len(self._servers))
-        m.ENDPOINT_HEALTHY.labels(self.tier, ep_id).set(0)
-        m.BREAKER_STATE.labels(self.tier, ep_id).set(0)
+        self.metrics.endpoints.labels(self.tier).set(len(self._servers))
+        self.metrics.endpoint_healthy.labels(self.tier, ep_id).set(0)
+        self.metrics.breaker_state.labels(self.tier, ep_id).set(0)
         return server
 
     async def _discover(self) -> None:
@@ -292,9 +269,9 @@ class CloudPool:
         for ep_id, server in list(self._servers.items()):
             if not server.static and ep_id not in found:
                 del self._servers[ep_id]
-                m.forget(self.tier, ep_id)
+                self.metrics.forget(self.tier, ep_id)
                 log.info("cloud endpoint left dns", tier=self.tier, endpoint=ep_id, dns=self.dns)
-        m.ENDPOINTS.labels(self.tier).set(len(self._servers))
+        self.metrics.endpoints.labels(self.tier).set(len(self._servers))
 
     # -- polling ------------------------------------------------------------------------------------
 
@@ -319,16 +296,22 @@ class CloudPool:
 
     async def _poll(self, server: _Server) -> None:
         server.polls += 1
+        assert self._session is not None, "CloudPool.start() was not awaited"
+        check_model = (server.model_checked_at_poll is None
+                       or server.polls - server.model_checked_at_poll >= self.model_check_every)
         try:
             async with asyncio.timeout(self.poll_timeout_s):  # not wait_for: 3.11's can lose a cancellation
-                reading = await self._probe(server)
-        except _Unhealthy as exc:
+                reading = await probe(self._session, server.endpoint.base_url, self.model if check_model else None,
+                                      self.tier)
+            if check_model:
+                server.model_checked_at_poll = server.polls
+        except Unhealthy as exc:
             self._mark(server, None, exc.kind, exc.reason)
         except TimeoutError:
             # A busy vLLM answers /metrics late; only a run of slow polls means slow or hung.
             server.slow_polls += 1
             if server.healthy and server.slow_polls < self.slow_polls_unhealthy:
-                m.POLL_FAILURES.labels(self.tier, server.endpoint.id, "timeout").inc()
+                self.metrics.poll_failures.labels(self.tier, server.endpoint.id, "timeout").inc()
                 return
             self._mark(server, None, "timeout",
                        f"no answer within {self.poll_timeout_s:g}s in {server.slow_polls} polls (slow or hung)")
@@ -336,39 +319,6 @@ class CloudPool:
             self._mark(server, None, "unreachable", f"unreachable: {type(exc).__name__}: {exc}")
         else:
             self._mark(server, reading, None, "ok")
-
-    async def _probe(self, server: _Server) -> VllmMetrics:
-        assert self._session is not None, "CloudPool.start() was not awaited"
-        base = server.endpoint.base_url
-        async with self._session.get(f"{base}/health") as resp:
-            if resp.status != 200:
-                raise _Unhealthy("http_status", f"/health answered HTTP {resp.status}")
-        async with self._session.get(f"{base}/metrics") as resp:
-            if resp.status != 200:
-                raise _Unhealthy("not_vllm", f"not a vLLM server: /metrics answered HTTP {resp.status}")
-            text = await resp.text()
-        try:
-            reading = parse(text)
-        except NotVllmError as exc:
-            raise _Unhealthy("not_vllm", str(exc)) from None
-        except ValueError as exc:
-            raise _Unhealthy("not_vllm", f"not a vLLM server: /metrics is not Prometheus text ({exc})") from None
-        due = server.model_checked_at_poll is None or server.polls - server.model_checked_at_poll >= self.model_check_every
-        if due:
-            async with self._session.get(f"{base}/v1/models") as resp:
-                if resp.status != 200:
-                    raise _Unhealthy("not_vllm", f"/v1/models answered HTTP {resp.status}")
-                try:
-                    body = await resp.json(content_type=None)
-                except ValueError:
-                    body = None
-            if not isinstance(body, dict) or not isinstance(body.get("data"), list):
-                raise _Unhealthy("not_vllm", "not a vLLM server: /v1/models is not an OpenAI model list")
-            served = [str(item.get("id")) for item in body["data"] if isinstance(item, dict)]
-            if self.model not in served:
-                raise _Unhealthy("wrong_model", f"wrong model: serves {served}, tier {self.tier!r} expects {self.model!r}")
-            server.model_checked_at_poll = server.polls
-        return reading
 
     def _mark(self, server: _Server, reading: VllmMetrics | None, kind: str | None, reason: str) -> None:
         ep = server.endpoint
@@ -385,10 +335,10 @@ class CloudPool:
         server.healthy = healthy
         server.reason = reason
         ep.extra["status"] = reason
-        m.ENDPOINT_HEALTHY.labels(self.tier, ep.id).set(1 if healthy else 0)
+        self.metrics.endpoint_healthy.labels(self.tier, ep.id).set(1 if healthy else 0)
         if reading is None:
             server.model_checked_at_poll = None  # re-check the model when it comes back
-            m.POLL_FAILURES.labels(self.tier, ep.id, kind or "unknown").inc()
+            self.metrics.poll_failures.labels(self.tier, ep.id, kind or "unknown").inc()
             self._sync_breaker_gauge(server)
             return
         server.reading = reading
@@ -402,27 +352,27 @@ class CloudPool:
             spec_acceptance_rate=server.rates.spec_acceptance_rate,
             spec_mean_accepted_length=server.rates.spec_mean_accepted_length,
         )
-        m.ENDPOINT_LOAD.labels(self.tier, ep.id).set(ep.load())
-        m.ENDPOINT_RUNNING.labels(self.tier, ep.id).set(reading.running)
-        m.ENDPOINT_WAITING.labels(self.tier, ep.id).set(reading.waiting)
-        m.ENDPOINT_KV_CACHE_USAGE.labels(self.tier, ep.id).set(reading.kv_cache_usage)
+        self.metrics.endpoint_load.labels(self.tier, ep.id).set(ep.load())
+        self.metrics.endpoint_running.labels(self.tier, ep.id).set(reading.running)
+        self.metrics.endpoint_waiting.labels(self.tier, ep.id).set(reading.waiting)
+        self.metrics.endpoint_kv_cache_usage.labels(self.tier, ep.id).set(reading.kv_cache_usage)
         if server.rates.prefix_cache_hit_rate is not None:
-            m.PREFIX_CACHE_HIT_RATE.labels(self.tier, ep.id).set(server.rates.prefix_cache_hit_rate)
+            self.metrics.prefix_cache_hit_rate.labels(self.tier, ep.id).set(server.rates.prefix_cache_hit_rate)
         if server.rates.spec_acceptance_rate is not None:
-            m.SPEC_ACCEPTANCE_RATE.labels(self.tier, ep.id).set(server.rates.spec_acceptance_rate)
+            self.metrics.spec_acceptance_rate.labels(self.tier, ep.id).set(server.rates.spec_acceptance_rate)
         if server.rates.spec_mean_accepted_length is not None:
-            m.SPEC_MEAN_ACCEPTED_LENGTH.labels(self.tier, ep.id).set(server.rates.spec_mean_accepted_length)
+            self.metrics.spec_mean_accepted_length.labels(self.tier, ep.id).set(server.rates.spec_mean_accepted_length)
         self._sync_breaker_gauge(server)
 
     def _sync_breaker_gauge(self, server: _Server) -> None:
         state = server.breaker.state
         server.endpoint.extra["breaker"] = state.name.lower()
-        m.BREAKER_STATE.labels(self.tier, server.endpoint.id).set(int(state))
+        self.metrics.breaker_state.labels(self.tier, server.endpoint.id).set(int(state))
 
     def _breaker_changed(self, server: _Server, before: BreakerState, after: BreakerState) -> None:
         ep = server.endpoint
         if after is BreakerState.OPEN:
-            m.BREAKER_OPENED.labels(self.tier, ep.id).inc()
+            self.metrics.breaker_opened.labels(self.tier, ep.id).inc()
             log.warning("cloud endpoint circuit open", tier=self.tier, endpoint=ep.id,
                         consecutive_failures=server.breaker.consecutive_failures, open_s=server.breaker.open_s)
         elif after is BreakerState.CLOSED:

@@ -119,7 +119,7 @@ class VllmProcess:
     def pids(self) -> list[int]:
         """The server and every process in its group (API server, engine core, workers)."""
         try:
-            import psutil
+            import psutil  # optional dependency: the edge and dev extras
         except ImportError:
             return [self.pid]
         try:

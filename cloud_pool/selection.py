@@ -25,8 +25,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
 if TYPE_CHECKING:
-    from gateway.pool import Endpoint
-    from gateway.schemas import ParsedRequest
+    from core.pool import Endpoint
+    from core.wire import ParsedRequest
 
 __all__ = ["STRATEGIES", "Choice", "Selector", "Strategy", "affinity_key", "rendezvous_order"]
 

@@ -19,6 +19,8 @@ import json
 import random
 from pathlib import Path
 
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
 __all__ = ["CHAT_TEMPLATE", "SPECIAL_TOKENS", "build", "words"]
 
 SPECIAL_TOKENS = ["<unk>", "<s>", "</s>", "<pad>", "<|system|>", "<|user|>", "<|assistant|>"]
@@ -49,8 +51,6 @@ def _corpus(vocab: list[str], lines: int, seed: int) -> list[str]:
 
 
 def _train_tokenizer(vocab_size: int, seed: int):  # -> tokenizers.Tokenizer
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
     tok = Tokenizer(models.BPE(unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
@@ -66,8 +66,8 @@ def _train_tokenizer(vocab_size: int, seed: int):  # -> tokenizers.Tokenizer
 
 def build(out_dir: Path, *, vocab_size: int = 1024, layers: int = 2, seed: int = 0) -> Path:
     """Write config, safetensors weights, tokenizer and chat template to `out_dir`."""
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+    import torch  # optional dependency: the export extra (tests only)
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast  # optional: export extra
 
     out_dir.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(seed)

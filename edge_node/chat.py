@@ -11,6 +11,9 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
+import jinja2
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
 __all__ = ["CHATML", "ChatTemplate", "ChatTemplateError"]
 
 CHATML = (
@@ -29,9 +32,6 @@ class ChatTemplate:
     """A compiled chat template plus the special-token strings templates refer to."""
 
     def __init__(self, source: str | None, bos_token: str = "", eos_token: str = "") -> None:
-        import jinja2
-        from jinja2.sandbox import ImmutableSandboxedEnvironment
-
         self.source = source or CHATML
         self.is_default = source is None
         env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, undefined=jinja2.Undefined)

@@ -17,7 +17,20 @@ from typing import Annotated
 from urllib.parse import urlparse
 
 import click
+import structlog
 import typer
+import uvicorn
+
+from core.logs import configure_logging
+from edge_node.demo_model import build_demo_model
+from edge_node.engine import Engine
+from edge_node.hub import resolve_model
+from edge_node.model_file import ModelFileError
+from edge_node.quantize import QuantizeError
+from edge_node.quantize import quantize as quantize_gguf
+from edge_node.registration import NodeIdentity, Registrar
+from edge_node.runtime import LlamaRuntime, RuntimeConfig
+from edge_node.server import ServerState, create_app
 
 try:  # typer >= 0.29 vendors its own click
     from typer._click import exceptions as _tc_exc
@@ -105,27 +118,17 @@ def serve(
     log_level: Annotated[str, typer.Option(help="debug, info, warning, error.")] = "info",
 ) -> None:
     """Serve the OpenAI API (chat, completions, models), /health and /metrics from one GGUF model."""
-    from gateway.logs import configure_logging
-
     configure_logging(log_format, log_level)
     if batch < parallel:
         raise _fail(f"--batch ({batch}) must be at least --parallel ({parallel})", 2)
     if gateway and not gateway.startswith(("http://", "https://")):
         raise _fail(f"--gateway must be an http(s) URL, got {gateway!r}", 2)
-    from edge_node.hub import resolve_model
-    from edge_node.model_file import ModelFileError
-
     try:
         path = resolve_model(model)
-        from edge_node.runtime import LlamaRuntime, RuntimeConfig
-
         runtime = LlamaRuntime(RuntimeConfig(model_path=path, ctx_per_seq=ctx, parallel=parallel, n_batch=batch,
                                              threads=threads, n_gpu_layers=n_gpu_layers, kv_unified=kv_unified))
     except ModelFileError as e:
         raise _fail(str(e)) from None
-
-    from edge_node.engine import Engine
-    from edge_node.server import ServerState, create_app
 
     engine = Engine(runtime, max_queue=max_queue)
     name = model_name or path.name.removesuffix(".gguf")
@@ -133,8 +136,6 @@ def serve(
     state = ServerState(engine=engine, model_name=name, node_id=nid)
     registrar = None
     if gateway:
-        from edge_node.registration import NodeIdentity, Registrar
-
         url = advertise_url or _advertise_url(host, port, gateway)
         registrar = Registrar(gateway, token or "", NodeIdentity(nid, url, name), engine.stats, tier=tier)
         state.on_startup.append(registrar.start)
@@ -155,8 +156,6 @@ class _DrainingServer:
     """uvicorn with a drain on SIGTERM/SIGINT: deregister, refuse new work, finish in-flight, exit 0."""
 
     def __init__(self, app, host: str, port: int, drain_timeout: float, state, registrar, log_level: str) -> None:
-        import uvicorn
-
         config = uvicorn.Config(app, host=host, port=port, log_level="warning" if log_level == "info" else log_level,
                                 access_log=False, lifespan="on", timeout_graceful_shutdown=int(drain_timeout) or 1)
         outer = self
@@ -216,8 +215,6 @@ class _DrainingServer:
         self._loop.call_soon_threadsafe(lambda: self._loop.create_task(self._drain(sig)))
 
     async def _drain(self, sig: int) -> None:
-        import structlog
-
         log = structlog.get_logger("edge_node.cli")
         self.state.draining = True
         self.state.engine.stop_accepting()
@@ -233,11 +230,8 @@ def quantize(
     threads: Annotated[int, typer.Option(min=1, help="Quantizer threads.")] = 1,
 ) -> None:
     """Quantize a GGUF model to 4 bits with llama.cpp's own quantizer."""
-    from edge_node.quantize import QuantizeError
-    from edge_node.quantize import quantize as run
-
     try:
-        out = run(src, dst, type, show_progress=sys.stderr.isatty(), threads=threads)
+        out = quantize_gguf(src, dst, type, show_progress=sys.stderr.isatty(), threads=threads)
     except QuantizeError as e:
         raise _fail(str(e)) from None
     print(f"wrote {out} ({out.stat().st_size / 2**20:.1f} MiB)")
@@ -251,9 +245,6 @@ def demo_model(
     seed: Annotated[int, typer.Option(help="Random seed (same seed, same file).")] = 0,
 ) -> None:
     """Build a small llama-architecture GGUF locally (real BPE tokenizer, chat template, INT4): no downloads."""
-    from edge_node.demo_model import build_demo_model
-    from edge_node.quantize import QuantizeError
-
     try:
         m = build_demo_model(out_dir, size=size, quant=quant, seed=seed,  # type: ignore[arg-type]
                              progress=lambda msg: print(f"  {msg}", file=sys.stderr))

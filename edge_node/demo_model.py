@@ -15,6 +15,7 @@ runs to `max_tokens` or a stop string (handy for tests and benchmarks).
 
 from __future__ import annotations
 
+import json
 import random
 import tempfile
 from collections.abc import Callable
@@ -23,7 +24,11 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Literal
 
+import gguf
 import numpy as np
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+from edge_node.quantize import quantize
 
 __all__ = ["CHAT_TEMPLATE", "SHAPES", "DemoModel", "ModelShape", "build_demo_model"]
 
@@ -123,8 +128,6 @@ def _bytes_to_unicode() -> dict[int, str]:
 
 
 def _train_tokenizer(n_vocab: int, seed: int):  # -> tokenizers.Tokenizer
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     tok.decoder = decoders.ByteLevel()
@@ -205,8 +208,6 @@ def _weights(shape: ModelShape, n_vocab: int, allowed: np.ndarray, seed: int):
 
 
 def _write_gguf(path: Path, shape: ModelShape, tok, seed: int, name: str) -> None:
-    import gguf
-
     vocab = tok.get_vocab()
     n_vocab = len(vocab)
     tokens = [""] * n_vocab
@@ -218,8 +219,6 @@ def _write_gguf(path: Path, shape: ModelShape, tok, seed: int, name: str) -> Non
     allowed = np.array(
         [i not in special_ids and _printable(_token_bytes(t, byte_decoder)) for i, t in enumerate(tokens)]
     )
-    import json
-
     merges = json.loads(tok.to_str())["model"]["merges"]
     merges = [m if isinstance(m, str) else " ".join(m) for m in merges]
 
@@ -287,8 +286,6 @@ def build_demo_model(
         say(f"writing {shape.n_layer}-layer, {shape.n_embd}-wide F16 weights")
         _write_gguf(final, shape, tok, seed, name)
     else:
-        from edge_node.quantize import quantize
-
         with tempfile.TemporaryDirectory(dir=out) as tmp:
             f16 = Path(tmp) / "model.f16.gguf"
             say(f"writing {shape.n_layer}-layer, {shape.n_embd}-wide F16 weights")

@@ -18,23 +18,22 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
 import itertools
 import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Literal
 
-import numpy as np
 import structlog
 
+from edge_node.batch import DecodeStep, Outbox
 from edge_node.handoff import LoopHandoff
 from edge_node.metrics import EdgeMetrics
+from edge_node.request import ActiveRequest, Chunk
 from edge_node.runtime import LlamaRuntime
 from edge_node.sampling import SamplerChain, SamplingParams
-from edge_node.textstream import TextStream
+from edge_node.slots import SlotTable
 
 __all__ = [
     "Chunk",
@@ -49,8 +48,6 @@ __all__ = [
 ]
 
 log = structlog.get_logger("edge_node.engine")
-
-FinishReason = Literal["stop", "length"]
 
 
 class EngineError(RuntimeError):
@@ -88,18 +85,6 @@ class ContextOverflowError(ValueError):
         super().__init__(msg)
 
 
-@dataclass(slots=True)
-class Chunk:
-    """A piece of generated text; the last chunk of a request has `finish_reason` set and final counts."""
-
-    text: str
-    finish_reason: FinishReason | None = None
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    cached_tokens: int = 0
-    error: str | None = None
-
-
 @dataclass(frozen=True, slots=True)
 class EngineStats:
     slots: int
@@ -113,7 +98,7 @@ class EngineStats:
 class Generation:
     """Handle on one submitted request: async-iterate its chunks; `cancel()` frees its slot."""
 
-    def __init__(self, engine: Engine, req: _Request) -> None:
+    def __init__(self, engine: Engine, req: ActiveRequest) -> None:
         self._engine = engine
         self._req = req
         self.id = req.id
@@ -146,91 +131,6 @@ class Generation:
             self._engine._cancel(self._req)
 
 
-class _Request:
-    __slots__ = (
-        "cached",
-        "cancelled",
-        "endpoint",
-        "first_token_at",
-        "id",
-        "loop",
-        "max_new",
-        "n_generated",
-        "n_prompt_done",
-        "next_token",
-        "params",
-        "prompt",
-        "queue",
-        "sampler",
-        "slot",
-        "submitted",
-        "text",
-    )
-
-    def __init__(self, rid: str, prompt: list[int], params: SamplingParams, max_new: int, endpoint: str,
-                 loop: asyncio.AbstractEventLoop) -> None:
-        self.id = rid
-        self.prompt = prompt
-        self.params = params
-        self.max_new = max_new
-        self.endpoint = endpoint
-        self.loop = loop
-        self.queue: asyncio.Queue[Chunk] = asyncio.Queue()
-        self.submitted = time.monotonic()
-        self.first_token_at: float | None = None
-        self.cancelled = False
-        self.slot: _Slot | None = None
-        self.n_prompt_done = 0
-        self.sampler: SamplerChain | None = None
-        self.text = TextStream(params.stop)
-        self.n_generated = 0
-        self.next_token = -1
-        self.cached = 0
-
-
-class _Slot:
-    __slots__ = ("last_used", "request", "seq", "tokens")
-
-    def __init__(self, seq: int) -> None:
-        self.seq = seq
-        self.tokens: list[int] = []  # exactly the tokens whose KV this sequence holds, by position
-        self.request: _Request | None = None
-        self.last_used = 0.0
-
-
-class _Batch:
-    """A llama_batch over numpy buffers we own, so filling it is vectorised (one seq id per token)."""
-
-    def __init__(self, ll, capacity: int) -> None:
-        self.capacity = capacity
-        self.token = np.zeros(capacity, dtype=np.int32)
-        self.pos = np.zeros(capacity, dtype=np.int32)
-        self.n_seq_id = np.ones(capacity, dtype=np.int32)
-        self.seq = np.zeros(capacity, dtype=np.int32)
-        self.logits = np.zeros(capacity, dtype=np.int8)
-        i32p = ctypes.POINTER(ctypes.c_int32)
-        self._seq_ptrs = (i32p * capacity)(
-            *(ctypes.cast(self.seq.ctypes.data + 4 * i, i32p) for i in range(capacity))
-        )
-        b = ll.llama_batch()
-        b.n_tokens = 0
-        b.token = self.token.ctypes.data_as(i32p)
-        b.embd = None
-        b.pos = self.pos.ctypes.data_as(i32p)
-        b.n_seq_id = self.n_seq_id.ctypes.data_as(i32p)
-        b.seq_id = ctypes.cast(self._seq_ptrs, ctypes.POINTER(i32p))
-        b.logits = self.logits.ctypes.data_as(ctypes.POINTER(ctypes.c_int8))
-        self.struct = b
-
-
-def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
-
-
 class Engine:
     """The decode loop and its request queue. Thread-safe submit/cancel; one engine per llama_context."""
 
@@ -245,38 +145,31 @@ class Engine:
         max_queue: int | None = None,
     ) -> None:
         self.rt = runtime
-        self._ll = runtime.llama
         self.metrics = metrics or EdgeMetrics()
         self.parallel = runtime.n_seq_max
         self.ctx_per_slot = runtime.cfg.ctx_per_seq
-        self.n_batch = runtime.cfg.n_batch
-        self.kv_unified = runtime.cfg.kv_unified
         self.max_queue = max_queue  # None: unbounded (embedding and tests); the CLI bounds it
-        self._prefix_reuse_min = prefix_reuse_min
-        self._prefix_copy_min = prefix_copy_min
-        self._slots = [_Slot(i) for i in range(self.parallel)]
-        self._batch = _Batch(self._ll, self.n_batch)
+        self._slots = SlotTable(runtime, prefix_reuse_min=prefix_reuse_min, prefix_copy_min=prefix_copy_min)
+        self._step = DecodeStep(runtime, self._slots, self.metrics)
         self._cv = threading.Condition()
-        self._waiting: deque[_Request] = deque()
-        self._cancels: list[_Request] = []
+        self._waiting: deque[ActiveRequest] = deque()
+        self._cancels: list[ActiveRequest] = []
         self._running = False
         self._accepting = True
         self.failure: str | None = None  # why the decode loop died, if it did
         self.on_failure: Callable[[str], None] | None = None  # called from the engine thread once it has died
-        self._admitting: _Request | None = None
+        self._admitting: ActiveRequest | None = None
         self._thread: threading.Thread | None = None
         self._ids = itertools.count(1)
         self._tps_lock = threading.Lock()
         self._tps: deque[tuple[float, int]] = deque()
         self._tps_window = tps_window_s
-        self._busy = 0
-        self._fast = runtime.fast
         self._handoffs: dict[asyncio.AbstractEventLoop, LoopHandoff] = {}
         self.metrics.bind_engine(
             slots=lambda: float(self.parallel),
-            busy=lambda: float(self._busy),
+            busy=lambda: float(self._slots.busy),
             queued=lambda: float(len(self._waiting)),
-            kv_used=lambda: float(sum(len(s.tokens) for s in self._slots)),
+            kv_used=lambda: float(self._slots.kv_used()),
             kv_total=lambda: float(self.ctx_per_slot * self.parallel),
             tokens_per_second=self.tokens_per_second,
         )
@@ -334,15 +227,15 @@ class Engine:
     def stats(self) -> EngineStats:
         return EngineStats(
             slots=self.parallel,
-            busy=self._busy,
+            busy=self._slots.busy,
             queued=len(self._waiting),
             ctx_per_slot=self.ctx_per_slot,
-            kv_cells_used=sum(len(s.tokens) for s in self._slots),
+            kv_cells_used=self._slots.kv_used(),
             kv_cells_total=self.ctx_per_slot * self.parallel,
         )
 
     def in_flight(self) -> int:
-        return self._busy + len(self._waiting)
+        return self._slots.busy + len(self._waiting)
 
     def tokens_per_second(self) -> float:
         now = time.monotonic()
@@ -379,8 +272,8 @@ class Engine:
         if loop not in self._handoffs:
             for old in [lp for lp in self._handoffs if lp.is_closed()]:
                 self._handoffs.pop(old).close()
-            self._handoffs[loop] = LoopHandoff(loop, self._fast.write, self._put_all)
-        req = _Request(f"{next(self._ids)}", list(prompt), params, max_new, endpoint, loop)
+            self._handoffs[loop] = LoopHandoff(loop, self.rt.fast.write, self._put_all)
+        req = ActiveRequest(f"{next(self._ids)}", list(prompt), params, max_new, endpoint, loop)
         with self._cv:
             if self.failure is not None:
                 raise EngineFailedError(f"the edge node's engine has failed ({self.failure}); restart it")
@@ -388,7 +281,7 @@ class Engine:
                 raise EngineClosedError("the edge node is shutting down")
             # Requests in `_waiting` may still be headed for a free slot, so the bound is on what cannot get
             # one: everything held (queued, being admitted, in a slot) beyond the number of slots.
-            waiting = len(self._waiting) + (self._admitting is not None) + self._busy - self.parallel
+            waiting = len(self._waiting) + (self._admitting is not None) + self._slots.busy - self.parallel
             if self.max_queue is not None and waiting >= self.max_queue:
                 raise QueueFullError(f"the edge node has {waiting} requests waiting for a slot "
                                      f"(--max-queue {self.max_queue}); retry shortly or use another node")
@@ -396,7 +289,7 @@ class Engine:
             self._cv.notify()
         return Generation(self, req)
 
-    def _cancel(self, req: _Request) -> None:
+    def _cancel(self, req: ActiveRequest) -> None:
         with self._cv:
             req.cancelled = True
             self._cancels.append(req)
@@ -405,11 +298,11 @@ class Engine:
     # ------------------------------------------------------------------ the loop
 
     def _run(self) -> None:
-        out: dict[asyncio.AbstractEventLoop, list[tuple[_Request, Chunk]]] = {}
+        out: Outbox = {}
         try:
             while True:
                 with self._cv:
-                    while self._running and not self._cancels and not self._waiting and self._busy == 0:
+                    while self._running and not self._cancels and not self._waiting and self._slots.busy == 0:
                         self._cv.wait()
                     if not self._running:
                         break
@@ -418,8 +311,8 @@ class Engine:
                 for req in cancels:
                     self._drop(req)
                 self._admit()
-                if self._busy:
-                    self._step(out)
+                if self._slots.busy and (generated := self._step.run(out)):
+                    self._count_tokens(generated)
                 self._deliver(out)
         except Exception as e:  # noqa: BLE001 - a bug or a llama.cpp failure: _crashed logs it, fails everyone
             self._crashed(f"engine failure: {type(e).__name__}: {e}", out)
@@ -439,21 +332,21 @@ class Engine:
             self.failure = why
         self.metrics.request_errors.labels("engine_crashed").inc()
         req = self._admitting  # half-assigned perhaps (slot chosen, sampler not built): in no slot's hands yet
-        if req is not None and not req.cancelled and all(s.request is not req for s in self._slots):
+        if req is not None and not req.cancelled and req.slot is None:
             out.setdefault(req.loop, []).append((req, Chunk("", error=why)))
         try:
             self._deliver(out)
             self._fail_all(why)
         except Exception:  # the clean-up itself failed: still tell every waiting client
             log.exception("engine clean-up after the crash failed")
-            for r in [*self._waiting, *(s.request for s in self._slots if s.request is not None)]:
+            for r in [*self._waiting, *self._slots.active()]:
                 if not r.cancelled:
                     with contextlib.suppress(Exception):
                         r.loop.call_soon_threadsafe(r.queue.put_nowait, Chunk("", error=why))
         if self.on_failure is not None:
             self.on_failure(why)
 
-    def _drop(self, req: _Request) -> None:
+    def _drop(self, req: ActiveRequest) -> None:
         """Forget a cancelled request wherever it is; its slot becomes free now."""
         if req.slot is None:
             with self._cv:
@@ -464,18 +357,15 @@ class Engine:
             self.metrics.cancelled.inc()
             return
         self.metrics.cancelled.inc()
-        self._release(req)
+        self._slots.release(req)
 
-    def _release(self, req: _Request) -> None:
-        slot = req.slot
-        if slot is not None:
-            slot.request = None
-            slot.last_used = time.monotonic()
-            self._busy -= 1
-            req.slot = None
-        if req.sampler is not None:
-            req.sampler.free()
-            req.sampler = None
+    def _count_tokens(self, generated: int) -> None:
+        now = time.monotonic()
+        with self._tps_lock:
+            self._tps.append((now, generated))
+            horizon = now - self._tps_window
+            while self._tps[0][0] < horizon:  # bounded by the window even if /metrics is never scraped
+                self._tps.popleft()
 
     # ------------------------------------------------------------------ admission and prefix reuse
 
@@ -484,202 +374,38 @@ class Engine:
             with self._cv:
                 if not self._waiting:
                     return
-                free = [s for s in self._slots if s.request is None]
+                free = self._slots.free()
                 if not free:
                     return
                 req = self._waiting.popleft()
                 if req.cancelled:
                     continue
                 self._admitting = req  # neither queued nor in a slot: still counted, and failed on a crash
-            self._assign(req, free)
-
-    def _assign(self, req: _Request, free: list[_Slot]) -> None:
-        ll, fast, mem = self._ll, self._fast, self.rt.memory
-        prompt = req.prompt
-        limit = len(prompt) - 1  # at least one prompt token must be decoded to get logits
-
-        def score(s: _Slot) -> tuple[int, int, float]:
-            # Reuse a slot's cache when it shares enough; otherwise take the slot with the least
-            # cached (least recently used on ties), so useful prefixes survive for later requests.
-            common = min(_common_prefix(s.tokens, prompt), limit)
-            useful = common if common >= self._prefix_reuse_min else 0
-            return useful, -len(s.tokens), -s.last_used
-
-        slot = max(free, key=score)
-        own = min(_common_prefix(slot.tokens, prompt), limit)
-        donor, donor_len = None, own
-        for s in self._slots:
-            if s is slot or len(s.tokens) <= donor_len + self._prefix_copy_min:
-                continue
-            n = min(_common_prefix(s.tokens, prompt), limit)
-            if n >= donor_len + self._prefix_copy_min:
-                donor, donor_len = s, n
-        if donor is not None:
-            if self.kv_unified:
-                fast.memory_seq_rm(mem, slot.seq, -1, -1)
-                fast.memory_seq_cp(mem, donor.seq, slot.seq, 0, donor_len)
-            else:  # separate streams: llama.cpp copies whole sequences only, then we trim
-                fast.memory_seq_cp(mem, donor.seq, slot.seq, -1, -1)
-                fast.memory_seq_rm(mem, slot.seq, donor_len, -1)
-            slot.tokens = donor.tokens[:donor_len]
-            reused = donor_len
-        else:
-            if not fast.memory_seq_rm(mem, slot.seq, own, -1):
-                fast.memory_seq_rm(mem, slot.seq, -1, -1)
-                own = 0
-            del slot.tokens[own:]
-            reused = own
-        req.slot = slot
-        req.n_prompt_done = reused
-        req.cached = reused
-        req.sampler = SamplerChain(ll, req.params, self.rt.n_vocab, sample_fn=fast.sampler_sample)
-        with self._cv:  # from "admitting" to "in a slot" in one step, as submit's queue bound counts them
-            slot.request = req
-            self._busy += 1
-            self._admitting = None
-        self.metrics.prompt_tokens.inc(len(prompt))
-        if reused:
-            self.metrics.prompt_tokens_cached.inc(reused)
-
-    # ------------------------------------------------------------------ one decode step
-
-    def _step(self, out: dict) -> None:
-        ll, b = self._ll, self._batch
-        toks: list[int] = []
-        poss: list[int] = []
-        seqs: list[int] = []
-        outs: list[int] = []
-        # (request, first index in batch, n tokens, output row or -1)
-        parts: list[tuple[_Request, int, int, int]] = []
-        for slot in self._slots:
-            req = slot.request
-            if req is not None and req.n_prompt_done >= len(req.prompt):
-                i = len(toks)
-                toks.append(req.next_token)
-                poss.append(len(slot.tokens))
-                seqs.append(slot.seq)
-                outs.append(1)
-                parts.append((req, i, 1, i))
-        budget = self.n_batch - len(toks)
-        if budget > 0:
-            prefilling = [s.request for s in self._slots if s.request is not None
-                          and s.request.n_prompt_done < len(s.request.prompt)]
-            prefilling.sort(key=lambda r: r.submitted)
-            for req in prefilling:
-                if budget <= 0:
-                    break
-                slot = req.slot
-                start = req.n_prompt_done
-                k = min(len(req.prompt) - start, budget)
-                i = len(toks)
-                toks.extend(req.prompt[start:start + k])
-                base = len(slot.tokens)
-                poss.extend(range(base, base + k))
-                seqs.extend([slot.seq] * k)
-                done = start + k == len(req.prompt)
-                outs.extend([0] * (k - 1))
-                outs.append(1 if done else 0)
-                parts.append((req, i, k, i + k - 1 if done else -1))
-                budget -= k
-        n = len(toks)
-        if n == 0:
-            return
-        b.token[:n] = toks
-        b.pos[:n] = poss
-        b.seq[:n] = seqs
-        b.logits[:n] = outs
-        b.struct.n_tokens = n
-        t0 = time.perf_counter()
-        rc = ll.llama_decode(self.rt.ctx, b.struct)
-        dt = time.perf_counter() - t0
-        m = self.metrics
-        m.decode_calls.inc()
-        m.decode_seconds.observe(dt)
-        m.batch_tokens.observe(n)
-        m.batch_sequences.observe(len(parts))
-        if len(parts) > 1:
-            m.multi_sequence_decodes.inc()
-        if rc != 0:
-            self._decode_failed(rc, parts, out)
-            return
-        now = time.monotonic()
-        generated = 0
-        for req, i, k, row in parts:
-            slot = req.slot
-            if req.n_prompt_done < len(req.prompt):
-                slot.tokens.extend(toks[i:i + k])
-                req.n_prompt_done += k
-            else:
-                slot.tokens.append(req.next_token)
-            if row >= 0:
-                generated += self._sample(req, row, now, out)
-        if generated:
-            with self._tps_lock:
-                self._tps.append((now, generated))
-                horizon = now - self._tps_window
-                while self._tps[0][0] < horizon:  # bounded by the window even if /metrics is never scraped
-                    self._tps.popleft()
-            m.generation_tokens.inc(generated)
-
-    def _sample(self, req: _Request, row: int, now: float, out: dict) -> int:
-        """Sample one token for `req`, emit its text, finish the request if it is done. Returns 1 if counted."""
-        rt = self.rt
-        tok = req.sampler.sample(rt.ctx, row)
-        if req.first_token_at is None:
-            req.first_token_at = now
-            self.metrics.time_to_first_token.observe(now - req.submitted)
-        if rt.is_eog(tok):
-            self._finish(req, "stop", req.text.flush(), out)
-            return 0
-        req.n_generated += 1
-        text = req.text.feed(rt.piece(tok))
-        if req.text.stopped:
-            self._finish(req, "stop", text, out)
-        elif req.n_generated >= req.max_new:
-            self._finish(req, "length", text + req.text.flush(), out)
-        else:
-            req.next_token = tok
-            if text:
-                out.setdefault(req.loop, []).append((req, Chunk(text)))
-        return 1
-
-    def _finish(self, req: _Request, reason: FinishReason, text: str, out: dict) -> None:
-        chunk = Chunk(text, reason, len(req.prompt), req.n_generated, req.cached)
-        out.setdefault(req.loop, []).append((req, chunk))
-        self.metrics.requests.labels(req.endpoint, reason).inc()
-        self._release(req)
-
-    def _decode_failed(self, rc: int, parts, out: dict) -> None:
-        """llama_decode refused the batch: fail those requests, reset their sequences."""
-        why = {1: "no KV cache space for the batch", 2: "decode aborted", -1: "invalid batch"}.get(
-            rc, f"llama_decode failed ({rc})"
-        )
-        log.error("decode failed", rc=rc, reason=why, llama=self.rt.last_llama_error())
-        for req, _i, _k, _row in parts:
-            slot = req.slot
-            if slot is None:
-                continue
-            self._fast.memory_seq_rm(self.rt.memory, slot.seq, -1, -1)
-            slot.tokens = []
-            out.setdefault(req.loop, []).append((req, Chunk("", error=why)))
-            self.metrics.request_errors.labels("decode_failed").inc()
-            self._release(req)
+            slot = self._slots.prepare(req, free)
+            req.sampler = SamplerChain(self.rt.llama, req.params, self.rt.n_vocab,
+                                       sample_fn=self.rt.fast.sampler_sample)
+            with self._cv:  # from "admitting" to "in a slot" in one step, as submit's queue bound counts them
+                self._slots.occupy(slot, req)
+                self._admitting = None
+            self.metrics.prompt_tokens.inc(len(req.prompt))
+            if req.cached:
+                self.metrics.prompt_tokens_cached.inc(req.cached)
 
     def _fail_all(self, why: str) -> None:
         out: dict = {}
         with self._cv:
             waiting = list(self._waiting)
             self._waiting.clear()
-        for req in waiting + [s.request for s in self._slots if s.request is not None]:
+        for req in waiting + self._slots.active():
             if not req.cancelled:
                 out.setdefault(req.loop, []).append((req, Chunk("", error=why)))
-            self._release(req)
+            self._slots.release(req)
         self._deliver(out)
 
     # ------------------------------------------------------------------ hand-off to asyncio
 
     @staticmethod
-    def _put_all(items: list[tuple[_Request, Chunk]]) -> None:
+    def _put_all(items: list[tuple[ActiveRequest, Chunk]]) -> None:
         for req, chunk in items:
             if not req.cancelled:
                 req.queue.put_nowait(chunk)

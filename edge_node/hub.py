@@ -44,7 +44,7 @@ def resolve_model(ref: str) -> Path:
     assert m is not None
     repo, filename = m.group("repo"), m.group("file")
     try:
-        import huggingface_hub as hf
+        import huggingface_hub as hf  # optional dependency: only for a Hugging Face reference
     except ImportError:
         raise ModelFileError(
             f"{ref!r} is not a local file, and huggingface_hub is not installed to fetch it from the Hub"

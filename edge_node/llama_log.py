@@ -30,7 +30,7 @@ class LlamaLogBridge:
     """Installs a llama.cpp log callback for as long as the object is open."""
 
     def __init__(self, echo_debug: bool = False) -> None:
-        import llama_cpp
+        import llama_cpp  # optional dependency: the edge extra
 
         self._llama = llama_cpp
         self._echo_debug = echo_debug

@@ -11,6 +11,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+import gguf
+
 __all__ = ["GGUFInfo", "ModelFileError", "available_memory", "check_gguf", "check_memory"]
 
 _GGUF_MAGIC = b"GGUF"
@@ -67,8 +69,6 @@ def check_gguf(path: str | os.PathLike[str]) -> GGUFInfo:
     if magic != _GGUF_MAGIC:
         raise ModelFileError(f"not a GGUF model file (bad magic {magic!r}): {p}")
     try:
-        import gguf
-
         reader = gguf.GGUFReader(str(p), "r")
         size = p.stat().st_size
         end = max((int(t.data_offset) + int(t.n_bytes) for t in reader.tensors), default=0)
@@ -100,7 +100,7 @@ def check_gguf(path: str | os.PathLike[str]) -> GGUFInfo:
 def available_memory() -> int:
     """Bytes of memory available to a new process (MemAvailable), or a large number if unknown."""
     try:
-        import psutil
+        import psutil  # optional dependency: the edge extra
 
         return int(psutil.virtual_memory().available)
     except Exception:  # noqa: BLE001 - no psutil: read /proc/meminfo

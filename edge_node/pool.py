@@ -18,14 +18,15 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Annotated, Any
 
+import aiohttp
 import msgspec
 import structlog
 
-from gateway.pool import Endpoint
+from core.pool import Endpoint
 
 if TYPE_CHECKING:
-    from gateway.schemas import ParsedRequest
-    from policies.types import Features
+    from core.types import Features
+    from core.wire import ParsedRequest
 
 __all__ = ["EdgePool", "HeartbeatError", "NodeInfo", "parse_heartbeat"]
 
@@ -104,11 +105,11 @@ def _base_url(url: str) -> str:
 
 
 class EdgePool:
-    """Registry + selection for one edge tier; implements gateway.pool.Pool."""
+    """Registry + selection for one edge tier; implements core.pool.Pool."""
 
     def __init__(
         self,
-        tier: Any,
+        tier: str,
         static_endpoints: Sequence[str] = (),
         model: str = "",
         redis: Any = None,
@@ -121,10 +122,6 @@ class EdgePool:
         key_prefix: str = "tiergate:edge",
         clock: Callable[[], float] = time.time,
     ) -> None:
-        if not isinstance(tier, str):  # a TierConfig: take what it says unless given explicitly
-            static_endpoints = static_endpoints or list(getattr(tier, "endpoints", []) or [])
-            model = model or getattr(tier, "model", "")
-            tier = tier.name
         self.tier: str = tier
         self.model = model
         self.ttl_s = ttl_s
@@ -192,8 +189,6 @@ class EdgePool:
         if self._tasks:
             return
         if self._static:
-            import aiohttp
-
             self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=min(2.0, self._poll_interval)))
             self._tasks.append(asyncio.create_task(self._poll_static_loop(), name=f"edge-pool-poll-{self.tier}"))
         self._tasks.append(asyncio.create_task(self._refresh_loop(), name=f"edge-pool-refresh-{self.tier}"))

@@ -14,6 +14,9 @@ import threading
 from pathlib import Path
 from types import MappingProxyType
 
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from edge_node.llama_log import LlamaLogBridge
 from edge_node.model_file import ModelFileError, check_gguf
 
 __all__ = ["QUANT_TYPES", "QuantizeError", "quantize"]
@@ -51,13 +54,11 @@ def quantize(
         raise QuantizeError(f"output directory does not exist: {dst_p.parent}")
 
     try:
-        import llama_cpp
+        import llama_cpp  # optional dependency: the edge extra
     except ImportError:
         raise QuantizeError(
             "llama-cpp-python is not installed: pip install 'tiergate[edge]'"
         ) from None
-    from edge_node.llama_log import LlamaLogBridge
-
     llama_cpp.llama_backend_init()
     params = llama_cpp.llama_model_quantize_default_params()
     params.ftype = getattr(llama_cpp, QUANT_TYPES[qtype])
@@ -84,8 +85,6 @@ def quantize(
 
 def _run_with_progress(run, bridge, title: str) -> None:
     """Run the blocking C call in a thread while a rich progress bar follows its per-tensor log lines."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
     with Progress(
         TextColumn("{task.description}"),
         BarColumn(),

@@ -47,7 +47,7 @@ class LlamaRuntime:
         self.cfg = cfg
         self.info: GGUFInfo = check_gguf(cfg.model_path)
         try:
-            import llama_cpp
+            import llama_cpp  # optional dependency: the edge extra
         except ImportError:
             raise ModelLoadError("llama-cpp-python is not installed: pip install 'tiergate[edge]'") from None
         if cfg.check_memory:  # on a CPU-only build every layer stays in host memory, whatever was asked

@@ -14,8 +14,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from ruamel.yaml import YAML
 from ruamel.yaml.error import YAMLError
 
-from gateway.errors import unauthorized
-from policies.types import Priority
+from core.errors import unauthorized
+from core.types import Priority
 
 __all__ = ["DEMO_KEY", "KeyFileError", "KeyRing", "Tenant", "hash_key"]
 

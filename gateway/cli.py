@@ -2,13 +2,21 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Annotated
 
 import typer
+import uvicorn
 
 from cache.cli import cache_app
-from policies.cli import classifier_app, classify, policy_app
+from complexity.cli import classifier_app
+from gateway.demo import prepare as prepare_demo
+from gateway.demo import run_demo
+from gateway.drain import DrainingServer
+from gateway.settings import Settings
+from policies.cli import classify, policy_app
+from policies.loader import PolicyError, load_policy
 
 app = typer.Typer(help="tiergate: an OpenAI-compatible gateway routing between edge, cloud and a semantic cache.",
                   no_args_is_help=True, pretty_exceptions_enable=False)
@@ -28,16 +36,10 @@ def serve(
     workers: Annotated[int | None, typer.Option(help="Worker processes, each a full gateway (TIERGATE_WORKERS).")] = None,
 ) -> None:
     """Serve the gateway (uvicorn with uvloop and httptools)."""
-    import os
-
-    import uvicorn
-
     for name, value in (("HOST", host), ("PORT", port), ("POLICY", policy), ("REDIS_URL", redis_url),
                         ("EMBEDDER", embedder), ("WORKERS", workers)):
         if value is not None:
             os.environ[f"TIERGATE_{name}"] = str(value)
-    from gateway.settings import Settings
-
     settings = Settings()
     _check_policy(settings.policy)
     if settings.workers > 1:  # each worker is a full gateway; uvicorn's supervisor handles signals (no drain delay)
@@ -45,8 +47,7 @@ def serve(
                     http="httptools", log_level="warning", access_log=False,
                     timeout_graceful_shutdown=int(settings.graceful_shutdown_s))
         return
-    from gateway.app import create_app
-    from gateway.drain import DrainingServer
+    from gateway.app import create_app  # start-up time: the operator commands need none of the app
 
     app = create_app(settings)
     config = uvicorn.Config(app, host=settings.host, port=settings.port, loop="uvloop", http="httptools",
@@ -56,8 +57,6 @@ def serve(
 
 
 def _check_policy(path: Path) -> None:
-    from policies.loader import PolicyError, load_policy
-
     try:
         load_policy(path)
     except PolicyError as exc:
@@ -68,9 +67,7 @@ def _check_policy(path: Path) -> None:
 @app.command()
 def prepare() -> None:
     """Build the local demo models and export the ONNX embedder (skipped when already there)."""
-    from gateway.demo import prepare as _prepare
-
-    art = _prepare()
+    art = prepare_demo()
     typer.echo(f"edge model: {art.edge_model}\ncloud stand-in model: {art.cloud_model}\nembedder: {art.embedder}")
 
 
@@ -80,8 +77,6 @@ def demo(
     edge_nodes: Annotated[int, typer.Option(help="How many local edge nodes to start.")] = 1,
 ) -> None:
     """Run the whole product on this machine: gateway, edge node(s), cloud stand-in, in-memory cache."""
-    from gateway.demo import run_demo
-
     raise typer.Exit(run_demo(port=port, edge_nodes=edge_nodes))
 
 

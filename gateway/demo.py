@@ -19,6 +19,10 @@ from pathlib import Path
 
 from rich.console import Console
 
+from cache.export import default_embedder_dir, export_embedder, is_complete
+from edge_node.demo_model import build_demo_model
+from gateway.auth import DEMO_KEY
+
 __all__ = ["Artifacts", "prepare", "run_demo"]
 
 console = Console(stderr=True)
@@ -40,9 +44,6 @@ def home() -> Path:
 
 def prepare(quiet: bool = False) -> Artifacts:
     """Build the demo models and export the embedder, once (each step is skipped when already done)."""
-    from cache.export import default_embedder_dir, export_embedder, is_complete
-    from edge_node.demo_model import build_demo_model
-
     say = (lambda _m: None) if quiet else (lambda m: console.print(f"  {m}"))
     models = home() / "models"
     edge = models / "edge" / "tiergate-demo-tiny-q4_0.gguf"
@@ -77,8 +78,6 @@ def _wait_http(url: str, timeout_s: float, proc: subprocess.Popen[bytes], what: 
 
 def _wait_edge_registered(port: int, proc: subprocess.Popen[bytes], timeout_s: float = 30) -> None:
     """Until the gateway lists an edge node behind its edge tier: the first request should find it there."""
-    from gateway.auth import DEMO_KEY
-
     req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/models", headers={"Authorization": f"Bearer {DEMO_KEY}"})
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline and proc.poll() is None:

@@ -13,25 +13,19 @@ import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 
-from gateway import metrics
-from gateway.admission import Admission
-from gateway.errors import OpenAIError, rate_limited, upstream_error
-from gateway.pool import Endpoint, Pool
-from gateway.upstream import UpstreamClient, UpstreamFailure, UpstreamResponse
-from policies.types import Decision, Features
+import msgspec
 
-__all__ = ["Attempt", "Dispatcher", "Route"]
+from core.errors import OpenAIError, rate_limited, upstream_error
+from core.pool import Endpoint
+from core.types import Decision, Features
+from core.wire import ParsedRequest
+from gateway.metrics import GatewayMetrics
+from gateway.tiers import Tier
+from gateway.upstream import UpstreamClient, UpstreamFailure, UpstreamResponse
+
+__all__ = ["Attempt", "Dispatcher"]
 
 MAX_ENDPOINTS_PER_TIER = 3
-
-
-@dataclass(slots=True)
-class Route:
-    """What dispatch needs to know about one tier."""
-
-    name: str
-    pool: Pool
-    admission: Admission
 
 
 @dataclass(slots=True)
@@ -41,7 +35,8 @@ class Attempt:
     tier: str
     endpoint: Endpoint
     response: UpstreamResponse
-    route: Route
+    route: Tier
+    metrics: GatewayMetrics
     upstream_started: float  # perf_counter when the request went to the backend
     fallback_from: str | None = None
     events: AsyncIterator[list[bytes]] | None = None  # streaming: the rest of the stream, after `first`
@@ -54,24 +49,25 @@ class Attempt:
             return
         self._done = True
         self.endpoint.inflight -= 1
-        _give_back(self.route, self.tier)
+        _give_back(self.route, self.metrics)
         if not ok:
             self.route.pool.report(self.endpoint, False)
 
 
 class Dispatcher:
-    def __init__(self, upstream: UpstreamClient, routes: Callable[[], Mapping[str, Route]]) -> None:
+    def __init__(self, upstream: UpstreamClient, tiers: Mapping[str, Tier], metrics: GatewayMetrics) -> None:
         self._upstream = upstream
-        self._routes = routes  # read per request: pools change when the policy is reloaded
+        self._tiers = tiers  # a live view: pools change when the policy is reloaded
+        self._metrics = metrics
 
-    async def open(self, *, request, features: Features, decision: Decision, path: str,
+    async def open(self, *, request: ParsedRequest, features: Features, decision: Decision, path: str,
                    body_for: Callable[[Endpoint], bytes], request_id: str, stream: bool) -> Attempt:
         """Return the first backend that accepts the request, or raise the most telling OpenAIError.
 
         For a stream, the first event is read here, so that a backend failing before its first token
         is still retried elsewhere: nothing has reached the client yet.
         """
-        routes = self._routes()
+        routes, metrics = self._tiers, self._metrics
         failures: list[OpenAIError] = []  # one per tier tried, so the final error can say what happened where
         previous: str | None = None
         tiers = decision.tiers
@@ -80,24 +76,24 @@ class Dispatcher:
             if route is None:
                 continue
             if previous is not None:
-                metrics.FALLBACKS.labels(previous, tier, failures[-1].code if failures else "unavailable").inc()
+                metrics.fallbacks.labels(previous, tier, failures[-1].code if failures else "unavailable").inc()
             previous = tier
             candidates = route.pool.candidates(request, features)[:MAX_ENDPOINTS_PER_TIER]
             if not candidates:
                 failures.append(upstream_error(503, f"No healthy backend in tier `{tier}`.", code="tier_unavailable",
                                                retry_after_s=1))
                 continue
-            metrics.child(metrics.QUEUED, tier).inc()
+            metrics.child(metrics.queued, tier).inc()
             try:
                 admitted = await route.admission.acquire(features.priority, decision.timeouts.queue_s)
             finally:
-                metrics.child(metrics.QUEUED, tier).dec()
+                metrics.child(metrics.queued, tier).dec()
             if not admitted:
-                metrics.SHED.labels(tier, features.priority.name.lower()).inc()
+                metrics.shed.labels(tier, features.priority.name.lower()).inc()
                 failures.append(rate_limited(f"Tier `{tier}` is saturated; retry shortly.", decision.timeouts.queue_s,
                                              code="tier_saturated"))
                 continue
-            metrics.child(metrics.INFLIGHT, tier).inc()
+            metrics.child(metrics.inflight, tier).inc()
             last: OpenAIError | None = None
             for ep in candidates:
                 ep.inflight += 1
@@ -114,31 +110,31 @@ class Dispatcher:
                 except UpstreamFailure as f:
                     _discard(resp)
                     ep.inflight -= 1
-                    metrics.UPSTREAM_ERRORS.labels(tier, f.kind).inc()
+                    metrics.upstream_errors.labels(tier, f.kind).inc()
                     if f.kind == "capability" and any(t in routes for t in tiers[i + 1:]):
                         # This tier cannot serve it (context too short, a feature missing): a later one may.
                         # The endpoint is fine and the same tier's others are alike, so on to the next tier.
                         last = _client_error_from(f, f"Tier `{tier}` cannot serve this request: ")
                         break
                     if f.kind in ("http_4xx", "capability"):  # the backend judged the request: pass its verdict on
-                        _give_back(route, tier)
+                        _give_back(route, metrics)
                         raise _client_error_from(f) from None
                     route.pool.report(ep, False)
                     last = upstream_error(f.status, f"Tier `{tier}`: {f}", code=f"upstream_{f.kind}")
                     if not f.retryable:  # the request's time is spent: nothing else gets to try
-                        _give_back(route, tier)
+                        _give_back(route, metrics)
                         raise last from None
                     continue
                 except BaseException:  # cancelled (client gone) or a bug: give everything back, blame no one
                     _discard(resp)
                     ep.inflight -= 1
-                    _give_back(route, tier)
+                    _give_back(route, metrics)
                     raise
                 route.pool.report(ep, True)
-                return Attempt(tier, ep, resp, route, started,
+                return Attempt(tier, ep, resp, route, metrics, started,
                                fallback_from=decision.tier if tier != decision.tier else None,
                                events=events, first=first, first_at=first_at)
-            _give_back(route, tier)
+            _give_back(route, metrics)
             if last is not None:
                 failures.append(last)
         if not failures:
@@ -151,10 +147,10 @@ class Dispatcher:
         raise final
 
 
-def _give_back(route: Route, tier: str) -> None:
+def _give_back(route: Tier, metrics: GatewayMetrics) -> None:
     """Free the tier slot an attempt held (admission and the in-flight gauge move together)."""
     route.admission.release()
-    metrics.child(metrics.INFLIGHT, tier).dec()
+    metrics.child(metrics.inflight, route.name).dec()
 
 
 def _discard(resp: UpstreamResponse | None) -> None:
@@ -165,8 +161,6 @@ def _discard(resp: UpstreamResponse | None) -> None:
 
 def _client_error_from(f: UpstreamFailure, prefix: str = "") -> OpenAIError:
     """Relay a backend's own 4xx (e.g. prompt longer than its context) in the OpenAI format."""
-    import msgspec
-
     message, code = str(f), "upstream_rejected"
     if f.body:
         try:

@@ -14,16 +14,11 @@ import asyncio
 import time
 from collections import defaultdict
 
-from prometheus_client import Counter
-
+from core.errors import OpenAIError, rate_limited
 from gateway.auth import Tenant
-from gateway.errors import OpenAIError, rate_limited
+from gateway.metrics import GatewayMetrics
 
-__all__ = ["Limiter"]
-
-LIMITED = Counter("tiergate_rate_limited_total", "Requests refused by a tenant limit, by tenant and limit.",
-                  ["tenant", "limit"])
-FAIL_OPEN = Counter("tiergate_rate_limit_fail_open_total", "Limit checks skipped because Redis did not answer.")
+__all__ = ["Limiter", "TenantSlot"]
 
 _WINDOW = 60.0
 
@@ -32,8 +27,25 @@ class _RedisSkipped(Exception):
     """Redis failed moments ago: this check fails open without waiting for it again."""
 
 
+class TenantSlot:
+    """One of a tenant's concurrent requests; whoever ends the answer gives it back, once."""
+
+    __slots__ = ("_limiter", "tenant")
+
+    def __init__(self, limiter: Limiter, tenant: Tenant) -> None:
+        self._limiter: Limiter | None = limiter
+        self.tenant = tenant
+
+    def release(self) -> None:
+        if self._limiter is not None:
+            self._limiter.leave(self.tenant)
+            self._limiter = None
+
+
 class Limiter:
-    def __init__(self, redis=None, timeout_s: float = 0.05, prefix: str = "tg:rl", retry_after_s: float = 1.0) -> None:
+    def __init__(self, metrics: GatewayMetrics, redis=None, timeout_s: float = 0.05, prefix: str = "tg:rl",
+                 retry_after_s: float = 1.0) -> None:
+        self._metrics = metrics
         self._redis = redis
         self._timeout = timeout_s
         self._retry_after = retry_after_s
@@ -81,15 +93,15 @@ class Limiter:
         for k in [k for k in self._local if int(k.rsplit(":", 1)[1]) < keep_from]:
             del self._local[k]
 
-    async def admit(self, tenant: Tenant) -> None:
+    async def admit(self, tenant: Tenant) -> TenantSlot:
         """Count one request against the tenant's limits, or raise a 429 with Retry-After.
 
-        An admitted request holds one of the tenant's concurrent slots until `leave()`. The slot is taken
+        An admitted request holds one of the tenant's concurrent slots until the slot is released. The slot is taken
         before the rate counters are read (which may wait on Redis), so that concurrent requests cannot all
         pass the concurrency check while each waits on Redis; a refusal gives it back.
         """
         if tenant.max_concurrency is not None and self._concurrent[tenant.id] >= tenant.max_concurrency:
-            LIMITED.labels(tenant.id, "concurrency").inc()
+            self._metrics.rate_limited.labels(tenant.id, "concurrency").inc()
             raise rate_limited(f"Tenant `{tenant.id}` already has {tenant.max_concurrency} requests in flight.", 1,
                                code="concurrency_limit_exceeded")
         self.enter(tenant)
@@ -98,25 +110,26 @@ class Limiter:
         except BaseException:
             self.leave(tenant)
             raise
+        return TenantSlot(self, tenant)
 
     async def _check_rates(self, tenant: Tenant) -> None:
         try:
             if tenant.requests_per_minute is not None:
                 used, reset = await self._counts(tenant.id, "req", 1)
                 if used > tenant.requests_per_minute:
-                    LIMITED.labels(tenant.id, "requests").inc()
+                    self._metrics.rate_limited.labels(tenant.id, "requests").inc()
                     raise rate_limited(f"Tenant `{tenant.id}` is over its limit of {tenant.requests_per_minute} "
                                        "requests per minute.", reset)
             if tenant.tokens_per_minute is not None:
                 used, reset = await self._counts(tenant.id, "tok", 0)
                 if used >= tenant.tokens_per_minute:
-                    LIMITED.labels(tenant.id, "tokens").inc()
+                    self._metrics.rate_limited.labels(tenant.id, "tokens").inc()
                     raise rate_limited(f"Tenant `{tenant.id}` is over its limit of {tenant.tokens_per_minute} "
                                        "tokens per minute.", reset, code="token_limit_exceeded")
         except OpenAIError:
             raise
         except Exception:  # Redis slow or down: fail open, counted
-            FAIL_OPEN.inc()
+            self._metrics.fail_open.inc()
 
     async def charge_tokens(self, tenant: Tenant, tokens: int) -> None:
         """Record the tokens an answer used (prompt + completion) once it is known."""
@@ -125,7 +138,7 @@ class Limiter:
         try:
             await self._counts(tenant.id, "tok", tokens)
         except Exception:
-            FAIL_OPEN.inc()
+            self._metrics.fail_open.inc()
 
     def enter(self, tenant: Tenant) -> None:
         self._concurrent[tenant.id] += 1

@@ -1,6 +1,6 @@
 """The OpenAPI 3.1 document of the gateway's whole HTTP surface, served at `/openapi.json`.
 
-Request bodies are generated from the msgspec structs that decode them (gateway/schemas.py, edge_node/pool.py), so
+Request bodies are generated from the msgspec structs that decode them (core/wire.py, edge_node/pool.py), so
 the types cannot drift from the parser. `_LIMITS` adds what the handlers refuse beyond the types
 (`Gateway._validate`, `parse_heartbeat`): a body the document allows is one the gateway accepts, and the reverse.
 tests/gateway/test_openapi.py checks both sides of every limit against a live gateway; tests/fuzz fuzzes the rest.
@@ -12,6 +12,9 @@ from functools import lru_cache
 from typing import Any
 
 import msgspec
+
+from core.wire import CONTROLLED_FIELDS, ChatRequest, CompletionRequest
+from edge_node.pool import NodeInfo
 
 __all__ = ["openapi_document"]
 
@@ -56,8 +59,6 @@ def _controlled(struct: Schema) -> None:
 
     Any other field the structs do not model is allowed (and forwarded to the backend as it is).
     """
-    from gateway.schemas import CONTROLLED_FIELDS
-
     for name, (neutral, why) in CONTROLLED_FIELDS.items():
         if name not in struct["properties"]:
             struct["properties"][name] = {"enum": [None, *(msgspec.json.decode(v) for v in neutral)],
@@ -66,9 +67,6 @@ def _controlled(struct: Schema) -> None:
 
 
 def _request_schemas() -> dict[str, Schema]:
-    from edge_node.pool import NodeInfo
-    from gateway.schemas import ChatRequest, CompletionRequest
-
     _, components = msgspec.json.schema_components((ChatRequest, CompletionRequest, NodeInfo),
                                                    ref_template="#/components/schemas/{name}")
     for struct, limits in _LIMITS.items():

@@ -14,14 +14,13 @@ from dataclasses import dataclass, field
 import msgspec
 
 from cache.types import CachedAnswer
+from core.http import DONE, sse
 
-__all__ = ["DONE", "AnswerSummary", "StreamAccumulator", "cacheable", "render_json", "render_sse", "sse", "summarize"]
+__all__ = ["AnswerSummary", "StreamAccumulator", "cacheable", "render_json", "render_sse", "summarize"]
 
 # Only answers that ended by themselves or at max_tokens are worth replaying; "tool_calls", "content_filter"
 # and a missing reason are not.
 _CACHEABLE_FINISH = frozenset({"stop", "length"})
-
-DONE = b"data: [DONE]\n\n"
 
 
 class _Usage(msgspec.Struct):
@@ -114,10 +113,6 @@ def cacheable(a: AnswerSummary | StreamAccumulator, kind: str, tier: str) -> Cac
         return None
     return CachedAnswer(kind, a.text, a.finish_reason, a.model, tier,  # type: ignore[arg-type]  # kind: chat|text
                         a.prompt_tokens, a.completion_tokens, int(time.time()))
-
-
-def sse(payload: bytes) -> bytes:
-    return b"data: " + payload + b"\n\n"
 
 
 def _ids(kind: str) -> tuple[str, int]:

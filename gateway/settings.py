@@ -4,14 +4,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import Field, field_validator
+from pydantic import field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-__all__ = ["Settings", "default_policy_path"]
+from policies.loader import DEFAULT_POLICY
 
-
-def default_policy_path() -> Path:
-    return Path(__file__).resolve().parent.parent / "policies" / "default.yaml"
+__all__ = ["Settings"]
 
 
 class Settings(BaseSettings):
@@ -21,7 +19,7 @@ class Settings(BaseSettings):
 
     host: str = "127.0.0.1"
     port: int = 8080
-    policy: Path = Field(default_factory=default_policy_path)
+    policy: Path = DEFAULT_POLICY
     redis_url: str | None = None  # None: every piece of shared state lives in this process
     api_keys_file: Path | None = None  # YAML: tenants and (hashed) keys; see docs/configuration.md
     api_keys: str | None = None  # inline "key=tenant:priority,..." for quick set-ups

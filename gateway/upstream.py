@@ -16,8 +16,8 @@ from dataclasses import dataclass
 import aiohttp
 import msgspec
 
-from gateway.pool import Endpoint
-from policies.types import Timeouts
+from core.pool import Endpoint
+from core.types import Timeouts
 
 __all__ = ["MAX_EVENT_BYTES", "UpstreamClient", "UpstreamFailure", "UpstreamResponse"]
 

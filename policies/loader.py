@@ -2,7 +2,7 @@
 
 The YAML is parsed once with ruamel's round-trip loader, which remembers the line and column of every
 key and item; pydantic validates a plain copy; both pydantic's errors and the whole-file checks of
-`policies.model.semantic_issues` come back as paths into the document, which are mapped to positions here.
+`policies.checks.semantic_issues` come back as paths into the document, which are mapped to positions here.
 Every problem in the file is reported at once, so an operator fixes them in one pass.
 """
 
@@ -18,9 +18,12 @@ from pydantic import BaseModel, ValidationError
 from ruamel.yaml import YAML
 from ruamel.yaml.error import MarkedYAMLError, YAMLError
 
-from policies.model import Issue, Policy, semantic_issues
+from policies.checks import Issue, semantic_issues
+from policies.model import Policy
 
-__all__ = ["PolicyError", "Problem", "check_policy", "load_policy", "parse_policy"]
+__all__ = ["DEFAULT_POLICY", "PolicyError", "Problem", "check_policy", "load_policy", "parse_policy"]
+
+DEFAULT_POLICY = Path(__file__).resolve().parent / "default.yaml"  # the packaged policy
 
 
 @dataclass(frozen=True, slots=True)

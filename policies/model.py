@@ -1,16 +1,13 @@
-"""The routing policy file as typed pydantic models, plus the checks that need the whole file.
+"""The routing policy file as typed pydantic models.
 
 Field-level rules (types, ranges, unknown keys, min <= max) live on the models so every error carries
 the path of the offending field; checks across the file (unknown tier, fallback loops, duplicate or
-unreachable rules) live in `semantic_issues`, which returns the path of every problem so the loader
-can point at the exact YAML line. A `Policy` that passed both is safe to hand to `PolicyEngine`.
+unreachable rules) live in `policies.checks`. A `Policy` that passed both is safe to hand to `PolicyEngine`.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -26,7 +23,7 @@ from pydantic import (
     model_validator,
 )
 
-from policies.types import Priority
+from core.types import Priority
 
 __all__ = [
     "BUILTIN_TOKENIZER",
@@ -36,7 +33,6 @@ __all__ = [
     "DiscoveryConfig",
     "HeaderCondition",
     "IntRange",
-    "Issue",
     "KeywordsCondition",
     "Policy",
     "PriorityCondition",
@@ -49,7 +45,6 @@ __all__ = [
     "UnitRange",
     "ValuesCondition",
     "When",
-    "semantic_issues",
 ]
 
 DEFAULT_RULE_NAME = "default"  # the implicit last rule that `default_tier` stands for
@@ -434,7 +429,7 @@ class Defaults(_Model):
 
 
 class Policy(_Model):
-    """A whole policy file. Build with `policies.load_policy`/`parse_policy`, which also run the checks."""
+    """A whole policy file. Build with `policies.loader.load_policy`/`parse_policy`, which also run the checks."""
 
     version: Literal[1] = 1
     description: str = ""
@@ -530,198 +525,3 @@ class Policy(_Model):
                         nxt.append(fb)
             frontier = nxt
         return tuple(chain)
-
-
-# ------------------------------------------------------------------------------------ semantic checks
-
-
-@dataclass(frozen=True, slots=True)
-class Issue:
-    """One problem in a policy: where (a path into the file) and what. Warnings do not block loading."""
-
-    path: tuple[str | int, ...]
-    message: str
-    severity: Literal["error", "warning"] = "error"
-
-
-def _tier_refs(policy: Policy) -> Iterator[tuple[tuple[str | int, ...], str]]:
-    if policy.default_tier is not None:
-        yield ("default_tier",), policy.default_tier
-    for i, rule in enumerate(policy.rules):
-        if rule.tier is not None:
-            yield ("rules", i, "tier"), rule.tier
-        for j, fb in enumerate(rule.fallbacks or ()):
-            yield ("rules", i, "fallbacks", j), fb
-    for name, tier in policy.tiers.items():
-        for j, fb in enumerate(tier.fallbacks):
-            yield ("tiers", name, "fallbacks", j), fb
-
-
-def _tier_cycles(policy: Policy) -> list[list[str]]:
-    """Cycles in the tiers' default fallback graph (edge -> cloud -> edge)."""
-    cycles: list[list[str]] = []
-    state: dict[str, int] = {}  # 1 = on stack, 2 = done
-
-    def visit(name: str, stack: list[str]) -> None:
-        state[name] = 1
-        stack.append(name)
-        for fb in policy.tiers[name].fallbacks:
-            if fb not in policy.tiers or fb == name:
-                continue
-            if state.get(fb) == 1:
-                cycles.append(stack[stack.index(fb):] + [fb])
-            elif fb not in state:
-                visit(fb, stack)
-        stack.pop()
-        state[name] = 2
-
-    for name in policy.tiers:
-        if name not in state:
-            visit(name, [])
-    return cycles
-
-
-def semantic_issues(policy: Policy, check_files: bool = True) -> list[Issue]:
-    """Everything wrong with a structurally valid policy, in file order, each with its path."""
-    issues: list[Issue] = []
-    known = sorted(policy.tiers)
-    allowed = ", ".join(known)
-
-    for path, ref in _tier_refs(policy):
-        if ref not in policy.tiers:
-            issues.append(Issue(path, f"unknown tier {ref!r}; tiers defined: {allowed}"))
-
-    for name, tier in policy.tiers.items():
-        if tier.kind == "cloud" and not tier.endpoints and tier.discovery is None:
-            issues.append(Issue(("tiers", name), "a cloud tier needs endpoints or discovery"))
-        if tier.kind == "edge" and tier.discovery is not None:
-            issues.append(Issue(("tiers", name, "discovery"),
-                                "discovery is for cloud tiers; edge nodes register with the gateway themselves"))
-        if tier.routing is not None and (tier.kind == "edge" or tier.stand_in):
-            issues.append(Issue(("tiers", name, "routing"),
-                                "routing is for cloud tiers of vLLM servers; edge nodes and a stand-in are picked "
-                                "by load"))
-        for j, fb in enumerate(tier.fallbacks):
-            if fb == name:
-                issues.append(Issue(("tiers", name, "fallbacks", j), f"tier {name!r} falls back to itself"))
-        if len(set(tier.fallbacks)) != len(tier.fallbacks):
-            issues.append(Issue(("tiers", name, "fallbacks"), "a tier is listed twice in fallbacks"))
-    for cycle in _tier_cycles(policy):
-        issues.append(Issue(("tiers", cycle[0], "fallbacks"), "fallback loop: " + " -> ".join(cycle)))
-
-    seen_names: dict[str, int] = {}
-    catch_all_at: int | None = None
-    for i, rule in enumerate(policy.rules):
-        if rule.name in seen_names:
-            issues.append(Issue(("rules", i, "name"),
-                                f"duplicate rule name {rule.name!r} (also rule #{seen_names[rule.name] + 1})"))
-        else:
-            seen_names[rule.name] = i
-        if rule.name == DEFAULT_RULE_NAME and policy.default_tier is not None and \
-                not policy.rules[-1].when.is_catch_all():
-            issues.append(Issue(("rules", i, "name"),
-                                f"rule name {DEFAULT_RULE_NAME!r} is reserved for default_tier; rename the rule"))
-        if rule.tier is not None and rule.fallbacks:
-            chain = [rule.tier, *rule.fallbacks]
-            for j, fb in enumerate(rule.fallbacks):
-                if fb == rule.tier:
-                    issues.append(Issue(("rules", i, "fallbacks", j), f"rule falls back to its own tier {fb!r}"))
-                elif fb in chain[: j + 1]:
-                    issues.append(Issue(("rules", i, "fallbacks", j),
-                                        "fallback loop: " + " -> ".join(chain[: j + 2])))
-        if catch_all_at is not None:
-            issues.append(Issue(("rules", i),
-                                f"rule {rule.name!r} is unreachable: rule {policy.rules[catch_all_at].name!r} "
-                                "before it matches every request"))
-            continue
-        for k in range(i):
-            earlier = policy.rules[k]
-            if earlier.when.covers(rule.when):
-                issues.append(Issue(("rules", i, "when"),
-                                    f"rule {rule.name!r} is unreachable: every request it matches is already "
-                                    f"matched by the earlier rule {earlier.name!r}"))
-                break
-        if rule.when.is_catch_all():
-            catch_all_at = i
-
-    if catch_all_at is None and policy.default_tier is None:
-        issues.append(Issue(("rules",), "no rule matches every request: end the rules with a catch-all rule "
-                                        "(no `when`) or set default_tier"))
-    if catch_all_at is not None and policy.default_tier is not None:
-        issues.append(Issue(("default_tier",), f"default_tier is never used: rule "
-                                               f"{policy.rules[catch_all_at].name!r} matches every request",
-                            "warning"))
-
-    public = {t.model for t in policy.tiers.values()} | {"auto"}
-    for i, rule in enumerate(policy.rules):
-        if rule.when.model is not None:
-            for j, m in enumerate(rule.when.model.in_):
-                if m not in public:
-                    issues.append(Issue(("rules", i, "when", "model", "in", j),
-                                        f"model {m!r} is not a tier's model or 'auto'; requests naming it are "
-                                        f"rejected before routing (known: {', '.join(sorted(public))})", "warning"))
-
-    if check_files:
-        issues.extend(_file_issues(policy))
-    models = [t.model for t in policy.tiers.values()]
-    for name, tier in policy.tiers.items():
-        if models.count(tier.model) > 1:
-            issues.append(Issue(("tiers", name, "model"),
-                                f"model name {tier.model!r} is used by more than one tier", "warning"))
-            break
-    return issues
-
-
-def _file_issues(policy: Policy) -> list[Issue]:
-    """Files the policy names must exist. A missing tokenizer that the gateway can replace by its built-in
-    one (builtin:demo before `tiergate prepare`, an HF name not cached here) is a warning, not an error."""
-    from gateway.complexity import ComplexityModel
-    from gateway.tokens import TokenizerNotFound, load_tokenizer, resolve_tokenizer
-
-    issues = []
-    specs: list[tuple[tuple[str | int, ...], str]] = []
-    if policy.defaults.tokenizer:
-        specs.append((("defaults", "tokenizer"), policy.defaults.tokenizer))
-    for name, tier in policy.tiers.items():
-        if tier.tokenizer:
-            specs.append((("tiers", name, "tokenizer"), tier.tokenizer))
-    for path, spec in specs:
-        try:
-            found = resolve_tokenizer(spec, policy.base_dir)
-            try:  # a file that exists but does not load (half-copied) must not reach the request path
-                load_tokenizer(found)
-            except Exception as exc:
-                issues.append(Issue(path, f"tokenizer file {str(found)!r} does not load: {exc}"))
-        except TokenizerNotFound as exc:
-            if spec.startswith("builtin:") and spec not in ("builtin:demo",):
-                issues.append(Issue(path, str(exc)))
-            elif spec == "builtin:demo" or not _looks_like_path(spec):
-                issues.append(Issue(path, f"{exc}; prompt tokens will be counted with {BUILTIN_TOKENIZER} "
-                                          "until it is available", "warning"))
-            else:
-                issues.append(Issue(path, f"{exc}; give a tokenizer.json path (relative to the policy file), "
-                                          f"a cached Hugging Face model name, or {BUILTIN_TOKENIZER}"))
-    if policy.complexity_model is not None:
-        p = policy.resolve_path(policy.complexity_model)
-        try:
-            exists = p.is_file()
-        except OSError:
-            exists = False
-        if not exists:
-            issues.append(Issue(("complexity_model",), f"complexity model {str(p)[:200]!r} does not exist "
-                                                       "(train one with `tiergate classifier train`)"))
-        else:
-            try:
-                ComplexityModel.load(p)
-            except Exception as exc:
-                issues.append(Issue(("complexity_model",), f"complexity model {str(p)!r} does not load: {exc}"))
-    return issues
-
-
-def _looks_like_path(spec: str) -> bool:
-    """HF names look like 'org/name'; paths end in .json, start with . / ~, or have more than one slash."""
-    return (
-        spec.endswith(".json")
-        or spec.startswith((".", "/", "~"))
-        or spec.count("/") != 1
-    )

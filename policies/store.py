@@ -23,7 +23,7 @@ import structlog
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Info
 
 from policies.engine import PolicyEngine
-from policies.loader import PolicyError, parse_policy
+from policies.loader import PolicyError, Problem, parse_policy
 from policies.model import Policy
 
 __all__ = ["ActivePolicy", "PolicyMetrics", "PolicyStore", "ReloadResult", "policy_version"]
@@ -200,7 +200,7 @@ class PolicyStore:
                 await task
 
     async def _watch(self) -> None:
-        from watchfiles import awatch
+        from watchfiles import awatch  # start-up time: only a store that watches its file needs it
 
         directory = self.path.resolve().parent
         # The path as given may be a symlink (ConfigMap): watch both the link's and the target's directory.
@@ -230,7 +230,5 @@ class PolicyStore:
 
 
 def _unreadable(path: Path, exc: Exception) -> PolicyError:
-    from policies.loader import Problem
-
     reason = getattr(exc, "strerror", None) or str(exc)
     return PolicyError(str(path), [Problem(str(path), None, None, "", f"cannot read the policy file: {reason}")])

@@ -82,7 +82,7 @@ def _consistency(hp: Any, n: int = 300) -> float:
     from cache import build_cache
     from cache.export import default_embedder_dir
     from cache.settings import DEFAULT_GUARDS, DEFAULT_THRESHOLD
-    from policies.types import CacheRule
+    from core.types import CacheRule
 
     sub = hp.take(np.arange(min(n, len(hp.a))))
     per_guard = vetoes(sub)
@@ -162,8 +162,8 @@ async def _scale(n: int, redis_url: str | None) -> dict[str, Any]:
     from cache.metrics import CacheMetrics
     from cache.store import MemoryStore
     from cache.types import CachedAnswer, CacheEntry
-    from gateway.schemas import ChatRequest, Message
-    from policies.types import CacheRule
+    from core.types import CacheRule
+    from core.wire import ChatRequest, Message
 
     def chat(text: str) -> ChatRequest:
         return ChatRequest(model="tiergate-edge", temperature=0.0, messages=[Message(role="user", content=text)])

@@ -80,7 +80,7 @@ def pick_pairs(k: int, seed: int = 5, min_cos: float = 0.95, apart: float = 0.85
     from cache.guards import signature, veto
     from cache.keys import normalize_text
     from cache.settings import DEFAULT_GUARDS, DEFAULT_THRESHOLD
-    from policies.types import CacheRule
+    from core.types import CacheRule
 
     p = load_pairs()
     cos = p.cosine

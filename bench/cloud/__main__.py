@@ -38,16 +38,17 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import aiohttp
-from prometheus_client import REGISTRY
+from prometheus_client import CollectorRegistry
 
 from bench.procs import peak_rss_mib
+from cloud_pool.metrics import CloudMetrics
 from cloud_pool.pool import CloudPool
 from cloud_pool.process import VllmProcess, free_port
 from cloud_pool.spec import CpuOptions, Ngram, NoSpeculation, VllmSpec
 from cloud_pool.tiny_model import words
 from cloud_pool.vllm_env import REPO_ROOT, missing_reason, vllm_python
 from cloud_pool.vllm_metrics import VllmMetrics, parse
-from gateway.schemas import ChatRequest, Message
+from core.wire import ChatRequest, Message
 
 RESULTS = REPO_ROOT / "bench" / "results"
 MODEL_DIR = REPO_ROOT / ".tiergate" / "tiny-llama"
@@ -187,7 +188,7 @@ async def reset_prefix_caches(session: aiohttp.ClientSession, urls: list[str]) -
 
 async def run_strategy(label: str, urls: list[str], workload: list[tuple[str, str]], concurrency: int) -> dict:
     strategy, bound = STRATEGIES[label]
-    pool = CloudPool("bench", MODEL, urls, strategy=strategy, load_bound=bound, poll_interval_s=0.5,
+    pool = CloudPool("bench", MODEL, urls, metrics=METRICS, strategy=strategy, load_bound=bound, poll_interval_s=0.5,
                      slots=MAX_NUM_SEQS)
     reasons_before = selections(strategy)
     await pool.start()
@@ -239,6 +240,10 @@ async def run_strategy(label: str, urls: list[str], workload: list[tuple[str, st
             for url in urls
         },
     }
+
+
+REGISTRY = CollectorRegistry()
+METRICS = CloudMetrics(REGISTRY)  # this process's bench pools
 
 
 def selections(strategy: str) -> dict[str, float]:

@@ -210,11 +210,11 @@ def kernel_ceiling(model: Path, steps: int = 64) -> dict[int, float]:
     No sampling, no Python server, no HTTP: what batching can save on this CPU at best. CPU time, not
     wall time, so other work on the machine barely moves it.
     """
-    from edge_node.engine import _Batch
+    from edge_node.batch import Batch  # the benchmark's parent process never loads llama.cpp
     from edge_node.runtime import LlamaRuntime, RuntimeConfig
 
     rt = LlamaRuntime(RuntimeConfig(model_path=model, ctx_per_seq=256, parallel=16, check_memory=False))
-    ll, b, out = rt.llama, _Batch(rt.llama, 64), {}
+    ll, b, out = rt.llama, Batch(rt.llama, 64), {}
     try:
         for bs in (1, 4, 8, 16):
             for s in range(16):

@@ -63,7 +63,7 @@ def cross_validated(x: np.ndarray, weak: np.ndarray, strong: np.ndarray, fold: n
     """Out-of-fold complexity scores: per fold, the model `tiergate classifier train` builds, fitted on the
     other folds, scores the held-out prompts exactly as the gateway does (`ComplexityModel.score`: a
     percentile of that model's own training prompts)."""
-    from policies.complexity_train import fit
+    from complexity.train import fit
 
     out = np.zeros(len(weak))
     for f in np.unique(fold):
@@ -75,7 +75,7 @@ def cross_validated(x: np.ndarray, weak: np.ndarray, strong: np.ndarray, fold: n
 
 def single_gain_cross_validated(x: np.ndarray, y: np.ndarray, fold: np.ndarray) -> np.ndarray:
     """The previous design for comparison: one gain ensemble, raw out-of-fold predictions pooled."""
-    from policies.complexity_train import fit_trees
+    from complexity.train import fit_trees
 
     out = np.zeros(len(y))
     for f in np.unique(fold):
@@ -109,10 +109,10 @@ def litellm_scores(prompts: list[str]) -> dict[str, Any]:
 LATENCY_CHILD = """
 import json, sys, time
 import numpy as np
-from gateway.classify import Classifier
-from gateway.schemas import decode_chat
+from policies.classify import Classifier
+from core.wire import decode_chat
 from policies.loader import load_policy
-from policies.types import Priority
+from core.types import Priority
 
 class Store:
     def __init__(self, policy):
@@ -159,9 +159,9 @@ def _pct(values: list[float], q: float) -> float:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    from gateway.complexity import Featurizer
-    from gateway.tokens import TokenCounter
-    from policies.complexity_train import apgr, read_labelled, share_for_pgr
+    from complexity.model import Featurizer
+    from complexity.tokens import TokenCounter
+    from complexity.train import apgr, read_labelled, share_for_pgr
 
     data = read_labelled(args.data)
     subj = subjects(data.prompts)

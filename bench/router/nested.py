@@ -24,7 +24,7 @@ Each candidate's inner-CV score and refitted outer predictions can be cached (`-
 over any subset of candidates (`--only`) reuses them; the per-candidate outer-CV APGR (not nested: no
 selection) is printed too.
 
-Trees are fitted exactly as `policies.complexity_train.fit_trees` fits them; predictions here walk the
+Trees are fitted exactly as `complexity.train.fit_trees` fits them; predictions here walk the
 exported flat arrays for all rows at once, adding the trees in the same order as the gateway's compiled
 expression, so the numbers are identical to scoring row by row (checked by `--check`).
 """
@@ -75,7 +75,7 @@ def _pct(train_raw: np.ndarray, raw: np.ndarray) -> np.ndarray:
 
 
 def _trees(x: np.ndarray, y: np.ndarray, params: dict[str, Any] | None = None) -> Scorer:
-    from policies.complexity_train import fit_trees
+    from complexity.train import fit_trees
 
     t = fit_trees(x, y, params)
     return lambda z: predict_all(t, z)
@@ -109,7 +109,7 @@ def _mean_pct(maps: list[tuple[Scorer, np.ndarray, np.ndarray]], z: np.ndarray) 
 def _rank_average(x: np.ndarray, members: list[Scorer]) -> Scorer:
     """As the gateway scores: each member's prediction through its percentile map (201-point calibration on
     all training prompts), averaged, then through the calibration of that average."""
-    from policies.complexity_train import _calibration
+    from complexity.train import _calibration
 
     maps = [(f, *_calibration(f(x))) for f in members]
     cr, cs = _calibration(_mean_pct(maps, x))
@@ -117,7 +117,7 @@ def _rank_average(x: np.ndarray, members: list[Scorer]) -> Scorer:
 
 
 def _avg(x, w, s, subj) -> Scorer:  # type: ignore[no-untyped-def]
-    from policies.complexity_train import fit
+    from complexity.train import fit
 
     m = fit(x, w, s)
     members = [lambda z, t=mem.trees: predict_all(t, z) for mem in m.members]
@@ -126,7 +126,7 @@ def _avg(x, w, s, subj) -> Scorer:  # type: ignore[no-untyped-def]
 
 
 def _constraints(n_features: int) -> list[int]:
-    from gateway.complexity import FEATURES
+    from complexity.model import FEATURES
 
     return [1 if name in MONOTONE else 0 for name in FEATURES[:n_features]]
 
@@ -158,7 +158,7 @@ EXTENDED = ("bagged average, all", "monotone average, all", "bagged monotone ave
 
 
 def candidates(n_features: int) -> dict[str, tuple[np.ndarray, Fitter]]:
-    from gateway.complexity import FEATURES
+    from complexity.model import FEATURES
 
     all_cols = np.arange(n_features)
     later = {FEATURES.index(n) for n in LATER_FEATURES}
@@ -184,7 +184,7 @@ def _cv(x, w, s, subj, fold, fitter) -> np.ndarray:  # type: ignore[no-untyped-d
 
 def _evaluate(x, w, s, subj, outer, f, name, cols, fn, cache: Path | None) -> dict[str, Any]:  # type: ignore[no-untyped-def]
     """Inner-CV APGR of one candidate on one outer fold's training subjects, and its refitted outer scores."""
-    from policies.complexity_train import apgr
+    from complexity.train import apgr
 
     key = hashlib.sha256(json.dumps([name, cols.tolist(), int(f), outer.tolist(), BAGS, BAG_SHARE]).encode()
                          ).hexdigest()[:20]
@@ -209,7 +209,7 @@ def _evaluate(x, w, s, subj, outer, f, name, cols, fn, cache: Path | None) -> di
 
 def nested(x: np.ndarray, w: np.ndarray, s: np.ndarray, subj: np.ndarray, outer: np.ndarray, label: str,
            only: list[str] | None = None, cache: Path | None = None) -> float:
-    from policies.complexity_train import apgr
+    from complexity.train import apgr
 
     cands = candidates(x.shape[1])
     if only:
@@ -238,7 +238,7 @@ def nested(x: np.ndarray, w: np.ndarray, s: np.ndarray, subj: np.ndarray, outer:
 
 def check(x: np.ndarray, w: np.ndarray, s: np.ndarray, subj: np.ndarray) -> None:
     """The fast "average" path scores exactly as the gateway's row-by-row `ComplexityModel` does."""
-    from policies.complexity_train import fit
+    from complexity.train import fit
 
     tr = np.arange(len(w)) % 5 != 0
     m = fit(x[tr], w[tr], s[tr])
@@ -248,8 +248,8 @@ def check(x: np.ndarray, w: np.ndarray, s: np.ndarray, subj: np.ndarray) -> None
 
 
 def main() -> None:
-    from gateway.complexity import Featurizer
-    from policies.complexity_train import read_labelled
+    from complexity.model import Featurizer
+    from complexity.train import read_labelled
 
     ap = argparse.ArgumentParser(description="nested subject cross-validation of the complexity model's design")
     ap.add_argument("--outer", choices=("five", "loso", "both"), default="both")

@@ -12,8 +12,8 @@ from prometheus_client import CollectorRegistry
 from cache.metrics import CacheMetrics
 from cache.settings import CacheSettings
 from cache.types import CachedAnswer
-from gateway.schemas import ChatRequest, CompletionRequest, Message
-from policies.types import CacheRule
+from core.types import CacheRule
+from core.wire import ChatRequest, CompletionRequest, Message
 
 RULE = CacheRule(threshold=0.94)
 # Generous timeouts: the test machine's two cores are shared, and a test about hits must not turn into a

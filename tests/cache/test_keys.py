@@ -11,7 +11,7 @@ from cache.keys import (
     tenant_tag,
     uncacheable_reason,
 )
-from gateway.schemas import ChatRequest, ContentPart, Message
+from core.wire import ChatRequest, ContentPart, Message
 from tests.cache.helpers import RULE, answer, chat, completion
 
 

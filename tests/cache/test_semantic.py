@@ -10,7 +10,7 @@ import pytest
 
 from cache import SemanticCache, build_cache
 from cache.store import StoreUnavailable
-from gateway.schemas import ChatRequest, ContentPart, Message
+from core.wire import ChatRequest, ContentPart, Message
 from tests.cache.helpers import RULE, SETTINGS, answer, chat, completion, fresh_metrics, sample
 
 pytestmark = pytest.mark.anyio

@@ -62,7 +62,7 @@ def test_edge_node_killed_mid_traffic(tmp_path: Path, edge_model, edge_node_fact
     with aiohttp_server(make_app(8, "ok", model="cloud-model")) as cloud:
         pol = _policy(tmp_path / "policy.yaml", cloud.url, edge_model.tokenizer_json)
         with gateway_server(Settings(policy=pol, embedder=None), keyring=KEYS, ready=False) as gw:
-            pool = gw.gateway._routes["edge"].pool
+            pool = gw.gateway.tiers["edge"].pool
 
             def add(name: str):
                 node = edge_node_factory("--parallel", "4", "--ctx", "1024", "--gateway", gw.url,

@@ -92,7 +92,7 @@ def test_redis_restart_during_traffic(tmp_path: Path, redis_server, redis_url):
         settings = Settings(policy=pol, embedder=None, redis_url=redis_url)
         with gateway_server(settings, keyring=keyring(tmp_path), ready=False) as gw, \
                 Heartbeats(gw.url, edge.url) as beats:
-            pool = gw.gateway._routes["edge"].pool
+            pool = gw.gateway.tiers["edge"].pool
             wait_until(lambda: any(e.id == "node-a" for e in pool.endpoints()), what="edge registration")
             with Traffic(gw.url, "chaos-key-123", body, workers=4, timeout_s=30, pause_s=0.01) as traffic:
                 traffic.wait_for(lambda o: o.cache == "hit-exact", 8, what="cache hits before the fault")

@@ -56,7 +56,7 @@ def test_vllm_server_killed_mid_traffic(tmp_path: Path, vllm_servers):
     a, b = vllm_servers.get(2)
     pol = _policy(tmp_path / "policy.yaml", [a.base_url, b.base_url])
     with gateway_server(Settings(policy=pol, embedder=None), keyring=KEYS) as gw:
-        pool = gw.gateway._routes["cloud"].pool
+        pool = gw.gateway.tiers["cloud"].pool
         eps = {ep.base_url: ep for ep in pool.endpoints()}
         assert set(eps) == {a.base_url, b.base_url}
         with Traffic(gw.url, "chaos-key-1", body, workers=6, timeout_s=120) as traffic:

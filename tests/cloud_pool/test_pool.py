@@ -7,12 +7,13 @@ from dataclasses import dataclass, field
 
 import pytest
 from aiohttp import web
-from prometheus_client import REGISTRY
+from prometheus_client import CollectorRegistry
 from structlog.testing import capture_logs
 
+from cloud_pool.metrics import CloudMetrics
 from cloud_pool.pool import CloudPool
-from gateway.pool import Pool
-from gateway.schemas import ChatRequest, Message
+from core.pool import Pool
+from core.wire import ChatRequest, Message
 from tests.support.servers import aiohttp_server, free_port
 
 MODEL = "tiergate-cloud"
@@ -70,7 +71,12 @@ def req(system: str = "You are terse. " * 30, user: str = "hi") -> ChatRequest:
     return ChatRequest(model=MODEL, messages=[Message(role="system", content=system), Message(role="user", content=user)])
 
 
+REGISTRY = CollectorRegistry()
+METRICS = CloudMetrics(REGISTRY)
+
+
 def pool_for(*urls: str, **options) -> CloudPool:
+    options.setdefault("metrics", METRICS)
     options.setdefault("poll_interval_s", 3600)  # tests drive polling with refresh()
     options.setdefault("poll_timeout_s", 1.0)
     return CloudPool("cloud", MODEL, list(urls), **options)
@@ -320,20 +326,6 @@ def test_spec_decode_and_prefix_cache_rates_over_the_window() -> None:
     assert sample("tiergate_cloud_spec_decode_acceptance_rate", tier="cloud", endpoint=ep.id) == pytest.approx(0.5)
 
 
-def test_from_tier_reads_a_policy_tier_config() -> None:
-    from policies.model import TierConfig
-
-    tier = TierConfig(name="cloud", kind="cloud", model="public-name", served_model=MODEL,
-                      endpoints=["http://a:8000/"],
-                      discovery={"dns": "vllm.svc", "port": 8001, "scheme": "https", "interval_s": 3},
-                      routing={"strategy": "least_load", "load_bound": 2.0, "affinity_chars": 64, "max_num_seqs": 64})
-    pool = CloudPool.from_tier(tier)
-    assert (pool.tier, pool.model, pool.dns, pool.port, pool.strategy) == ("cloud", MODEL, "vllm.svc", 8001, "least_load")
-    assert (pool.scheme, pool.dns_interval_s, pool.selector.bound, pool.selector.affinity_chars) == ("https", 3, 2.0, 64)
-    assert [(e.id, e.base_url, e.slots) for e in pool.endpoints()] == [("a:8000", "http://a:8000", 64)]
-    assert CloudPool.from_tier(tier, strategy="round_robin").strategy == "round_robin"  # options override
-    bare = CloudPool.from_tier(TierConfig(name="c2", kind="cloud", model=MODEL, endpoints=["http://b:8000"]))
-    assert (bare.model, bare.dns, bare.port, bare.strategy, bare.endpoints()[0].slots) == (MODEL, None, 8000, "prefix", 256)
-    assert bare.selector.bound == 1.2
+def test_a_pool_needs_endpoints_or_a_dns_name() -> None:
     with pytest.raises(ValueError, match="static endpoints, a DNS name, or both"):
         CloudPool("cloud", MODEL, [])

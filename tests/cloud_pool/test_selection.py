@@ -9,8 +9,8 @@ from collections import Counter
 import pytest
 
 from cloud_pool.selection import Selector, affinity_key, rendezvous_order
-from gateway.pool import Endpoint
-from gateway.schemas import ChatRequest, CompletionRequest, Message
+from core.pool import Endpoint
+from core.wire import ChatRequest, CompletionRequest, Message
 
 
 def eps(n: int, slots: int = 8) -> list[Endpoint]:

@@ -7,8 +7,8 @@ import asyncio
 import pytest
 from aiohttp import web
 
+from core.pool import Pool
 from edge_node.pool import EdgePool, HeartbeatError, parse_heartbeat
-from gateway.pool import Pool
 from tests.support.servers import aiohttp_server
 
 
@@ -131,14 +131,6 @@ def test_malformed_heartbeats_are_refused(body):
 def test_heartbeat_accepts_raw_json_and_ignores_unknown_fields():
     info = parse_heartbeat(b'{"node_id":"a","url":"http://h:1/v1","model":"m","slots":2,"extra":true}')
     assert info.node_id == "a" and info.slots == 2
-
-
-def test_tier_config_object_is_accepted():
-    class Tier:
-        name, endpoints, model = "edge", ["http://127.0.0.1:1/v1"], "tiergate-edge"
-
-    pool = EdgePool(Tier())
-    assert pool.tier == "edge" and ids(pool.endpoints()) == ["http://127.0.0.1:1"]
 
 
 def test_static_endpoint_learns_model_slots_and_load_from_health():

@@ -15,8 +15,8 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from gateway.errors import OpenAIError, from_validation
-from gateway.schemas import ChatRequest, CompletionRequest, decode_chat, decode_completion, encode
+from core.errors import OpenAIError, from_validation
+from core.wire import ChatRequest, CompletionRequest, decode_chat, decode_completion, encode
 
 FUZZ = settings(max_examples=400, deadline=None, suppress_health_check=list(HealthCheck), database=None)
 DECODERS = {"chat": decode_chat, "text": decode_completion}
@@ -184,7 +184,7 @@ def test_nested_field_paths(kind, path, body):
     assert isinstance(out, OpenAIError) and out.param == path and f"`{path}`" in out.message
 
 
-# ---- found by fuzzing: failing until gateway/errors.py and gateway/app.py are fixed (see docs/reliability.md) --
+# ---- found by fuzzing: failing until core/errors.py and gateway/app.py are fixed (see docs/reliability.md) --
 
 @pytest.mark.parametrize("kind, body, param", [
     ("chat", {"model": "m"}, "messages"),

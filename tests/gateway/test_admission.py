@@ -2,8 +2,8 @@ import asyncio
 
 import pytest
 
+from core.types import Priority
 from gateway.admission import Admission
-from policies.types import Priority
 
 pytestmark = pytest.mark.anyio
 

@@ -10,7 +10,6 @@ import httpx
 import msgspec
 import openai
 import pytest
-
 from aiohttp import web
 
 from bench.instant_upstream import HITS, make_app
@@ -418,10 +417,9 @@ def test_stream_cut_mid_way_ends_with_sse_error_then_done(tmp_path):
 
 
 def test_a_stream_that_breaks_before_its_usage_chunk_is_still_charged(tmp_path):
-    from prometheus_client import REGISTRY
-
     def tokens(kind: str) -> float:
-        return REGISTRY.get_sample_value("tiergate_tokens_total", {"tier": "edge", "kind": kind}) or 0.0
+        return s["gw"].gateway.registry.get_sample_value("tiergate_tokens_total",
+                                                         {"tier": "edge", "kind": kind}) or 0.0
 
     with stack(tmp_path, edge_modes=("cut",), policy={"fallback": False}) as s:
         before = tokens("prompt"), tokens("completion")
@@ -436,10 +434,9 @@ def test_a_stream_that_breaks_before_its_usage_chunk_is_still_charged(tmp_path):
 def test_client_leaving_while_sending_its_body_is_no_internal_error(basic):
     import socket
 
-    from prometheus_client import REGISTRY
-
     def gone() -> float:
-        return REGISTRY.get_sample_value("tiergate_client_disconnects_total", {"tier": "none"}) or 0.0
+        return basic["gw"].gateway.registry.get_sample_value("tiergate_client_disconnects_total",
+                                                             {"tier": "none"}) or 0.0
 
     before = gone()
     port = int(basic["gw"].url.rsplit(":", 1)[1])

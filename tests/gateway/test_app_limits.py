@@ -6,7 +6,6 @@ import asyncio
 
 import httpx
 import pytest
-from prometheus_client import REGISTRY
 
 from gateway.auth import KeyRing
 from tests.gateway.conftest import stack
@@ -15,9 +14,9 @@ from tests.support.servers import wait_until
 CHAT = {"model": "auto", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 4, "temperature": 1}
 
 
-def _sample(name: str, **labels: str) -> float:
-    """A counter's value in this process (the threaded gateway shares the default registry)."""
-    return REGISTRY.get_sample_value(name, labels) or 0.0
+def _sample(gw, name: str, **labels: str) -> float:
+    """A counter's value on the gateway's own registry (what its /metrics serves)."""
+    return gw.registry.get_sample_value(name, labels) or 0.0
 
 
 def test_rate_limit_answers_429_with_retry_after(tmp_path):
@@ -43,33 +42,33 @@ def test_tenant_max_tokens_caps_the_upstream_request(tmp_path):
 def test_client_disconnect_stops_the_upstream_stream(tmp_path):
     with stack(tmp_path, edge_modes=("slow",), chunks=200, policy={"fallback": False}) as s:
         gw = s["gw"].gateway
-        disconnects = _sample("tiergate_client_disconnects_total", tier="edge")
+        disconnects = _sample(gw, "tiergate_client_disconnects_total", tier="edge")
         with httpx.stream("POST", s["gw"].url + "/v1/chat/completions", headers={"Authorization": "Bearer key-alpha-1"},
                           json={**CHAT, "stream": True, "max_tokens": 200}) as r:
             it = r.iter_lines()
             assert next(line for line in it if line.startswith("data: "))
         # The gateway closed its upstream connection: the slot and the in-flight count are free again.
-        route = gw._routes["edge"]
+        route = gw.tiers["edge"]
         wait_until(lambda: route.admission.inflight == 0 and all(e.inflight == 0 for e in route.pool.endpoints()),
                    what="upstream released after client disconnect")
-        assert _sample("tiergate_client_disconnects_total", tier="edge") == disconnects + 1
+        assert _sample(gw, "tiergate_client_disconnects_total", tier="edge") == disconnects + 1
 
 
 def test_client_leaving_before_a_json_answer_frees_the_backend_and_every_slot(tmp_path):
     # The backend would take 10 s to answer; the client gives up after 0.5 s.
     with stack(tmp_path, edge_modes=("slow",), chunks=200, policy={"fallback": False}) as s:
         gw, url = s["gw"].gateway, s["gw"].url
-        disconnects = _sample("tiergate_client_disconnects_total", tier="edge")
+        disconnects = _sample(gw, "tiergate_client_disconnects_total", tier="edge")
         gone = {"endpoint": "chat", "tier": "edge", "rule": "default", "cache": "bypass", "status": "499"}
-        answered_499 = _sample("tiergate_requests_total", **gone)
+        answered_499 = _sample(gw, "tiergate_requests_total", **gone)
         with pytest.raises(httpx.ReadTimeout):
             httpx.post(url + "/v1/chat/completions", headers={"Authorization": "Bearer key-alpha-1"},
                        json={**CHAT, "max_tokens": 200}, timeout=0.5)
-        route = gw._routes["edge"]
+        route = gw.tiers["edge"]
         wait_until(lambda: route.admission.inflight == 0 and all(e.inflight == 0 for e in route.pool.endpoints())
                    and gw.limiter._concurrent["alpha"] == 0, timeout_s=3, what="slots freed after the client left")
-        assert _sample("tiergate_client_disconnects_total", tier="edge") == disconnects + 1
-        assert _sample("tiergate_requests_total", **gone) == answered_499 + 1
+        assert _sample(gw, "tiergate_client_disconnects_total", tier="edge") == disconnects + 1
+        assert _sample(gw, "tiergate_requests_total", **gone) == answered_499 + 1
 
 
 def test_a_client_leaving_before_its_json_answer_is_charged_what_the_backend_was_asked_for(tmp_path):
@@ -79,7 +78,7 @@ def test_a_client_leaving_before_its_json_answer_is_charged_what_the_backend_was
     with stack(tmp_path, keyring=KeyRing.from_file(keys), edge_modes=("slow",), chunks=60,
                policy={"fallback": False, "max_concurrency": 1, "queue_s": 30}) as s:
         gw, url = s["gw"].gateway, s["gw"].url + "/v1/chat/completions"
-        admission = gw._routes["edge"].admission
+        admission = gw.tiers["edge"].admission
 
         def charged() -> int:
             return sum(n for k, n in gw.limiter._local.items() if k.startswith("metered:tok:"))
@@ -123,7 +122,7 @@ def test_client_leaving_the_queue_gives_up_its_place(tmp_path):
     with stack(tmp_path, edge_modes=("hang",), policy={"fallback": False, "max_concurrency": 1, "queue_s": 30,
                                                         "first_byte_s": 30}) as s:
         gw, url = s["gw"].gateway, s["gw"].url + "/v1/chat/completions"
-        admission = gw._routes["edge"].admission
+        admission = gw.tiers["edge"].admission
 
         async def main() -> None:
             async with httpx.AsyncClient(timeout=30) as c:
@@ -276,15 +275,15 @@ def test_admin_reload_and_cache_invalidation(tmp_path):
 def test_cloud_routing_comes_from_the_policy_and_a_reload_rebuilds_the_pool(tmp_path):
     with stack(tmp_path, settings={"admin_key": "adm-key-1"}) as s:
         gw, adm = s["gw"], {"Authorization": "Bearer adm-key-1"}
-        before = gw.gateway._routes["cloud"].pool
+        before = gw.gateway.tiers["cloud"].pool
         assert (before.strategy, before.selector.bound, before.model) == ("prefix", 1.2, "cloud-model")
         text = s["policy"].read_text().replace(
             "    served_model: cloud-model\n",
             "    served_model: cloud-model\n    routing: {strategy: least_load, load_bound: 1.5, max_num_seqs: 16}\n")
         s["policy"].write_text(text)
         assert httpx.post(gw.url + "/admin/policy/reload", headers=adm).json()["ok"] is True
-        after = gw.gateway._routes["cloud"].pool
-        assert after is not before and gw.gateway._routes["edge"].pool is not None
+        after = gw.gateway.tiers["cloud"].pool
+        assert after is not before and gw.gateway.tiers["edge"].pool is not None
         assert (after.strategy, after.selector.bound, [e.slots for e in after.endpoints()]) == ("least_load", 1.5, [16])
         r = httpx.post(gw.url + "/v1/chat/completions", json={**CHAT, "model": "tiergate-cloud"},
                        headers={"Authorization": "Bearer key-alpha-1"})

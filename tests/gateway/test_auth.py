@@ -1,8 +1,8 @@
 import pytest
 
+from core.errors import OpenAIError
+from core.types import Priority
 from gateway.auth import DEMO_KEY, KeyFileError, KeyRing, hash_key
-from gateway.errors import OpenAIError
-from policies.types import Priority
 
 
 def test_demo_key_maps_to_demo_tenant():

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import pytest
+from prometheus_client import CollectorRegistry
 
+from core.errors import OpenAIError
+from core.types import Decision, Features, Priority, Timeouts
 from gateway.admission import Admission
-from gateway.dispatch import Dispatcher, Route
-from gateway.errors import OpenAIError
+from gateway.dispatch import Dispatcher
+from gateway.metrics import GatewayMetrics
+from gateway.tiers import Tier
 from gateway.upstream import UpstreamClient
-from policies.types import Decision, Features, Priority, Timeouts
+from policies.model import TierConfig
 
 pytestmark = pytest.mark.anyio
 
@@ -38,8 +42,12 @@ class _Pool1(_EmptyPool):
 FEATURES = Features(prompt_tokens=3, priority=Priority.NORMAL, complexity=0.1, requested_model="auto", tenant="t")
 
 
-async def _open(tiers: dict[str, Route], decision: Decision) -> OpenAIError:
-    dispatcher = Dispatcher(UpstreamClient(), lambda: tiers)
+def Route(name: str, pool, admission: Admission) -> Tier:  # noqa: N802 - reads as the record it builds
+    return Tier(name, TierConfig(name=name, kind="edge", model=name), pool, admission)
+
+
+async def _open(tiers: dict[str, Tier], decision: Decision) -> OpenAIError:
+    dispatcher = Dispatcher(UpstreamClient(), tiers, GatewayMetrics(CollectorRegistry()))
     with pytest.raises(OpenAIError) as failed:
         await dispatcher.open(request=None, features=FEATURES, decision=decision, path="/v1/chat/completions",
                               body_for=lambda ep: b"{}", request_id="r1", stream=False)

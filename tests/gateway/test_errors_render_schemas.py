@@ -2,9 +2,9 @@ import msgspec
 import pytest
 
 from cache.types import CachedAnswer
-from gateway.errors import OpenAIError, from_validation, rate_limited
+from core.errors import OpenAIError, from_validation, rate_limited
+from core.wire import decode_chat, decode_completion, encode
 from gateway.render import StreamAccumulator, render_json, render_sse, summarize
-from gateway.schemas import decode_chat, decode_completion, encode
 
 
 def test_chat_request_decodes_and_keeps_the_kind_out_of_the_wire_format():

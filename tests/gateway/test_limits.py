@@ -5,10 +5,11 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from prometheus_client import REGISTRY
+from prometheus_client import CollectorRegistry
 
 from gateway.auth import Tenant
 from gateway.limits import Limiter
+from gateway.metrics import GatewayMetrics
 
 pytestmark = pytest.mark.anyio
 
@@ -24,13 +25,17 @@ class _BrokenRedis:
         raise ConnectionError("redis is down")
 
 
+REGISTRY = CollectorRegistry()
+METRICS = GatewayMetrics(REGISTRY)
+
+
 def _fail_open() -> float:
     return REGISTRY.get_sample_value("tiergate_rate_limit_fail_open_total") or 0.0
 
 
 async def test_after_a_failure_checks_fail_open_without_asking_redis_for_a_while():
     redis = _BrokenRedis()
-    limiter = Limiter(redis, retry_after_s=0.2)
+    limiter = Limiter(METRICS, redis, retry_after_s=0.2)
     tenant = Tenant(id="acme", requests_per_minute=1)
     before = _fail_open()
     for _ in range(5):  # over its limit, but the count cannot be read: served, counted as failing open
@@ -42,9 +47,9 @@ async def test_after_a_failure_checks_fail_open_without_asking_redis_for_a_while
 
 
 async def test_without_redis_the_limits_are_held_in_process():
-    from gateway.errors import OpenAIError
+    from core.errors import OpenAIError
 
-    limiter = Limiter()
+    limiter = Limiter(METRICS)
     tenant = Tenant(id="acme", requests_per_minute=2)
     await limiter.admit(tenant)
     await limiter.admit(tenant)
@@ -71,9 +76,9 @@ class _SlowRedis:
 
 
 async def test_concurrency_limit_holds_while_the_rate_counters_are_read():
-    from gateway.errors import OpenAIError
+    from core.errors import OpenAIError
 
-    limiter = Limiter(_SlowRedis(), timeout_s=1.0)
+    limiter = Limiter(METRICS, _SlowRedis(), timeout_s=1.0)
     tenant = Tenant(id="acme", max_concurrency=1, requests_per_minute=100)
     results = await asyncio.gather(limiter.admit(tenant), limiter.admit(tenant), return_exceptions=True)
     refused = [r for r in results if isinstance(r, OpenAIError)]

@@ -7,10 +7,10 @@ import asyncio
 import pytest
 from aiohttp import web
 
+from core.pool import Endpoint
+from core.types import Timeouts
 from gateway import upstream
-from gateway.pool import Endpoint
 from gateway.upstream import UpstreamClient, UpstreamFailure
-from policies.types import Timeouts
 from tests.support.servers import aiohttp_server
 
 

@@ -7,14 +7,16 @@ import dataclasses
 
 import pytest
 import redis
+from prometheus_client import CollectorRegistry
 from structlog.testing import capture_logs
 
 from cache import CacheSettings, SemanticCache, build_cache
 from cache.keys import request_key
 from cache.redis_conn import open_redis
+from core.errors import OpenAIError
 from gateway.auth import Tenant
-from gateway.errors import OpenAIError
 from gateway.limits import Limiter
+from gateway.metrics import GatewayMetrics
 from tests.cache.helpers import RULE, SETTINGS, answer, chat, eventually, fresh_metrics, sample
 from tests.support.servers import free_port
 
@@ -54,10 +56,12 @@ def keys_per_node(cluster) -> list[int]:
     return counts
 
 
-def sample_fail_open() -> float:
-    from prometheus_client import REGISTRY
+LIMIT_REGISTRY = CollectorRegistry()
+LIMIT_METRICS = GatewayMetrics(LIMIT_REGISTRY)
 
-    return REGISTRY.get_sample_value("tiergate_rate_limit_fail_open_total") or 0.0
+
+def sample_fail_open() -> float:
+    return LIMIT_REGISTRY.get_sample_value("tiergate_rate_limit_fail_open_total") or 0.0
 
 
 async def stop_all(*caches: SemanticCache) -> None:
@@ -177,7 +181,7 @@ async def test_rate_limits_are_shared_through_the_cluster(redis_cluster_url):
     fail_open_before = sample_fail_open()
     clients = [open_redis(redis_cluster_url, socket_timeout=2, socket_connect_timeout=2) for _ in range(2)]
     try:
-        limiters = [Limiter(c, timeout_s=2.0) for c in clients]  # two gateway replicas
+        limiters = [Limiter(LIMIT_METRICS, c, timeout_s=2.0) for c in clients]  # two gateway replicas
         for i in range(3):
             await limiters[i % 2].admit(tenant)
         with pytest.raises(OpenAIError) as refused:

@@ -18,7 +18,7 @@ import pytest
 from cloud_pool.pool import CloudPool
 from cloud_pool.tiny_model import words
 from cloud_pool.vllm_metrics import parse
-from gateway.schemas import ChatRequest, CompletionRequest, Message
+from core.wire import ChatRequest, CompletionRequest, Message
 from tests.support.servers import aiohttp_server, free_port
 from tests.support.vllm import BLOCK_SIZE, MODEL_NAME
 

@@ -59,7 +59,7 @@ def llama_stack(tmp_path, edge_model, edge_node_factory):
     with gateway_server(Settings(policy=pol, embedder=None), keyring=KEYS, ready=True) as gw:
         def add_edge(*extra: str):
             node = edge_node_factory("--parallel", "4", "--ctx", "1024", "--gateway", gw.url, *extra)
-            wait_until(lambda: any(e.base_url == node.url for e in gw.gateway._routes["edge"].pool.endpoints()),
+            wait_until(lambda: any(e.base_url == node.url for e in gw.gateway.tiers["edge"].pool.endpoints()),
                        timeout_s=20, what="edge node registration")
             return node
 
@@ -143,7 +143,7 @@ def test_drained_node_deregisters_and_traffic_moves(llama_stack):
     gw = llama_stack["gw"]
     n1 = llama_stack["add_edge"]()
     n2 = llama_stack["add_edge"]()
-    pool = gw.gateway._routes["edge"].pool
+    pool = gw.gateway.tiers["edge"].pool
     assert n1.stop(signal.SIGTERM) == 0  # drain: deregister, finish in flight, exit 0
     wait_until(lambda: all(e.base_url != n1.url for e in pool.endpoints()), timeout_s=10, what="deregistration")
     r = _client(gw).chat.completions.with_raw_response.create(model="auto", max_tokens=3, temperature=1,

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from core.types import CacheRule, Features, Priority, Timeouts
 from policies.engine import PolicyEngine
 from policies.loader import parse_policy
-from policies.types import CacheRule, Features, Priority, Timeouts
 
 from .conftest import BASE
 

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from core.types import Priority
 from policies.loader import PolicyError, check_policy, load_policy, parse_policy
 from policies.model import Policy
-from policies.types import Priority
 
 from .conftest import BASE
 
@@ -207,7 +207,7 @@ def test_warnings_do_not_block_loading():
 
 def test_relative_tokenizer_path_resolves_against_policy_dir(tmp_path, write):
     (tmp_path / "tok").mkdir()
-    (tmp_path / "tok" / "tokenizer.json").write_text((ROOT / "gateway" / "tokenizer_default.json").read_text())
+    (tmp_path / "tok" / "tokenizer.json").write_text((ROOT / "complexity" / "tokenizer_default.json").read_text())
     p = load_policy(write(BASE.replace("tokenizer: builtin:default", "tokenizer: tok")))
     assert p.resolve_path(p.tiers["edge"].tokenizer) == tmp_path / "tok"
 

@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry
 
+from core.types import Features, Priority
 from policies.loader import PolicyError
 from policies.store import PolicyMetrics, PolicyStore, policy_version
-from policies.types import Features, Priority
 
 from .conftest import BASE
 

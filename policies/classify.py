@@ -3,7 +3,7 @@
 - Prompt tokens are counted with the tokenizer of the model family the request targets: the tier whose
   public model the client named; for `auto`, the policy's `defaults.tokenizer`, else the tokenizer of the
   tier that the catch-all rule (or `default_tier`) sends to, else the built-in BERT WordPiece tokenizer.
-- Complexity comes from `gateway.complexity` (the shipped model, or the policy's `complexity_model`).
+- Complexity comes from `complexity.model` (the shipped model, or the policy's `complexity_model`).
 - Priority is the tenant's tier, which a request may lower, never raise, with the header
   `x-tiergate-priority: low|normal|high|critical`.
 
@@ -17,11 +17,12 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Protocol
 
-from gateway.complexity import DEFAULT_MODEL_FILE, MAX_CHARS, ComplexityModel, Featurizer
-from gateway.schemas import ParsedRequest
-from gateway.tokens import TokenCounter
+from complexity.model import DEFAULT_MODEL_FILE, MAX_CHARS, ComplexityModel, Featurizer
+from complexity.tokens import TokenCounter
+from core.errors import bad_request
+from core.types import Features, Priority
+from core.wire import ParsedRequest
 from policies.model import Policy
-from policies.types import Features, Priority
 
 __all__ = ["PRIORITY_HEADER", "Classifier", "lowered_priority"]
 
@@ -139,8 +140,6 @@ class Classifier:
         try:
             priority = lowered_priority(tenant_priority, headers.get(PRIORITY_HEADER))
         except ValueError as exc:
-            from gateway.errors import bad_request
-
             raise bad_request(f"Header {PRIORITY_HEADER}: {exc}", param=PRIORITY_HEADER) from None
         policy = self._store.current.policy
         text = req.prompt_text()

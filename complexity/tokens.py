@@ -5,7 +5,7 @@ A tokenizer spec (a tier's `tokenizer`, or `defaults.tokenizer` in the policy) i
 - a Hugging Face model name such as `meta-llama/Llama-3.1-8B-Instruct`, found in the local Hugging Face cache
   only (`$HF_HOME/hub`, `~/.cache/huggingface/hub`): the gateway never downloads at run time;
 - `builtin:default` (alias `builtin:minilm`): the BERT WordPiece tokenizer shipped in this package
-  (`gateway/tokenizer_default.json`, the vocabulary of all-MiniLM-L6-v2 / bert-base-uncased). It is the
+  (`complexity/tokenizer_default.json`, the vocabulary of all-MiniLM-L6-v2 / bert-base-uncased). It is the
   documented fallback when no tokenizer is configured or the configured one cannot be found; a fallback is
   logged once and visible in `TokenCounter.spec_used`.
 - `builtin:demo`: the demo models' byte-level BPE tokenizer written by `tiergate prepare`
@@ -25,7 +25,7 @@ from pathlib import Path
 import structlog
 from tokenizers import Tokenizer
 
-from gateway.schemas import ChatRequest, ParsedRequest
+from core.wire import ChatRequest, ParsedRequest
 
 __all__ = [
     "DEFAULT_TOKENIZER",

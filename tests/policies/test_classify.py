@@ -10,13 +10,13 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from gateway.classify import PRIORITY_HEADER, Classifier, lowered_priority
-from gateway.complexity import DEFAULT_MODEL_FILE, ComplexityModel
-from gateway.errors import OpenAIError
-from gateway.schemas import ChatRequest, CompletionRequest
-from gateway.tokens import TokenCounter
+from complexity.model import DEFAULT_MODEL_FILE, ComplexityModel
+from complexity.tokens import TokenCounter
+from core.errors import OpenAIError
+from core.types import Priority
+from core.wire import ChatRequest, CompletionRequest
+from policies.classify import PRIORITY_HEADER, Classifier, lowered_priority
 from policies.loader import load_policy
-from policies.types import Priority
 
 POLICY = """\
 version: 1

@@ -9,8 +9,7 @@ import msgspec
 import pytest
 from tokenizers import Tokenizer
 
-from gateway.schemas import ChatRequest, CompletionRequest
-from gateway.tokens import (
+from complexity.tokens import (
     DEFAULT_TOKENIZER_FILE,
     PER_MESSAGE_OVERHEAD,
     PER_REQUEST_OVERHEAD,
@@ -18,6 +17,7 @@ from gateway.tokens import (
     TokenizerNotFound,
     resolve_tokenizer,
 )
+from core.wire import ChatRequest, CompletionRequest
 
 TEXT = "The quick brown fox jumps over the lazy dog; naïve café, 日本語 and tokenization!"
 

@@ -10,8 +10,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
-    from gateway.schemas import ParsedRequest
-    from policies.types import Features
+    from core.types import Features
+    from core.wire import ParsedRequest
 
 __all__ = ["Endpoint", "Pool"]
 

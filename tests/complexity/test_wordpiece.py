@@ -12,10 +12,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tokenizers import Tokenizer
 
-from gateway.complexity import Featurizer
-from gateway.wordpiece import AsciiWordPiece
+from complexity.model import Featurizer
+from complexity.wordpiece import AsciiWordPiece
 
-TOKENIZER_FILE = Path(__file__).resolve().parents[2] / "gateway" / "tokenizer_default.json"
+TOKENIZER_FILE = Path(__file__).resolve().parents[2] / "complexity" / "tokenizer_default.json"
 DATA = Path(__file__).resolve().parents[3] / "shared" / "data"
 
 

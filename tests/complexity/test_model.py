@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gateway.complexity import (
+from complexity.model import (
     DEFAULT_MODEL_FILE,
     DEFAULT_VECTORS_FILE,
     FEATURES,
@@ -58,7 +58,7 @@ def test_compiled_trees_match_scikit_learn():
     pytest.importorskip("sklearn")
     from sklearn.ensemble import HistGradientBoostingRegressor
 
-    from policies.complexity_train import DEFAULT_PARAMS, _export
+    from complexity.train import DEFAULT_PARAMS, _export
 
     rng = np.random.default_rng(0)
     x = rng.normal(size=(400, len(FEATURES)))
@@ -70,7 +70,7 @@ def test_compiled_trees_match_scikit_learn():
 
 
 def test_interp_is_numpys():
-    from gateway.complexity import _interp
+    from complexity.model import _interp
 
     xs = np.array([-1.0, 0.0, 0.25, 0.25000001, 2.0])
     ys = np.array([0.0, 0.1, 0.5, 0.6, 1.0])
@@ -88,7 +88,7 @@ def test_feature_list_and_vector_agree():
 
 def test_strong_minus_weak_member_is_the_difference_of_two_ensembles():
     pytest.importorskip("sklearn")
-    from policies.complexity_train import _negate_and_join, fit_trees
+    from complexity.train import _negate_and_join, fit_trees
 
     rng = np.random.default_rng(1)
     x = rng.normal(size=(500, len(FEATURES)))
@@ -194,7 +194,7 @@ def test_building_word_vectors_from_a_folder_without_them_names_the_folder(tmp_p
 @pytest.mark.skipif(not DATA.exists(), reason="needs ../shared/data/routing/mmlu_dev.jsonl")
 def test_shipped_model_is_reproduced_by_training(tmp_path):
     pytest.importorskip("sklearn")
-    from policies.complexity_train import read_labelled, train
+    from complexity.train import read_labelled, train
 
     data = read_labelled(DATA)
     retrained = train(data, source=DATA.name)
@@ -202,4 +202,4 @@ def test_shipped_model_is_reproduced_by_training(tmp_path):
     retrained.save(out)
     assert out.read_bytes() == DEFAULT_MODEL_FILE.read_bytes(), \
         "the shipped model is stale: tiergate classifier train --data ../shared/data/routing/mmlu_dev.jsonl " \
-        "--out gateway/complexity_model.json"
+        "--out complexity/complexity_model.json"

@@ -7,7 +7,7 @@ Design, chosen by measurement (bench/router, docs/benchmarks.md):
   ...): 25 numbers, computed with regular expressions and one WordPiece tokenization (the vocabulary shipped
   in `tokenizer_default.json`), plus 2 on how alike the answer options are in meaning: the cosines between
   the options' sums of static word vectors (all-MiniLM-L6-v2's input word embeddings, reduced to 64
-  dimensions and shipped as `word_vectors.npy`, built by `tiergate classifier vectors`, see policies/word_vectors.py). Options that are near
+  dimensions and shipped as `word_vectors.npy`, built by `tiergate classifier vectors`, see complexity/word_vectors.py). Options that are near
   synonyms need finer judgment, whatever the subject: these two raised held-out subjects' APGR by about
   0.01-0.02. Learned word or embedding features of the prompt itself (its topic) were tried and generalised
   worse to unseen subjects.
@@ -47,7 +47,7 @@ from typing import Any
 import numpy as np
 from tokenizers import Tokenizer
 
-from gateway.wordpiece import AsciiWordPiece
+from complexity.wordpiece import AsciiWordPiece
 
 __all__ = [
     "DEFAULT_MODEL_FILE",
@@ -363,7 +363,7 @@ class Member:
 class ComplexityModel:
     """A trained complexity scorer: featurizer + members + calibration of their combination to a percentile.
 
-    Every member predicts the gain of escalating (its own way, see policies/complexity_train.py); each
+    Every member predicts the gain of escalating (its own way, see complexity/train.py); each
     prediction is turned into a percentile of the member's training predictions, the percentiles are
     averaged (a rank average: members on different scales count equally), and the average is mapped
     through the training set's distribution once more, so the score is again a percentile.

@@ -1,0 +1,44 @@
+"""HTTP plumbing every OpenAI-compatible server of the project shares: the bounded body reader, SSE framing,
+and an `OpenAIError` as a response.
+
+The gateway and the edge node both read request bodies through `read_body`, so a body over the limit is a 413
+as soon as it is known to be too large (declared, or counted while it arrives), never buffered whole first.
+"""
+
+from __future__ import annotations
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+from core.errors import OpenAIError
+
+__all__ = ["DONE", "error_response", "read_body", "sse"]
+
+DONE = b"data: [DONE]\n\n"
+
+
+def sse(payload: bytes) -> bytes:
+    """One server-sent event carrying `payload` (a JSON chunk)."""
+    return b"data: " + payload + b"\n\n"
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The whole body, or a 413 `body_too_large` once its declared or counted size passes `limit` bytes.
+
+    A client that leaves while sending raises Starlette's ClientDisconnect."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise OpenAIError(413, f"Request body is {declared} bytes; the limit is {limit}.", code="body_too_large")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise OpenAIError(413, f"Request body exceeds the limit of {limit} bytes.", code="body_too_large")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def error_response(exc: OpenAIError, headers: dict[str, str] | None = None) -> Response:
+    """The error as an HTTP response in the OpenAI format, with its own headers (Retry-After) and `headers`."""
+    return Response(exc.to_json(), status_code=exc.status, media_type="application/json",
+                    headers={**exc.headers, **headers} if headers else exc.headers)

@@ -1,0 +1,81 @@
+"""One request inside the edge engine: what the decode loop tracks for it, and the chunks it hands back.
+
+`ActiveRequest` is created by `Engine.submit` on the event loop and then owned by the decode thread (its
+slot, prefill progress, sampler, text decoder); only `cancelled` is written from both sides, under the engine's
+lock. `Chunk` is what reaches the request's asyncio consumer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
+
+from edge_node.sampling import SamplerChain, SamplingParams
+from edge_node.textstream import TextStream
+
+if TYPE_CHECKING:
+    from edge_node.slots import Slot
+
+__all__ = ["ActiveRequest", "Chunk", "FinishReason"]
+
+FinishReason = Literal["stop", "length"]
+
+
+@dataclass(slots=True)
+class Chunk:
+    """A piece of generated text; the last chunk of a request has `finish_reason` set and final counts."""
+
+    text: str
+    finish_reason: FinishReason | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+    error: str | None = None
+
+
+class ActiveRequest:
+    __slots__ = (
+        "cached",
+        "cancelled",
+        "endpoint",
+        "first_token_at",
+        "id",
+        "loop",
+        "max_new",
+        "n_generated",
+        "n_prompt_done",
+        "next_token",
+        "params",
+        "prompt",
+        "queue",
+        "sampler",
+        "slot",
+        "submitted",
+        "text",
+    )
+
+    def __init__(self, rid: str, prompt: list[int], params: SamplingParams, max_new: int, endpoint: str,
+                 loop: asyncio.AbstractEventLoop) -> None:
+        self.id = rid
+        self.prompt = prompt
+        self.params = params
+        self.max_new = max_new
+        self.endpoint = endpoint
+        self.loop = loop
+        self.queue: asyncio.Queue[Chunk] = asyncio.Queue()
+        self.submitted = time.monotonic()
+        self.first_token_at: float | None = None
+        self.cancelled = False
+        self.slot: Slot | None = None
+        self.n_prompt_done = 0  # prompt tokens whose KV the slot holds (reused ones included)
+        self.sampler: SamplerChain | None = None
+        self.text = TextStream(params.stop)
+        self.n_generated = 0
+        self.next_token = -1
+        self.cached = 0  # prompt tokens reused from a slot's cache
+
+    @property
+    def prefilling(self) -> bool:
+        return self.n_prompt_done < len(self.prompt)

@@ -1,0 +1,137 @@
+"""The operator's endpoints and the edge nodes' endpoints, and the two keys that guard them.
+
+- `/admin/policy/reload`, `/admin/cache/invalidate` (and the status page, `gateway.status`) need the admin key
+  (`TIERGATE_ADMIN_KEY`), checked by one `AdminKey`;
+- `/edge/v1/heartbeat`, `/edge/v1/deregister` need the edge token (`TIERGATE_EDGE_TOKEN`), or, without one,
+  a node on this machine.
+"""
+
+from __future__ import annotations
+
+import hmac
+from typing import TYPE_CHECKING
+
+import msgspec
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from cache.store import StoreUnavailable
+from core.errors import OpenAIError, bad_request, unauthorized
+from core.http import read_body
+from edge_node.pool import HeartbeatError, parse_heartbeat
+
+if TYPE_CHECKING:
+    from gateway.lifecycle import Gateway
+
+__all__ = ["AdminEndpoints", "AdminKey", "EdgeEndpoints"]
+
+_LOOPBACK = frozenset({"127.0.0.1", "::1", "localhost", "testclient"})
+
+
+class AdminKey:
+    """The admin key, compared in constant time; no key configured means the admin surface is off."""
+
+    def __init__(self, key: str | None) -> None:
+        self._key = key or None
+
+    @property
+    def enabled(self) -> bool:
+        return self._key is not None
+
+    def matches(self, value: str | None) -> bool:
+        """True when `value` is the key itself (`?key=` on the status page)."""
+        return self._key is not None and value is not None and hmac.compare_digest(value.encode(), self._key.encode())
+
+    def bearer(self, request: Request) -> bool:
+        """True when the request carries `Authorization: Bearer <admin key>`."""
+        got = request.headers.get("authorization", "")
+        return self._key is not None and hmac.compare_digest(got.encode(), f"Bearer {self._key}".encode())
+
+    def derived(self, purpose: bytes) -> str:
+        """An HMAC of the key for `purpose` (a cookie value that is not the key itself)."""
+        assert self._key is not None
+        return hmac.new(self._key.encode(), purpose, "sha256").hexdigest()
+
+    def require(self, request: Request) -> None:
+        """Raise the OpenAI error for a request that may not use the admin surface: 403 when it is off, else 401."""
+        if self._key is None:
+            raise OpenAIError(403, "Admin endpoints are disabled: set TIERGATE_ADMIN_KEY.", type="permission_error",
+                              code="admin_disabled")
+        if not self.bearer(request):
+            raise unauthorized("Invalid admin key.")
+
+
+class AdminEndpoints:
+    """Policy reload and cache invalidation, for operators."""
+
+    def __init__(self, gateway: Gateway) -> None:
+        self._gw = gateway
+
+    async def reload(self, request: Request) -> Response:
+        self._gw.admin.require(request)
+        store = self._gw.policy_store
+        result = await store.reload()
+        version = store.current.version
+        if result.ok:
+            return JSONResponse({"ok": True, "version": version, "error": None})
+        # Rejected: the OpenAI error shape (what every client of this API parses) plus the version still serving.
+        err = OpenAIError(422, result.error or "The policy file was rejected.", code="policy_invalid")
+        return Response(msgspec.json.encode({**err.body(), "ok": False, "version": version}), status_code=422,
+                        media_type="application/json")
+
+    async def invalidate_cache(self, request: Request) -> Response:
+        self._gw.admin.require(request)
+        cache = self._gw.cache
+        if cache is None:
+            raise OpenAIError(409, "The cache is disabled.", code="cache_disabled")
+        q = request.query_params
+        for name in ("tenant", "entry"):
+            if name in q and not q[name]:
+                raise bad_request(f"`{name}` must not be empty.", param=name)
+        if not (q.get("tenant") or q.get("entry") or q.get("all") == "true"):
+            raise bad_request("Say what to invalidate: ?tenant=ID, ?entry=ID or ?all=true.")
+        try:
+            n = await cache.invalidate(tenant=q.get("tenant"), entry_id=q.get("entry"))
+        except StoreUnavailable as exc:
+            raise OpenAIError(503, f"The cache store is unreachable: {exc}", type="server_error",
+                              code="cache_unavailable") from None
+        return JSONResponse({"ok": True, "removed": n})
+
+
+class EdgeEndpoints:
+    """Registration of edge nodes: heartbeats (which also register) and deregistration."""
+
+    def __init__(self, gateway: Gateway) -> None:
+        self._gw = gateway
+
+    def _check_token(self, request: Request) -> None:
+        token = self._gw.settings.edge_token
+        if token is None:
+            host = request.client.host if request.client else ""
+            if host not in _LOOPBACK:
+                raise unauthorized("Edge registration from other hosts needs TIERGATE_EDGE_TOKEN set on the gateway.")
+            return
+        if not hmac.compare_digest(request.headers.get("authorization", "").encode(), f"Bearer {token}".encode()):
+            raise unauthorized("Invalid edge token.")
+
+    async def heartbeat(self, request: Request) -> Response:
+        self._check_token(request)
+        try:
+            info = parse_heartbeat(await read_body(request, self._gw.settings.max_body_bytes))
+            pool = self._gw.tiers.edge_pool(info.tier)
+            await pool.heartbeat(info)
+        except HeartbeatError as exc:
+            raise bad_request(str(exc), code="invalid_heartbeat") from None
+        return JSONResponse({"ok": True, "tier": pool.tier})
+
+    async def deregister(self, request: Request) -> Response:
+        self._check_token(request)
+        try:
+            info = msgspec.json.decode(await read_body(request, self._gw.settings.max_body_bytes),
+                                       type=dict[str, str | None])
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            raise bad_request(f"deregister body must be {{\"node_id\": ...}}: {exc}", code="invalid_heartbeat") from None
+        if not info.get("node_id"):
+            raise bad_request("deregister body needs `node_id`.", code="invalid_heartbeat")
+        known = await self._gw.tiers.edge_pool(info.get("tier")).deregister(str(info["node_id"]))
+        return JSONResponse({"ok": True, "known": known})

@@ -1,0 +1,77 @@
+"""What one completion request carries through the gateway: who asked what, what was decided, what happened.
+
+`Arrival` is known from the first byte; `RequestContext` once the policy has decided, and never changes after
+that; `Outcome` is the little that is learnt on the way to the answer (the cache's verdict, whether a backend
+got the request). Accounting reads all three.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass
+
+import msgspec
+
+from cache.keys import RequestKey
+from core.types import Decision, Features
+from core.wire import ParsedRequest
+from gateway.auth import Tenant
+from gateway.limits import TenantSlot
+
+__all__ = ["Arrival", "Outcome", "RequestContext"]
+
+
+@dataclass(frozen=True, slots=True)
+class Arrival:
+    """A request as it arrives: its id (the client's `x-request-id`, or a new one), when, and on which endpoint."""
+
+    request_id: str
+    started: float  # perf_counter
+    endpoint: str  # "chat" | "completions": the metrics' and the log's name for the route
+
+    @classmethod
+    def now(cls, request_id: str | None, kind: str) -> Arrival:
+        return cls(request_id or uuid.uuid4().hex, time.perf_counter(), "chat" if kind == "chat" else "completions")
+
+
+@dataclass(frozen=True, slots=True)
+class RequestContext:
+    """An accepted request once the policy has decided: read-only from then on."""
+
+    arrival: Arrival
+    tenant: Tenant
+    req: ParsedRequest
+    raw: dict[str, msgspec.Raw]  # the body's top-level fields as sent: what the backend gets, amended
+    extra: tuple[str, ...]  # names of the top-level fields the structs do not model
+    plain: bool  # no field the structs do not model below the top level (see `core.wire.decode_request`)
+    features: Features
+    decision: Decision
+    slot: TenantSlot  # one of the tenant's concurrent requests; whoever ends the answer releases it
+
+    @property
+    def request_id(self) -> str:
+        return self.arrival.request_id
+
+
+@dataclass(slots=True)
+class Outcome:
+    """What the way to the answer finds out: the cache's verdict and whether a backend got the request."""
+
+    cache: str = "bypass"  # the x-tiergate-cache header: hit-exact, hit-semantic, miss, bypass
+    cache_key: RequestKey | None = None  # from the lookup, reused by the store
+    similarity: float | None = None  # of a semantic hit
+    sent: bool = False  # a backend was given the request (it may be working on it)
+    sent_max_tokens: int | None = None  # the max_tokens the backend was asked for
+    streaming: bool = False  # a backend's stream is being relayed: it releases the tenant's slot when it ends
+
+
+def answer_headers(ctx: RequestContext, outcome: Outcome, tier: str, overhead_s: float | None = None) -> dict[str, str]:
+    """The headers of an answer: where it came from, the rule that sent it there, the gateway's own time."""
+    h = {"x-request-id": ctx.request_id, "x-tiergate-tier": tier, "x-tiergate-cache": outcome.cache,
+         "x-tiergate-rule": ctx.decision.rule}
+    if outcome.similarity is not None:
+        h["x-tiergate-similarity"] = f"{outcome.similarity:.4f}"
+    if overhead_s is not None:
+        h["x-tiergate-overhead-ms"] = f"{overhead_s * 1000:.3f}"
+    return h

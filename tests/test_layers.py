@@ -1,0 +1,124 @@
+"""The package layering (docs/architecture.md) and the rule for imports inside functions, checked on the source.
+
+Layers, bottom up: `core` (imports nothing of the project) < `complexity` < `policies` < the tiers and the cache
+(`cache`, `edge_node`, `cloud_pool`, each usable alone) < `gateway` (the application, which imports them all).
+Only `gateway`, `bench` and `tests` import `gateway`. Every import inside a function says why it is there (an
+optional dependency, or start-up time) in a comment on its line or the line above.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# package -> the project packages it may import (besides itself)
+ALLOWED: dict[str, frozenset[str]] = {
+    "core": frozenset(),
+    "complexity": frozenset({"core"}),
+    "policies": frozenset({"core", "complexity"}),
+    "cache": frozenset({"core", "complexity", "policies"}),
+    "edge_node": frozenset({"core"}),
+    "cloud_pool": frozenset({"core"}),
+    "gateway": frozenset({"core", "complexity", "policies", "cache", "edge_node", "cloud_pool"}),
+}
+PROJECT = frozenset(ALLOWED) | {"bench", "tests"}
+
+
+def _modules(package: str) -> list[Path]:
+    return sorted((ROOT / package).rglob("*.py"))
+
+
+def _imported(node: ast.Import | ast.ImportFrom) -> list[str]:
+    if isinstance(node, ast.ImportFrom):
+        return [node.module] if node.module and node.level == 0 else []
+    return [alias.name for alias in node.names]
+
+
+def _imports(path: Path) -> list[tuple[int, str, bool]]:
+    """(line, imported module, inside a function) for every import statement of one file."""
+    tree = ast.parse(path.read_text(), str(path))
+    inside: set[int] = set()
+    for fn in ast.walk(tree):
+        if isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda):
+            inside.update(id(n) for n in ast.walk(fn) if isinstance(n, ast.Import | ast.ImportFrom))
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import | ast.ImportFrom):
+            out.extend((node.lineno, name, id(node) in inside) for name in _imported(node))
+    return out
+
+
+def layer_violations(package: str) -> list[str]:
+    allowed = ALLOWED[package] | {package}
+    bad = []
+    for path in _modules(package):
+        for line, name, _ in _imports(path):
+            top = name.split(".")[0]
+            if top in PROJECT and top not in allowed:
+                bad.append(f"{path.relative_to(ROOT)}:{line}: imports {name}")
+    return bad
+
+
+def unexplained_local_imports(package: str) -> list[str]:
+    bad = []
+    for path in _modules(package):
+        lines = path.read_text().splitlines()
+        for line, name, local in _imports(path):
+            if not local:
+                continue
+            here, above = lines[line - 1], lines[line - 2].strip() if line >= 2 else ""
+            if "#" not in here and not above.startswith("#"):
+                bad.append(f"{path.relative_to(ROOT)}:{line}: `{here.strip()}` has no comment saying why")
+    return bad
+
+
+@pytest.mark.parametrize("package", sorted(ALLOWED))
+def test_no_package_imports_a_package_above_it(package: str) -> None:
+    assert layer_violations(package) == []
+
+
+@pytest.mark.parametrize("package", sorted(ALLOWED))
+def test_imports_inside_functions_say_why(package: str) -> None:
+    assert unexplained_local_imports(package) == []
+
+
+def test_the_checks_catch_what_they_are_for(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A planted upward import and a planted silent local import are both found (the checks can fail)."""
+    pkg = tmp_path / "core"
+    pkg.mkdir()
+    (pkg / "bad.py").write_text("from gateway.app import create_app\n\n\ndef f():\n    import json\n    return json\n")
+    (pkg / "ok.py").write_text("def f():\n    import yaml  # optional dependency: YAML output only\n    return yaml\n")
+    monkeypatch.setattr(__import__(__name__, fromlist=["ROOT"]), "ROOT", tmp_path)
+    assert layer_violations("core") == ["core/bad.py:1: imports gateway.app"]
+    assert unexplained_local_imports("core") == ["core/bad.py:5: `import json` has no comment saying why"]
+
+
+MAX_MODULE_LINES = 600
+MAX_CLASS_LINES = 300
+# Known to be over, each with the issue that splits it; the test fails once one is fixed and still listed here.
+OVERSIZE_ALLOWED: frozenset[str] = frozenset({
+    "cache/redis_store.py:RedisStore",  # the Redis 7 store and its index sync: split with the Redis 8 store (#24)
+})
+
+
+def oversize() -> set[str]:
+    """Modules over MAX_MODULE_LINES and classes over MAX_CLASS_LINES in product code."""
+    found = set()
+    for package in ALLOWED:
+        for path in _modules(package):
+            text = path.read_text()
+            name = str(path.relative_to(ROOT))
+            if len(text.splitlines()) > MAX_MODULE_LINES:
+                found.add(name)
+            for node in ast.walk(ast.parse(text)):
+                if isinstance(node, ast.ClassDef) and node.end_lineno - node.lineno + 1 > MAX_CLASS_LINES:
+                    found.add(f"{name}:{node.name}")
+    return found
+
+
+def test_no_module_or_class_is_too_long_to_read() -> None:
+    assert oversize() == OVERSIZE_ALLOWED

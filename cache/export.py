@@ -23,6 +23,7 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from cache.embedder import OnnxEmbedder
+from core.paths import tiergate_home
 
 __all__ = ["MANIFEST", "MODEL_FILE", "TOKENIZER_FILE", "ExportResult", "default_embedder_dir", "export_embedder"]
 
@@ -50,9 +51,7 @@ class ExportResult:
 
 def default_embedder_dir() -> Path:
     """`<repo>/.tiergate/embedder` (or $TIERGATE_HOME/embedder), where set-up puts the exported model."""
-    home = os.environ.get("TIERGATE_HOME")
-    base = Path(home) if home else Path(__file__).resolve().parent.parent / ".tiergate"
-    return base / "embedder"
+    return tiergate_home() / "embedder"
 
 
 def is_complete(out_dir: Path) -> bool:

@@ -25,6 +25,7 @@ from pathlib import Path
 import structlog
 from tokenizers import Tokenizer
 
+from core.paths import tiergate_home
 from core.wire import ChatRequest, ParsedRequest
 
 __all__ = [
@@ -50,16 +51,12 @@ class TokenizerNotFound(LookupError):
     """A tokenizer spec that names nothing loadable on this machine; the message says what to do."""
 
 
-def _repo_root() -> Path:
-    return Path(__file__).resolve().parent.parent
-
-
 def _builtin(name: str) -> Path:
     if name in ("default", "minilm"):
         return DEFAULT_TOKENIZER_FILE
     if name == "demo":
         env = os.environ.get("TIERGATE_DEMO_TOKENIZER")
-        home = Path(os.environ.get("TIERGATE_HOME") or _repo_root() / ".tiergate")
+        home = tiergate_home()
         p = Path(env) if env else home / "models" / "edge" / "tokenizer.json"
         if not p.is_file():
             raise TokenizerNotFound(f"builtin:demo tokenizer not found at {p} (run `tiergate prepare`, "

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import structlog
 
-from edge_node.chat import ChatTemplate
+from edge_node.chat import BuiltinTemplate, ChatTemplate, choose_template
 from edge_node.gilcalls import GilCalls
 from edge_node.llama_log import LlamaLogBridge
 from edge_node.model_file import GGUFInfo, ModelFileError, check_gguf, check_memory
@@ -73,8 +73,10 @@ class LlamaRuntime:
         self._eog = [bool(llama_cpp.llama_vocab_is_eog(self.vocab, t)) for t in range(self.n_vocab)]
         self._piece_buf = ctypes.create_string_buffer(256)
         tmpl = llama_cpp.llama_model_chat_template(self._model, None)
-        self.chat_template = ChatTemplate(
+        self.chat_template: ChatTemplate | BuiltinTemplate = choose_template(
+            llama_cpp,
             tmpl.decode("utf-8", errors="replace") if tmpl else None,
+            self.info.architecture,
             bos_token=self._special_text(self.bos),
             eos_token=self._special_text(self.eos),
         )
@@ -89,7 +91,7 @@ class LlamaRuntime:
             slots=self.n_seq_max,
             kv_unified=cfg.kv_unified,
             threads=cfg.threads,
-            chat_template="model" if not self.chat_template.is_default else "chatml-fallback",
+            chat_template=self.chat_template.origin,
         )
 
     # ------------------------------------------------------------------ loading

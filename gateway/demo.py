@@ -20,6 +20,7 @@ from pathlib import Path
 from rich.console import Console
 
 from cache.export import default_embedder_dir, export_embedder, is_complete
+from core.paths import tiergate_home
 from edge_node.demo_model import build_demo_model
 from gateway.auth import DEMO_KEY
 
@@ -38,8 +39,7 @@ class Artifacts:
 
 def home() -> Path:
     """Where generated models live: $TIERGATE_HOME, else `.tiergate/` in the source tree."""
-    env = os.environ.get("TIERGATE_HOME")
-    return Path(env) if env else Path(__file__).resolve().parent.parent / ".tiergate"
+    return tiergate_home()
 
 
 def prepare(quiet: bool = False) -> Artifacts:

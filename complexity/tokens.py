@@ -9,7 +9,7 @@ A tokenizer spec (a tier's `tokenizer`, or `defaults.tokenizer` in the policy) i
   documented fallback when no tokenizer is configured or the configured one cannot be found; a fallback is
   logged once and visible in `TokenCounter.spec_used`.
 - `builtin:demo`: the demo models' byte-level BPE tokenizer written by `tiergate prepare`
-  (`$TIERGATE_DEMO_TOKENIZER`, else `$TIERGATE_HOME/models/edge/tokenizer.json`).
+  (`$TIERGATE_DEMO_TOKENIZER`, else `$TIERGATE_HOME/models/smollm2-135m-instruct/tokenizer.json`, written by `tiergate prepare`).
 
 Chat requests are counted over the messages' text plus a small fixed overhead per message (role markers
 and separators of a chat template) and per request (the assistant turn's opening), as OpenAI documents for
@@ -57,7 +57,7 @@ def _builtin(name: str) -> Path:
     if name == "demo":
         env = os.environ.get("TIERGATE_DEMO_TOKENIZER")
         home = tiergate_home()
-        p = Path(env) if env else home / "models" / "edge" / "tokenizer.json"
+        p = Path(env) if env else home / "models" / "smollm2-135m-instruct" / "tokenizer.json"
         if not p.is_file():
             raise TokenizerNotFound(f"builtin:demo tokenizer not found at {p} (run `tiergate prepare`, "
                                     "or set TIERGATE_DEMO_TOKENIZER)")

@@ -13,6 +13,7 @@ import time
 import numpy as np
 import structlog
 
+from edge_node.logprobs import LogprobReader
 from edge_node.metrics import EdgeMetrics
 from edge_node.request import ActiveRequest, Chunk, FinishReason
 from edge_node.runtime import LlamaRuntime
@@ -59,6 +60,7 @@ class DecodeStep:
         self.metrics = metrics
         self.n_batch = runtime.cfg.n_batch
         self.batch = Batch(runtime.llama, self.n_batch)
+        self.logprobs = LogprobReader(runtime.llama, runtime.ctx, runtime.n_vocab, runtime.piece)
 
     def run(self, out: Outbox) -> int:
         """One step; returns how many tokens it generated (for tokens/s)."""
@@ -145,6 +147,8 @@ class DecodeStep:
             self._finish(req, "stop", req.text.flush(), out)
             return 0
         req.n_generated += 1
+        if req.logprobs is not None:
+            req.logprobs.append(self.logprobs.read(row, tok, req.params.logprobs or 0))
         text = req.text.feed(rt.piece(tok))
         if req.text.stopped:
             self._finish(req, "stop", text, out)
@@ -153,11 +157,11 @@ class DecodeStep:
         else:
             req.next_token = tok
             if text:
-                out.setdefault(req.loop, []).append((req, Chunk(text)))
+                out.setdefault(req.loop, []).append((req, Chunk(text, logprobs=req.take_logprobs())))
         return 1
 
     def _finish(self, req: ActiveRequest, reason: FinishReason, text: str, out: Outbox) -> None:
-        chunk = Chunk(text, reason, len(req.prompt), req.n_generated, req.cached)
+        chunk = Chunk(text, reason, len(req.prompt), req.n_generated, req.cached, logprobs=req.take_logprobs())
         out.setdefault(req.loop, []).append((req, chunk))
         self.metrics.requests.labels(req.endpoint, reason).inc()
         self.slots.release(req)

@@ -26,6 +26,7 @@ from edge_node.demo_model import build_demo_model
 from edge_node.engine import Engine
 from edge_node.hub import resolve_model
 from edge_node.model_file import ModelFileError
+from edge_node.packaged import MODELS, install, packaged_path
 from edge_node.quantize import QuantizeError
 from edge_node.quantize import quantize as quantize_gguf
 from edge_node.registration import NodeIdentity, Registrar
@@ -94,7 +95,8 @@ def _advertise_url(host: str, port: int, gateway: str | None) -> str:
 
 @app.command()
 def serve(
-    model: Annotated[str, typer.Option("--model", "-m", help="GGUF file, or a Hugging Face ref org/repo[:file.gguf].")],
+    model: Annotated[str, typer.Option("--model", "-m", help="A packaged model's name (edge-node models list), a GGUF "
+                                                              "file, or a Hugging Face ref org/repo[:file.gguf].")],
     host: Annotated[str, typer.Option(help="Bind address.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(min=1, max=65535, help="Port.")] = 8081,
     ctx: Annotated[int, typer.Option(min=32, help="Context per request slot (prompt + completion tokens).")] = 2048,
@@ -253,3 +255,43 @@ def demo_model(
     except OSError as e:
         raise _fail(f"cannot write to {out_dir}: {e.strerror or e}") from None
     print(m.gguf)
+
+
+models_app = typer.Typer(help="Real small models installed from PyPI packages (pinned, verified by sha256).",
+                         no_args_is_help=True)
+app.add_typer(models_app, name="models")
+
+
+@models_app.command("list")
+def models_list() -> None:
+    """The packaged models, whether each is installed here, and its license."""
+    for model in MODELS.values():
+        path = model.locate(model)
+        state = str(path) if path is not None and path.is_file() else "not installed"
+        print(f"{model.name:24} {model.license:22} ctx {model.context:6}  {state}")
+
+
+@models_app.command("install")
+def models_install(
+    names: Annotated[list[str] | None, typer.Argument(help="Models to install (default: all).")] = None,
+    force: Annotated[bool, typer.Option(help="Reinstall even if the file checks out.")] = False,
+) -> None:
+    """pip-install the pinned packages (with --no-deps) and check each file's sha256."""
+    unknown = [n for n in names or [] if n not in MODELS]
+    if unknown:
+        raise _fail(f"unknown packaged model {', '.join(unknown)}; known: {', '.join(MODELS)}", 2)
+    try:
+        install(names or list(MODELS), force=force, echo=lambda line: print(line, file=sys.stderr))
+    except ModelFileError as e:
+        raise _fail(str(e)) from None
+
+
+@models_app.command("path")
+def models_path(name: Annotated[str, typer.Argument(help="A packaged model's name.")]) -> None:
+    """Print the verified file of a packaged model (for scripts)."""
+    if name not in MODELS:
+        raise _fail(f"unknown packaged model {name}; known: {', '.join(MODELS)}", 2)
+    try:
+        print(packaged_path(name))
+    except ModelFileError as e:
+        raise _fail(str(e)) from None

@@ -5,7 +5,9 @@ gateway forwards), checked for what this node cannot do (refused with 400 `unsup
 `unsupported_value`, which a gateway reads as "send it to the next tier"), turned into prompt tokens (the chat
 template, or the text as is), handed to the batching engine, and answered whole or as SSE ending in
 `data: [DONE]`. The two endpoints differ only in how the prompt is built and in the shape of their answers
-(`_Shape`). A client that disconnects cancels its generation at once.
+(`edge_node.answers`). Chat requests may ask for JSON (`response_format`) or a tool call, served by
+grammar-constrained decoding (`edge_node.structured`); both endpoints report token log-probabilities
+(`logprobs`, `top_logprobs` up to 20). A client that disconnects cancels its generation at once.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from starlette.responses import Response, StreamingResponse
 from core.errors import OpenAIError, bad_request
 from core.http import DONE, error_response, read_body
 from core.wire import ChatRequest, CompletionRequest, decode_chat, decode_completion
+from edge_node.answers import Answer, sse
 from edge_node.chat import ChatTemplateError
 from edge_node.engine import (
     Chunk,
@@ -38,9 +41,11 @@ from edge_node.engine import (
     Generation,
     QueueFullError,
 )
+from edge_node.logprobs import TokenLogprob
 from edge_node.metrics import EdgeMetrics
-from edge_node.sampling import DEFAULT_MIN_P, DEFAULT_TOP_K, SamplingParams
+from edge_node.sampling import DEFAULT_MIN_P, DEFAULT_TOP_K, MAX_TOP_LOGPROBS, SamplingParams, check_grammar
 from edge_node.state import ServerState
+from edge_node.structured import Structured, plan, read_tool_call
 
 __all__ = ["Completions", "sampling_params"]
 
@@ -64,7 +69,8 @@ def _stops(stop: str | list[str] | None) -> tuple[str, ...]:
     return (stop,) if isinstance(stop, str) else tuple(stop)
 
 
-def sampling_params(req: ChatRequest | CompletionRequest, max_tokens: int | None, n_vocab: int) -> SamplingParams:
+def sampling_params(req: ChatRequest | CompletionRequest, max_tokens: int | None, n_vocab: int, *,
+                    logprobs: int | None = None, grammar: str | None = None) -> SamplingParams:
     """The engine's sampling parameters for a request, or a 400 naming the parameter that is out of range."""
     if req.n not in (None, 1):
         raise _unsupported("n > 1 is not supported by the edge node", "n")
@@ -86,6 +92,8 @@ def sampling_params(req: ChatRequest | CompletionRequest, max_tokens: int | None
         frequency_penalty=req.frequency_penalty or 0.0,
         repetition_penalty=1.0 if req.repetition_penalty is None else req.repetition_penalty,
         logit_bias=bias,
+        logprobs=logprobs,
+        grammar=grammar,
     )
     bad = p.validate(n_vocab)
     if bad:
@@ -103,66 +111,17 @@ def _decode(fn: Callable[[bytes], Any], body: bytes) -> Any:
         raise bad_request(f"request body is not valid JSON: {e}") from None
 
 
-def _usage(c: Chunk) -> dict[str, Any]:
-    return {"prompt_tokens": c.prompt_tokens, "completion_tokens": c.completion_tokens,
-            "total_tokens": c.prompt_tokens + c.completion_tokens,
-            "prompt_tokens_details": {"cached_tokens": c.cached_tokens}}
-
-
-def _sse(obj: Any) -> bytes:
-    return b"data: " + _json.encode(obj) + b"\n\n"
-
-
 @dataclass(frozen=True, slots=True)
 class _Prepared:
     """A request ready for the engine: its prompt tokens and sampling, and how to answer it."""
 
-    shape: _Shape
+    answer: Answer
     tokens: list[int]
     params: SamplingParams
     stream: bool
     include_usage: bool
     echo: str = ""  # text completions with `echo`: the prompt comes first in the answer
-
-
-class _Shape:
-    """How one endpoint's answers look (OpenAI's chat and text completion objects); `id` and `created` per answer."""
-
-    def __init__(self, kind: str, model: str) -> None:
-        self.kind = kind
-        self.id = ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex[:24]
-        self.created = int(time.time())
-        self.model = model
-        self._object = "chat.completion" if kind == "chat" else "text_completion"
-        self._chunk_object = "chat.completion.chunk" if kind == "chat" else "text_completion"
-
-    def whole(self, text: str, last: Chunk) -> bytes:
-        if self.kind == "chat":
-            choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
-                      "finish_reason": last.finish_reason}
-        else:
-            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": last.finish_reason}
-        return _json.encode({"id": self.id, "object": self._object, "created": self.created, "model": self.model,
-                             "choices": [choice], "usage": _usage(last)})
-
-    def chunk(self, text: str | None, finish: str | None, include_usage: bool, *, role: bool = False) -> bytes:
-        """One streamed choice: a chat delta (`role` opens the message) or a piece of completion text."""
-        if self.kind == "chat":
-            delta: dict[str, Any] = {"role": "assistant", "content": ""} if role else {}
-            if text:
-                delta["content"] = text
-            choice: dict[str, Any] = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
-        else:
-            choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
-        obj: dict[str, Any] = {"id": self.id, "object": self._chunk_object, "created": self.created,
-                               "model": self.model, "choices": [choice]}
-        if include_usage:
-            obj["usage"] = None
-        return _sse(obj)
-
-    def usage(self, last: Chunk) -> bytes:
-        return _sse({"id": self.id, "object": self._chunk_object, "created": self.created, "model": self.model,
-                     "choices": [], "usage": _usage(last)})
+    tool_call: bool = False  # grammar-bound to one tool call, answered as `tool_calls`
 
 
 class Completions:
@@ -177,15 +136,15 @@ class Completions:
 
     async def chat(self, request: Request) -> Response:
         req: ChatRequest = _decode(decode_chat, await read_body(request, self._state.max_body_bytes))
-        if req.logprobs:
-            raise _unsupported("logprobs are not supported by the edge node", "logprobs")
-        rf = req.response_format
-        if rf and rf.get("type") not in (None, "text"):
-            raise _unsupported("response_format other than text is not supported by the edge node",
-                               "response_format", "unsupported_value")
         if not req.messages:
             raise bad_request("messages must not be empty", param="messages")
-        params = sampling_params(req, req.effective_max_tokens(), self._engine.rt.n_vocab)
+        top = req.top_logprobs
+        if top is not None and not req.logprobs:
+            raise bad_request("`top_logprobs` needs `logprobs: true`.", param="top_logprobs")
+        structured = plan(req.response_format, req.tools, req.tool_choice)
+        grammar = self._grammar(structured)
+        params = sampling_params(req, req.effective_max_tokens(), self._engine.rt.n_vocab,
+                                 logprobs=(top or 0) if req.logprobs else None, grammar=grammar)
         messages = []
         for m in req.messages:
             d: dict[str, Any] = {"role": m.role, "content": m.text()}
@@ -196,19 +155,28 @@ class Completions:
             if m.tool_call_id is not None:
                 d["tool_call_id"] = m.tool_call_id
             messages.append(d)
+        template = self._engine.rt.chat_template
+        if structured is not None and structured.system_note and not template.renders_tools:
+            messages = _with_system_note(messages, structured.system_note)
+        tools = req.tools if req.tool_choice != "none" else None
         try:
-            tokens = await _tokenize(lambda: self._engine.tokenize_chat(messages, req.tools),
+            tokens = await _tokenize(lambda: self._engine.tokenize_chat(messages, tools),
                                      sum(len(m["content"]) for m in messages))
         except ChatTemplateError as e:
             raise bad_request(str(e), param="messages") from None
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
-        return await self._serve(request, _Prepared(_Shape("chat", self._state.model_name), tokens, params,
-                                                    bool(req.stream), include_usage))
+        return await self._serve(request, _Prepared(Answer("chat", self._state.model_name), tokens, params,
+                                                    bool(req.stream), include_usage,
+                                                    tool_call=structured is not None and structured.tool_call))
 
     async def text(self, request: Request) -> Response:
         req: CompletionRequest = _decode(decode_completion, await read_body(request, self._state.max_body_bytes))
-        if req.logprobs:
-            raise _unsupported("logprobs are not supported by the edge node", "logprobs")
+        logprobs = req.logprobs
+        if isinstance(logprobs, bool) or (logprobs is not None and not 0 <= logprobs <= MAX_TOP_LOGPROBS):
+            raise bad_request(f"`logprobs` must be an integer from 0 to {MAX_TOP_LOGPROBS}.", param="logprobs")
+        if logprobs is not None and req.echo:
+            raise _unsupported("logprobs of the prompt (echo with logprobs) are not supported by the edge node",
+                               "echo")
         if req.suffix:
             raise _unsupported("suffix is not supported by the edge node", "suffix")
         if req.best_of not in (None, 1):
@@ -222,19 +190,31 @@ class Completions:
         if not prompt:
             raise bad_request("prompt must not be empty", param="prompt")
         max_tokens = req.max_tokens if req.max_tokens is not None else _COMPLETIONS_DEFAULT_MAX_TOKENS
-        params = sampling_params(req, max_tokens, self._engine.rt.n_vocab)
+        params = sampling_params(req, max_tokens, self._engine.rt.n_vocab, logprobs=logprobs)
         tokens = await _tokenize(lambda: self._engine.tokenize_prompt(prompt), len(prompt))
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
-        return await self._serve(request, _Prepared(_Shape("text", self._state.model_name), tokens, params,
-                                                    bool(req.stream), include_usage, prompt if req.echo else ""))
+        answer = Answer("text", self._state.model_name, text_offset=len(prompt))
+        return await self._serve(request, _Prepared(answer, tokens, params, bool(req.stream), include_usage,
+                                                    prompt if req.echo else ""))
+
+    def _grammar(self, structured: Structured | None) -> str | None:
+        """The request's grammar, checked now: one llama.cpp cannot parse is a 400, never a failed decode."""
+        if structured is None:
+            return None
+        rt = self._engine.rt
+        if not check_grammar(rt.llama, rt.vocab, structured.grammar):
+            raise bad_request("The schema's grammar is not accepted by llama.cpp.", code="invalid_schema",
+                              param="response_format" if not structured.tool_call else "tools")
+        return structured.grammar
 
     # ---- the shared path -----------------------------------------------------------------------------------------
 
     async def _serve(self, request: Request, p: _Prepared) -> Response:
         gen = self._submit(request, p)
         if not p.stream:
-            text, last = await self._collect(request, gen)
-            return Response(p.shape.whole(p.echo + text, last), media_type="application/json")
+            text, last, tokens = await self._collect(request, gen)
+            call = read_tool_call(text) if p.tool_call else None
+            return Response(p.answer.whole(p.echo + text, last, tokens, call), media_type="application/json")
         return _SSEResponse(self._terminated(self._frames(p, gen), gen), media_type="text/event-stream",
                             headers=_SSE_HEADERS)
 
@@ -243,7 +223,7 @@ class Completions:
         if self._state.draining:
             raise OpenAIError(503, "the edge node is draining and takes no new requests", type="server_error",
                               code="draining")
-        endpoint = "chat" if p.shape.kind == "chat" else "completions"
+        endpoint = "chat" if p.answer.kind == "chat" else "completions"
         try:  # the engine tells a dead decode loop (EngineFailedError: 503 engine_failed) from a stopping one
             gen = self._engine.submit(p.tokens, p.params, endpoint)
         except ContextOverflowError as e:
@@ -260,18 +240,10 @@ class Completions:
         log.info("accepted", path=request.url.path, prompt_tokens=gen.prompt_tokens, max_tokens=p.params.max_tokens)
         return gen
 
-    async def _collect(self, request: Request, gen: Generation) -> tuple[str, Chunk]:
-        """Gather a whole answer; cancel generation if the client leaves first."""
-
-        async def run() -> tuple[str, Chunk]:
-            parts: list[str] = []
-            async for c in gen:
-                parts.append(c.text)
-                if c.finish_reason is not None:
-                    return "".join(parts), c
-            raise EngineError("generation ended without a finish reason")
-
-        task = asyncio.ensure_future(run())
+    async def _collect(self, request: Request,
+                       gen: Generation) -> tuple[str, Chunk, list[TokenLogprob] | None]:
+        """Gather a whole answer (and its tokens' log-probabilities); cancel generation if the client leaves."""
+        task = asyncio.ensure_future(_gather(gen))
         watch = asyncio.ensure_future(_wait_disconnect(request))
         try:
             await asyncio.wait({task, watch}, return_when=asyncio.FIRST_COMPLETED)
@@ -287,24 +259,31 @@ class Completions:
         return task.result()
 
     async def _frames(self, p: _Prepared, gen: Generation) -> AsyncIterator[bytes]:
-        shape, usage = p.shape, p.include_usage
-        if shape.kind == "chat":
-            yield shape.chunk(None, None, usage, role=True)
+        answer, usage = p.answer, p.include_usage
+        if p.tool_call:  # a call is streamed whole once it is complete (see Answer.tool_call_chunk)
+            text, last, _ = await _gather(gen)
+            yield answer.tool_call_chunk(read_tool_call(text), usage)
+            yield answer.chunk(None, "tool_calls" if last.finish_reason == "stop" else last.finish_reason, usage)
+            if usage:
+                yield answer.usage(last)
+            return
+        if answer.kind == "chat":
+            yield answer.chunk(None, None, usage, role=True)
         elif p.echo:
-            yield shape.chunk(p.echo, None, usage)
+            yield answer.chunk(p.echo, None, usage)
         async for c in gen:
             if c.finish_reason is None:
-                if c.text:
-                    yield shape.chunk(c.text, None, usage)
+                if c.text or c.logprobs:
+                    yield answer.chunk(c.text, None, usage, tokens=c.logprobs)
                 continue
-            if shape.kind == "chat":  # a chat's last piece of text and its finish reason go in separate deltas
-                if c.text:
-                    yield shape.chunk(c.text, None, usage)
-                yield shape.chunk(None, c.finish_reason, usage)
+            if answer.kind == "chat":  # a chat's last piece of text and its finish reason go in separate deltas
+                if c.text or c.logprobs:
+                    yield answer.chunk(c.text, None, usage, tokens=c.logprobs)
+                yield answer.chunk(None, c.finish_reason, usage)
             else:
-                yield shape.chunk(c.text, c.finish_reason, usage)
+                yield answer.chunk(c.text, c.finish_reason, usage, tokens=c.logprobs)
             if usage:
-                yield shape.usage(c)
+                yield answer.usage(c)
 
     async def _terminated(self, frames: AsyncIterator[bytes], gen: Generation) -> AsyncIterator[bytes]:
         """An SSE body that always ends with `[DONE]`: a failure mid-stream (the engine's, or a bug here) becomes
@@ -321,13 +300,13 @@ class Completions:
             outcome = "engine_error"
             log.warning("stream failed", error=str(e))
             self._metrics.request_errors.labels("engine").inc()
-            yield _sse(OpenAIError(500, str(e), type="server_error", code="engine_error").body())
+            yield sse(OpenAIError(500, str(e), type="server_error", code="engine_error").body())
             yield DONE
         except Exception:
             outcome = "internal_error"
             log.exception("stream failed")
             self._metrics.request_errors.labels("internal").inc()
-            yield _sse(OpenAIError(500, "internal error in the edge node; it has been logged", type="server_error",
+            yield sse(OpenAIError(500, "internal error in the edge node; it has been logged", type="server_error",
                                    code="internal_error").body())
             yield DONE
         finally:
@@ -398,6 +377,27 @@ async def _wait_disconnect(request: Request) -> None:
         msg = await request.receive()
         if msg["type"] == "http.disconnect":
             return
+
+
+async def _gather(gen: Generation) -> tuple[str, Chunk, list[TokenLogprob] | None]:
+    parts: list[str] = []
+    tokens: list[TokenLogprob] | None = None
+    async for c in gen:
+        parts.append(c.text)
+        if c.logprobs is not None:
+            tokens = (tokens or []) + c.logprobs
+        if c.finish_reason is not None:
+            return "".join(parts), c, tokens
+    raise EngineError("generation ended without a finish reason")
+
+
+def _with_system_note(messages: list[dict[str, Any]], note: str) -> list[dict[str, Any]]:
+    """The tools' description for a template that cannot render `tools`: in the system message."""
+    if messages and messages[0]["role"] in ("system", "developer"):
+        first = dict(messages[0])
+        first["content"] = f"{first['content']}\n\n{note}" if first["content"] else note
+        return [first, *messages[1:]]
+    return [{"role": "system", "content": note}, *messages]
 
 
 async def _tokenize(fn: Callable[[], list[int]], size: int) -> list[int]:

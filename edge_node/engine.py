@@ -381,9 +381,15 @@ class Engine:
                 if req.cancelled:
                     continue
                 self._admitting = req  # neither queued nor in a slot: still counted, and failed on a crash
+            try:
+                req.sampler = SamplerChain(self.rt.llama, req.params, self.rt.n_vocab,
+                                           sample_fn=self.rt.fast.sampler_sample, vocab=self.rt.vocab)
+            except ValueError as exc:  # its grammar (checked on arrival, so this is a bug): fail it alone
+                with self._cv:
+                    self._admitting = None
+                self._deliver({req.loop: [(req, Chunk("", error=f"sampler: {exc}"))]})
+                continue
             slot = self._slots.prepare(req, free)
-            req.sampler = SamplerChain(self.rt.llama, req.params, self.rt.n_vocab,
-                                       sample_fn=self.rt.fast.sampler_sample)
             with self._cv:  # from "admitting" to "in a slot" in one step, as submit's queue bound counts them
                 self._slots.occupy(slot, req)
                 self._admitting = None

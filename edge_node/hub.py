@@ -1,4 +1,5 @@
-"""Resolve `--model`: a local GGUF path, or a Hugging Face reference `org/repo[:file.gguf]`.
+"""Resolve `--model`: a packaged model's name (`edge_node.packaged`, e.g. `smollm2-135m-instruct`), a local GGUF
+path, or a Hugging Face reference `org/repo[:file.gguf]`.
 
 Hub references need `huggingface_hub` and network access (or a warm local cache); when either is
 missing the error says so in one line rather than failing deep inside a download.
@@ -10,6 +11,7 @@ import re
 from pathlib import Path
 
 from edge_node.model_file import ModelFileError
+from edge_node.packaged import is_packaged, packaged_path
 
 __all__ = ["is_hub_ref", "resolve_model"]
 
@@ -38,6 +40,8 @@ def _pick_gguf(files: list[str]) -> str | None:
 
 def resolve_model(ref: str) -> Path:
     """A local path to a GGUF file. Raises ModelFileError with a one-line reason."""
+    if is_packaged(ref):
+        return packaged_path(ref)
     if not is_hub_ref(ref):
         return Path(ref).expanduser()
     m = _HUB_REF.match(ref)

@@ -12,6 +12,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
+from edge_node.logprobs import TokenLogprob
 from edge_node.sampling import SamplerChain, SamplingParams
 from edge_node.textstream import TextStream
 
@@ -33,6 +34,7 @@ class Chunk:
     completion_tokens: int = 0
     cached_tokens: int = 0
     error: str | None = None
+    logprobs: list[TokenLogprob] | None = None  # the tokens behind `text`, when the request asked for them
 
 
 class ActiveRequest:
@@ -41,6 +43,7 @@ class ActiveRequest:
         "cancelled",
         "endpoint",
         "first_token_at",
+        "logprobs",
         "id",
         "loop",
         "max_new",
@@ -75,6 +78,14 @@ class ActiveRequest:
         self.n_generated = 0
         self.next_token = -1
         self.cached = 0  # prompt tokens reused from a slot's cache
+        self.logprobs: list[TokenLogprob] | None = [] if params.logprobs is not None else None  # not yet sent
+
+    def take_logprobs(self) -> list[TokenLogprob] | None:
+        """The log-probabilities of the tokens since the last chunk (text held back keeps its tokens too)."""
+        if self.logprobs is None:
+            return None
+        out, self.logprobs = self.logprobs, []
+        return out
 
     @property
     def prefilling(self) -> bool:

@@ -11,7 +11,7 @@ import ctypes
 import random
 from dataclasses import dataclass, field
 
-__all__ = ["SamplerChain", "SamplingParams"]
+__all__ = ["MAX_TOP_LOGPROBS", "SamplerChain", "SamplingParams", "check_grammar"]
 
 _DEFAULT_SEED = 0xFFFFFFFF
 
@@ -20,6 +20,7 @@ _DEFAULT_SEED = 0xFFFFFFFF
 # samples as it would on any llama.cpp server. `top_k: 0` / `min_p: 0` in a request turn them off.
 DEFAULT_TOP_K = 40
 DEFAULT_MIN_P = 0.05
+MAX_TOP_LOGPROBS = 20  # as OpenAI's API and vLLM's default
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,6 +38,8 @@ class SamplingParams:
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
     logit_bias: dict[int, float] = field(default_factory=dict)
+    logprobs: int | None = None  # report each token's log-probability and this many alternatives (0..20)
+    grammar: str | None = None  # GBNF the answer must follow (root rule `root`), see edge_node.structured
 
     def validate(self, n_vocab: int) -> str | None:
         """A client-facing message naming the first bad field, or None."""
@@ -56,6 +59,8 @@ class SamplingParams:
             return "presence_penalty and frequency_penalty must be between -2 and 2"
         if self.repetition_penalty <= 0.0:
             return "repetition_penalty must be > 0"
+        if self.logprobs is not None and not 0 <= self.logprobs <= MAX_TOP_LOGPROBS:
+            return f"top_logprobs must be between 0 and {MAX_TOP_LOGPROBS}"
         for t in self.logit_bias:
             if not 0 <= t < n_vocab:
                 return f"logit_bias token {t} is outside the vocabulary (0..{n_vocab - 1})"
@@ -67,7 +72,7 @@ class SamplerChain:
 
     __slots__ = ("_ll", "_sample", "greedy", "ptr")
 
-    def __init__(self, llama_cpp, params: SamplingParams, n_vocab: int, sample_fn=None) -> None:
+    def __init__(self, llama_cpp, params: SamplingParams, n_vocab: int, sample_fn=None, vocab=None) -> None:
         ll = llama_cpp
         self._ll = ll
         # `sample_fn`: llama_sampler_sample bound so that it keeps the GIL (edge_node.gilcalls)
@@ -78,6 +83,13 @@ class SamplerChain:
         self.ptr = chain
         self.greedy = params.temperature <= 0.0
         add = ll.llama_sampler_chain_add
+        if params.grammar is not None:  # first: every later sampler sees only tokens the grammar allows
+            grammar = ll.llama_sampler_init_grammar(vocab, params.grammar.encode(), b"root")
+            if not grammar:
+                ll.llama_sampler_free(chain)
+                self.ptr = None
+                raise ValueError("the grammar does not parse")
+            add(chain, grammar)
         if params.logit_bias:
             arr = (ll.llama_logit_bias * len(params.logit_bias))()
             for i, (tok, bias) in enumerate(params.logit_bias.items()):
@@ -112,3 +124,13 @@ class SamplerChain:
         if self.ptr:
             self._ll.llama_sampler_free(self.ptr)
             self.ptr = None
+
+
+def check_grammar(llama_cpp, vocab, grammar: str) -> bool:
+    """True when llama.cpp parses `grammar` (checked when a request arrives, so a bad one is a 400, not a failure
+    on the decode thread)."""
+    sampler = llama_cpp.llama_sampler_init_grammar(vocab, grammar.encode(), b"root")
+    if not sampler:
+        return False
+    llama_cpp.llama_sampler_free(sampler)
+    return True

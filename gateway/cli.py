@@ -68,7 +68,7 @@ def _check_policy(path: Path) -> None:
 def prepare() -> None:
     """Build the local demo models and export the ONNX embedder (skipped when already there)."""
     art = prepare_demo()
-    typer.echo(f"edge model: {art.edge_model}\ncloud stand-in model: {art.cloud_model}\nembedder: {art.embedder}")
+    typer.echo(f"model: {art.model} ({art.model_path})\ntokenizer: {art.tokenizer}\nembedder: {art.embedder}")
 
 
 @app.command()

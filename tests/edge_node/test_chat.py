@@ -31,3 +31,16 @@ def test_broken_or_hostile_templates_fail_cleanly():
     sneaky = ChatTemplate("{{ messages.__class__.__mro__ }}")
     with pytest.raises(ChatTemplateError):
         sneaky.render([{"role": "user", "content": "x"}])
+
+
+def test_a_model_without_a_template_gets_llama_cpps_own_for_its_architecture():
+    import llama_cpp  # optional dependency: the edge extra
+
+    from edge_node.chat import choose_template
+
+    gemma = choose_template(llama_cpp, None, "gemma3")
+    assert gemma.origin == "llama.cpp:gemma"
+    assert gemma.render([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]) == \
+        "<start_of_turn>user\nBe brief.\n\nHi<end_of_turn>\n<start_of_turn>model\n"
+    assert choose_template(llama_cpp, None, "mystery").origin == "chatml-fallback"
+    assert choose_template(llama_cpp, "{{ messages[0]['content'] }}", "gemma3").origin == "gguf"

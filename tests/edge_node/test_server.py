@@ -161,7 +161,7 @@ def test_a_bug_mid_stream_ends_the_stream_with_an_error_event_and_done(node, mon
     def bug(*args, **kwargs):
         raise ZeroDivisionError("a bug while framing")
 
-    monkeypatch.setattr("edge_node.completions._usage", bug)  # runs after the last token, headers long sent
+    monkeypatch.setattr("edge_node.answers._usage", bug)  # runs after the last token, headers long sent
     body = chat_body(max_tokens=4, stream=True, stream_options={"include_usage": True})
     r = httpx.post(node.url + "/v1/chat/completions", json=body, timeout=10)
     assert r.status_code == 200
@@ -219,9 +219,10 @@ def test_request_ids_are_echoed_or_made_and_the_log_lines_carry_them(node, logs)
 
 
 @pytest.mark.parametrize("path, body, param, code", [
-    ("/v1/chat/completions", {"logprobs": True}, "logprobs", "unsupported_parameter"),
     ("/v1/chat/completions", {"n": 2}, "n", "unsupported_parameter"),
-    ("/v1/chat/completions", {"response_format": {"type": "json_object"}}, "response_format", "unsupported_value"),
+    ("/v1/chat/completions", {"tools": [{"type": "function", "function": {"name": "f"}}]}, "tool_choice",
+     "unsupported_value"),
+    ("/v1/completions", {"logprobs": 2, "echo": True}, "echo", "unsupported_parameter"),
     ("/v1/completions", {"suffix": "end"}, "suffix", "unsupported_parameter"),
     ("/v1/completions", {"best_of": 2}, "best_of", "unsupported_parameter"),
 ])

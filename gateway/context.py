@@ -18,6 +18,7 @@ from core.types import Decision, Features
 from core.wire import ParsedRequest
 from gateway.auth import Tenant
 from gateway.limits import TenantSlot
+from policies.confidence import Verdict
 
 __all__ = ["Arrival", "Outcome", "RequestContext"]
 
@@ -64,6 +65,7 @@ class Outcome:
     sent: bool = False  # a backend was given the request (it may be working on it)
     sent_max_tokens: int | None = None  # the max_tokens the backend was asked for
     streaming: bool = False  # a backend's stream is being relayed: it releases the tenant's slot when it ends
+    cascade: Verdict | None = None  # a cascade's judgment of its first tier's answer
 
 
 def answer_headers(ctx: RequestContext, outcome: Outcome, tier: str, overhead_s: float | None = None) -> dict[str, str]:
@@ -72,6 +74,12 @@ def answer_headers(ctx: RequestContext, outcome: Outcome, tier: str, overhead_s:
          "x-tiergate-rule": ctx.decision.rule}
     if outcome.similarity is not None:
         h["x-tiergate-similarity"] = f"{outcome.similarity:.4f}"
+    if outcome.cascade is not None:
+        v = outcome.cascade
+        h["x-tiergate-cascade"] = "kept" if v.keep else "escalated"
+        h["x-tiergate-cascade-reason"] = v.reason
+        if v.confidence.tokens:
+            h["x-tiergate-confidence"] = f"{v.confidence.mean_logprob:.4f}"
     if overhead_s is not None:
         h["x-tiergate-overhead-ms"] = f"{overhead_s * 1000:.3f}"
     return h

@@ -64,6 +64,18 @@ class GatewayMetrics:
                                     registry=r)
         self.fail_open = Counter("tiergate_rate_limit_fail_open_total",
                                  "Limit checks skipped because Redis did not answer.", registry=r)
+        self.cascade = Counter("tiergate_cascade_total",
+                               "Cascade decisions, by rule, outcome (kept, escalated) and reason.",
+                               ["rule", "outcome", "reason"], registry=r)
+        self.cascade_decision = Histogram("tiergate_cascade_decision_seconds",
+                                          "Time from dispatch to the cascade's decision, by rule and outcome.",
+                                          ["rule", "outcome"], buckets=_LATENCY, registry=r)
+        self.cascade_edge_tokens = Counter("tiergate_cascade_escalated_edge_tokens_total",
+                                           "Tokens the first tier processed for answers that were escalated.",
+                                           ["rule"], registry=r)
+        self.cascade_edge_seconds = Counter("tiergate_cascade_escalated_edge_seconds_total",
+                                            "Time spent on the first tier by requests that were escalated.",
+                                            ["rule"], registry=r)
         self._children: dict[tuple[MetricWrapperBase, tuple[str, ...]], MetricWrapperBase] = {}
 
     def child(self, metric: _M, *values: str) -> _M:

@@ -33,6 +33,7 @@ from core.wire import (
     upstream_body,
 )
 from gateway.auth import Tenant
+from gateway.cascade import CascadeRunner, applies
 from gateway.context import Arrival, Outcome, RequestContext
 from gateway.disconnect import DisconnectWatch
 from gateway.params import check_params
@@ -56,6 +57,7 @@ class Completions:
     def __init__(self, gateway: Gateway) -> None:
         self._gw = gateway
         self._relay = Relay(gateway)
+        self._cascade = CascadeRunner(gateway, self._relay)
 
     async def handle(self, request: Request, kind: str) -> Response:
         gw = self._gw
@@ -151,6 +153,8 @@ class Completions:
     async def _dispatch(self, ctx: RequestContext, outcome: Outcome) -> Response:
         req = ctx.req
         path = "/v1/chat/completions" if req.kind == "chat" else "/v1/completions"
+        if applies(ctx):
+            return await self._cascade.run(ctx, outcome, path, lambda extra: self._upstream_body(ctx, outcome, extra))
         attempt = await self._gw.dispatcher.open(request=req, features=ctx.features, decision=ctx.decision,
                                                  path=path, body_for=self._upstream_body(ctx, outcome),
                                                  request_id=ctx.request_id, stream=bool(req.stream))
@@ -158,8 +162,10 @@ class Completions:
             return self._relay.stream(ctx, outcome, attempt)
         return await self._relay.json(ctx, outcome, attempt)
 
-    def _upstream_body(self, ctx: RequestContext, outcome: Outcome) -> Callable[[Endpoint], bytes]:
-        """The request as each backend should see it: its own model name, max_tokens capped, usage asked for.
+    def _upstream_body(self, ctx: RequestContext, outcome: Outcome,
+                       extra: dict[str, object] | None = None) -> Callable[[Endpoint], bytes]:
+        """The request as each backend should see it: its own model name, max_tokens capped, usage asked for
+        (and `extra` fields: what a cascade asks its first tier for).
 
         Built from the client's own JSON (`raw`), so every field the structs do not model, at any depth, is
         forwarded byte for byte; only these fields are the gateway's.
@@ -171,6 +177,8 @@ class Completions:
         changes: dict[str, object] = {"model": None, "max_tokens": max_tokens, "max_completion_tokens": None}
         if req.stream:
             changes["stream_options"] = _STREAM_OPTIONS
+        if extra:
+            changes.update(extra)
         outcome.sent_max_tokens = max_tokens
         by_model: dict[str, bytes] = {}
 

@@ -77,17 +77,22 @@ class Relay:
             raise
         upstream_s = time.perf_counter() - attempt.upstream_started
         attempt.finish()
+        return self.answer(ctx, outcome, attempt.tier, body, upstream_s, attempt.fallback_from)
+
+    def answer(self, ctx: RequestContext, outcome: Outcome, tier: str, body: bytes, upstream_s: float,
+               fallback_from: str | None = None) -> Response:
+        """A backend's whole JSON answer, already read: relayed as it is, settled after it went out."""
         try:
             summary = summarize(body)
         except (msgspec.ValidationError, msgspec.DecodeError):
-            raise OpenAIError(502, f"Tier `{attempt.tier}` returned a malformed answer.", type="upstream_error",
+            raise OpenAIError(502, f"Tier `{tier}` returned a malformed answer.", type="upstream_error",
                               code="upstream_protocol") from None
         overhead = time.perf_counter() - ctx.arrival.started - upstream_s
-        headers = answer_headers(ctx, outcome, attempt.tier, overhead)
-        if attempt.fallback_from:
-            headers["x-tiergate-fallback-from"] = attempt.fallback_from
-        answer = cacheable(summary, ctx.req.kind, attempt.tier) if outcome.cache == "miss" else None
-        task = BackgroundTask(self._after_json, ctx, outcome, attempt.tier, overhead,
+        headers = answer_headers(ctx, outcome, tier, overhead)
+        if fallback_from:
+            headers["x-tiergate-fallback-from"] = fallback_from
+        answer = cacheable(summary, ctx.req.kind, tier) if outcome.cache == "miss" else None
+        task = BackgroundTask(self._after_json, ctx, outcome, tier, overhead,
                               time.perf_counter() - ctx.arrival.started, summary.prompt_tokens,
                               summary.completion_tokens, answer)
         return Response(body, media_type=_JSON, headers=headers, background=task)
@@ -101,15 +106,20 @@ class Relay:
 
     # ---- a backend's stream -------------------------------------------------------------------------------------
 
-    def stream(self, ctx: RequestContext, outcome: Outcome, attempt: Attempt) -> Response:
-        """The stream as a response that owns the tenant's slot from here on and settles however it ends."""
+    def stream(self, ctx: RequestContext, outcome: Outcome, attempt: Attempt, *,
+               transform: Callable[[bytes], bytes] | None = None) -> Response:
+        """The stream as a response that owns the tenant's slot from here on and settles however it ends.
+
+        A cascade hands over a stream it has already read into (`attempt.first` then holds every batch it
+        read, concatenated) and a `transform` that takes out the log-probabilities it asked for on its own."""
         gw, req = self._gw, ctx.req
         client_wants_usage = bool(req.stream_options and req.stream_options.include_usage)
         overhead = attempt.upstream_started - ctx.arrival.started
         headers = answer_headers(ctx, outcome, attempt.tier, overhead) | _SSE_HEADERS
         if attempt.fallback_from:
             headers["x-tiergate-fallback-from"] = attempt.fallback_from
-        gw.metrics.ttft.labels(attempt.tier).observe(attempt.first_at - ctx.arrival.started)
+        gw.metrics.ttft.labels(attempt.tier).observe(max(attempt.first_at, attempt.upstream_started)
+                                                     - ctx.arrival.started)
         relay = _Relayed(StreamAccumulator())
         outcome.streaming = True
 
@@ -132,11 +142,11 @@ class Relay:
                 await self._store(ctx, outcome, answer)
             await gw.limiter.charge_tokens(ctx.tenant, prompt_tokens + completion_tokens)
 
-        return _Stream(self._events(ctx, attempt, relay, client_wants_usage), on_close, media_type=_SSE,
+        return _Stream(self._events(ctx, attempt, relay, client_wants_usage, transform), on_close, media_type=_SSE,
                        headers=headers)
 
-    async def _events(self, ctx: RequestContext, attempt: Attempt, relay: _Relayed,
-                      client_wants_usage: bool) -> AsyncIterator[bytes]:
+    async def _events(self, ctx: RequestContext, attempt: Attempt, relay: _Relayed, client_wants_usage: bool,
+                      transform: Callable[[bytes], bytes] | None) -> AsyncIterator[bytes]:
         """Relay the backend's chunks, then `[DONE]`; a backend failing mid-stream ends in an SSE error event."""
         acc = relay.acc
         try:
@@ -151,6 +161,8 @@ class Relay:
                         out.append(DONE)
                         yield b"".join(out)
                         return
+                    if transform is not None:
+                        payload = transform(payload)
                     try:
                         usage_only = acc.feed(payload)
                     except (msgspec.ValidationError, msgspec.DecodeError):

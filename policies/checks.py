@@ -33,6 +33,8 @@ def _tier_refs(policy: Policy) -> Iterator[tuple[tuple[str | int, ...], str]]:
             yield ("rules", i, "tier"), rule.tier
         for j, fb in enumerate(rule.fallbacks or ()):
             yield ("rules", i, "fallbacks", j), fb
+        if rule.cascade is not None and rule.cascade.escalate_to is not None:
+            yield ("rules", i, "cascade", "escalate_to"), rule.cascade.escalate_to
     for name, tier in policy.tiers.items():
         for j, fb in enumerate(tier.fallbacks):
             yield ("tiers", name, "fallbacks", j), fb
@@ -60,6 +62,24 @@ def _tier_cycles(policy: Policy) -> list[list[str]]:
         if name not in state:
             visit(name, [])
     return cycles
+
+
+def _cascade_issues(policy: Policy, i: int) -> list[Issue]:
+    """A cascade needs log-probabilities from its first tier and another tier to escalate to."""
+    rule = policy.rules[i]
+    if rule.cascade is None or rule.tier not in policy.tiers:
+        return []
+    out = []
+    if not policy.tiers[rule.tier].logprobs:
+        out.append(Issue(("rules", i, "cascade"), f"tier {rule.tier!r} reports no token log-probabilities "
+                                                  "(logprobs: false), which a cascade judges by"))
+    target = policy.cascade_target(rule)
+    if target is None:
+        out.append(Issue(("rules", i, "cascade"), "a cascade needs escalate_to or a fallback tier to escalate to"))
+    elif target == rule.tier:
+        out.append(Issue(("rules", i, "cascade", "escalate_to"), f"a cascade cannot escalate to its own tier "
+                                                                 f"{target!r}"))
+    return out
 
 
 def semantic_issues(policy: Policy, check_files: bool = True) -> list[Issue]:
@@ -110,6 +130,7 @@ def semantic_issues(policy: Policy, check_files: bool = True) -> list[Issue]:
                 elif fb in chain[: j + 1]:
                     issues.append(Issue(("rules", i, "fallbacks", j),
                                         "fallback loop: " + " -> ".join(chain[: j + 2])))
+        issues.extend(_cascade_issues(policy, i))
         if catch_all_at is not None:
             issues.append(Issue(("rules", i),
                                 f"rule {rule.name!r} is unreachable: rule {policy.rules[catch_all_at].name!r} "

@@ -13,7 +13,9 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-__all__ = ["Confidence", "TokenScore", "confidence", "scores_from_openai", "scores_from_text_logprobs"]
+from core.types import Cascade
+
+__all__ = ["Confidence", "TokenScore", "Verdict", "confidence", "verdict", "scores_from_openai", "scores_from_text_logprobs"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,3 +69,27 @@ def scores_from_text_logprobs(logprobs: dict) -> list[TokenScore]:
         others = [v for k, v in (top or {}).items() if k != token]
         out.append(TokenScore(float(lp), max(others) if others else None))
     return out
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    keep: bool
+    reason: str  # "confident", or why it escalates: low_mean_logprob, low_token_logprob, low_margin, length, empty
+    confidence: Confidence
+
+
+def verdict(cascade: Cascade, scores: Sequence[TokenScore], finish_reason: str | None, text: str) -> Verdict:
+    """Keep the first tier's answer, or escalate, as the cascade's thresholds say."""
+    conf = confidence(scores, cascade.first_tokens)
+    decided_early = cascade.first_tokens is not None and finish_reason is None  # a stream judged on its start
+    if cascade.escalate_on_empty and not text.strip() and not decided_early:
+        return Verdict(False, "empty", conf)
+    if cascade.escalate_on_length and finish_reason == "length":
+        return Verdict(False, "length", conf)
+    if cascade.min_mean_logprob is not None and conf.mean_logprob < cascade.min_mean_logprob:
+        return Verdict(False, "low_mean_logprob", conf)
+    if cascade.min_token_logprob is not None and conf.min_logprob < cascade.min_token_logprob:
+        return Verdict(False, "low_token_logprob", conf)
+    if cascade.min_margin is not None and (conf.mean_margin is None or conf.mean_margin < cascade.min_margin):
+        return Verdict(False, "low_margin", conf)
+    return Verdict(True, "confident", conf)

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
-from core.types import CacheRule, Decision, Features, Reject, Timeouts
+from core.types import CacheRule, Cascade, Decision, Features, Reject, Timeouts
 from policies.model import CacheOverride, Policy, Rule, TimeoutsOverride, When
 
 __all__ = ["Check", "Explanation", "PolicyEngine", "RuleTrace"]
@@ -70,6 +70,8 @@ def decision_dict(d: Decision) -> dict[str, Any]:
     out["cache"] = {f.name: getattr(d.cache, f.name) for f in fields(d.cache)}
     out["max_tokens_cap"] = d.max_tokens_cap
     out["timeouts"] = {f.name: getattr(d.timeouts, f.name) for f in fields(d.timeouts)}
+    if d.cascade is not None:
+        out["cascade"] = {f.name: getattr(d.cascade, f.name) for f in fields(d.cascade)}
     return out
 
 
@@ -192,8 +194,14 @@ class PolicyEngine:
         if tier.queue.max_wait_s is not None:
             timeouts = _merge(timeouts, TimeoutsOverride(queue_s=tier.queue.max_wait_s))
         timeouts = _merge(timeouts, rule.timeouts)
+        cascade = None
+        if rule.cascade is not None:
+            c, target = rule.cascade, p.cascade_target(rule)
+            assert target is not None  # policies.checks refuses a cascade with nowhere to escalate
+            cascade = Cascade(target, c.min_mean_logprob, c.min_token_logprob, c.min_margin, c.first_tokens,
+                              c.escalate_on_length, c.escalate_on_empty, c.budget_s)
         return Decision(rule=rule.name, tier=rule.tier, fallbacks=p.fallback_chain(rule), cache=cache,
-                        max_tokens_cap=cap, timeouts=timeouts)
+                        max_tokens_cap=cap, timeouts=timeouts, cascade=cascade)
 
     @property
     def rule_names(self) -> list[str]:

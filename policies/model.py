@@ -29,6 +29,7 @@ __all__ = [
     "BUILTIN_TOKENIZER",
     "DEFAULT_RULE_NAME",
     "CacheOverride",
+    "CascadeAction",
     "Defaults",
     "DiscoveryConfig",
     "HeaderCondition",
@@ -318,6 +319,29 @@ class RejectAction(_Model):
     code: str = Field("rejected_by_policy", pattern=r"^[a-z0-9_]+$")
 
 
+class CascadeAction(_Model):
+    """Answer from `tier` first and keep it only if the model was sure of it (token log-probabilities); otherwise
+    escalate to `escalate_to` (default: the rule's first fallback). See docs/policy.md, "Confidence cascade"."""
+
+    escalate_to: str | None = Field(None, description="tier that answers when the first one is unsure")
+    min_mean_logprob: float | None = Field(None, le=0, description="keep when the mean token log-probability is "
+                                                                    "at least this (e.g. -0.5)")
+    min_token_logprob: float | None = Field(None, le=0, description="keep only if no token is below this")
+    min_margin: float | None = Field(None, ge=0, description="keep when the mean top-1/top-2 log-probability "
+                                                            "margin is at least this")
+    first_tokens: int | None = Field(None, ge=1, le=256, description="judge on the first N tokens (a stream is "
+                                                                     "held only that long); default: the whole answer")
+    escalate_on_length: bool = Field(True, description="an answer cut at max_tokens escalates")
+    escalate_on_empty: bool = Field(True, description="an empty answer escalates")
+    budget_s: float = Field(10.0, gt=0, le=600, description="the first tier's time to a decision; then it escalates")
+
+    @model_validator(mode="after")
+    def _some_signal(self) -> CascadeAction:
+        if self.min_mean_logprob is None and self.min_token_logprob is None and self.min_margin is None:
+            raise ValueError("a cascade needs at least one of min_mean_logprob, min_token_logprob, min_margin")
+        return self
+
+
 class Rule(_Model):
     """One routing rule: if `when` holds, send to `tier` (then `fallbacks`) or `reject`."""
 
@@ -330,6 +354,7 @@ class Rule(_Model):
     max_tokens: int | None = Field(None, ge=1, description="cap on the request's max_tokens")
     timeouts: TimeoutsOverride | None = None
     reject: RejectAction | None = None
+    cascade: CascadeAction | None = Field(None, description="keep the tier's answer only if it was sure of it")
 
     @model_validator(mode="after")
     def _one_action(self) -> Rule:
@@ -337,6 +362,8 @@ class Rule(_Model):
             raise ValueError("a rule needs exactly one of tier or reject")
         if self.reject is not None and self.fallbacks:
             raise ValueError("a reject rule cannot have fallbacks")
+        if self.reject is not None and self.cascade is not None:
+            raise ValueError("a reject rule cannot cascade")
         return self
 
 
@@ -397,6 +424,7 @@ class TierConfig(_Model):
         None, description="tokenizer.json path (relative to the policy file), HF model name, or builtin:default"
     )
     max_context: int = Field(8192, gt=0, description="context window in tokens")
+    logprobs: bool = Field(True, description="the backends report token log-probabilities (a cascade needs them)")
     max_concurrency: int | None = Field(
         None, gt=0, description="requests in flight per gateway process; default: what the backends report"
     )
@@ -505,6 +533,15 @@ class Policy(_Model):
             rules.append(Rule(name=DEFAULT_RULE_NAME, tier=self.default_tier,
                               description="default_tier: no earlier rule matched"))
         return rules
+
+    def cascade_target(self, rule: Rule) -> str | None:
+        """Where a cascade rule escalates: its `escalate_to`, else the first tier of its fallback chain."""
+        if rule.cascade is None:
+            return None
+        if rule.cascade.escalate_to is not None:
+            return rule.cascade.escalate_to
+        chain = self.fallback_chain(rule)
+        return chain[0] if chain else None
 
     def fallback_chain(self, rule: Rule) -> tuple[str, ...]:
         """Tiers to try after the rule's tier: the rule's own list, else the tiers' default fallbacks."""

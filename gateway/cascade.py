@@ -1,0 +1,254 @@
+"""The confidence cascade: answer from the first tier, keep the answer only if the model was sure of it.
+
+The first tier (an edge node) is asked for token log-probabilities on the gateway's own account; the answer is
+judged by the rule's thresholds (`policies.confidence.verdict`); a confident answer goes to the client as it is
+(minus the log-probabilities the client did not ask for), any other outcome escalates to the cascade's target:
+low confidence, an answer cut at max_tokens, an empty one, the first tier failing, or its time running out
+(`budget_s`). The client gets exactly one answer, whose usage is that answer's; the first tier's tokens on an
+escalated request are charged to the tenant and counted in metrics.
+
+Streams: the first tier's stream is held back until the decision, which comes after `first_tokens` tokens (or at
+its end without it), then either relayed from its start or dropped for the target's stream. The client sees
+nothing before the decision, so an escalation is invisible apart from its latency (measured in bench/cascade).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+import structlog
+from starlette.responses import Response
+
+from core.errors import OpenAIError
+from core.pool import Endpoint
+from core.types import Cascade, Decision
+from core.wire import ChatRequest
+from gateway.context import Outcome, RequestContext
+from gateway.dispatch import Attempt
+from gateway.relay import Relay
+from gateway.upstream import UpstreamFailure
+from policies.confidence import (
+    Confidence,
+    TokenScore,
+    Verdict,
+    scores_from_openai,
+    scores_from_text_logprobs,
+    verdict,
+)
+
+if TYPE_CHECKING:
+    from gateway.lifecycle import Gateway
+
+__all__ = ["CascadeRunner", "applies"]
+
+log = structlog.get_logger("tiergate.gateway")
+_decode = msgspec.json.Decoder().decode
+_encode = msgspec.json.Encoder().encode
+_RUNNER_UP = 2  # top_logprobs the margin needs: the chosen token and the best other
+
+
+def applies(ctx: RequestContext) -> bool:
+    """A cascade judges text answers; a tool call has no log-probabilities to judge it by."""
+    req = ctx.req
+    return ctx.decision.cascade is not None and not (isinstance(req, ChatRequest) and req.tools)
+
+
+@dataclasses.dataclass(slots=True)
+class _Read:
+    """What the first tier said, as far as the cascade read it."""
+
+    scores: list[TokenScore] = dataclasses.field(default_factory=list)
+    text: list[str] = dataclasses.field(default_factory=list)
+    finish: str | None = None
+    done: bool = False
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+
+class CascadeRunner:
+    def __init__(self, gateway: Gateway, relay: Relay) -> None:
+        self._gw = gateway
+        self._relay = relay
+
+    async def run(self, ctx: RequestContext, outcome: Outcome, path: str,
+                  body_for: Callable[[dict[str, Any]], Callable[[Endpoint], bytes]]) -> Response:
+        """`body_for(changes)` builds the per-endpoint body with extra field changes (see Completions)."""
+        cascade = ctx.decision.cascade
+        assert cascade is not None
+        asked = _asked_logprobs(ctx)
+        first = _first_decision(ctx.decision, cascade)
+        started = time.perf_counter()
+        attempt: Attempt | None = None
+        read = _Read()
+        try:
+            async with asyncio.timeout(cascade.budget_s):
+                attempt = await self._gw.dispatcher.open(
+                    request=ctx.req, features=ctx.features, decision=first, path=path,
+                    body_for=body_for(_logprob_changes(ctx, asked, cascade)), request_id=ctx.request_id,
+                    stream=bool(ctx.req.stream))
+                await self._read(ctx, attempt, read, cascade)
+            judged = verdict(cascade, read.scores, read.finish, "".join(read.text))
+        except TimeoutError:
+            judged = Verdict(False, "timeout", _NO_CONFIDENCE)
+        except (OpenAIError, UpstreamFailure) as exc:  # the first tier's own timeouts are bounded by the budget
+            timed_out = "timeout" in ((exc.code or "") if isinstance(exc, OpenAIError) else exc.kind)
+            log.info("cascade_first_tier_failed", request_id=ctx.request_id, tier=first.tier, error=str(exc))
+            judged = Verdict(False, "timeout" if timed_out else "first_tier_failed", _NO_CONFIDENCE)
+        except BaseException:  # cancelled: the client left (or shutdown)
+            _drop(attempt)
+            raise
+        spent = time.perf_counter() - started
+        outcome.cascade = judged
+        m, rule = self._gw.metrics, ctx.decision.rule
+        outcome_label = "kept" if judged.keep else "escalated"
+        m.cascade.labels(rule, outcome_label, judged.reason).inc()
+        m.cascade_decision.labels(rule, outcome_label).observe(spent)
+        if judged.keep:
+            assert attempt is not None
+            transform = _transform(ctx, asked)
+            if ctx.req.stream:
+                attempt.first_at = time.perf_counter()  # what the client waited for its first token
+                return self._relay.stream(ctx, outcome, attempt, transform=transform)
+            upstream_s = time.perf_counter() - attempt.upstream_started
+            body = attempt.first[0] if attempt.first else b"{}"
+            return self._relay.answer(ctx, outcome, first.tier or "", transform(body) if transform else body,
+                                      upstream_s)
+        _drop(attempt)
+        edge_tokens = read.prompt_tokens + read.completion_tokens or (
+            ctx.features.prompt_tokens + len(read.scores) if attempt is not None else 0)
+        m.cascade_edge_tokens.labels(rule).inc(edge_tokens)
+        m.cascade_edge_seconds.labels(rule).inc(spent)
+        await self._gw.limiter.charge_tokens(ctx.tenant, edge_tokens)
+        log.info("cascade_escalated", request_id=ctx.request_id, rule=rule, reason=judged.reason,
+                 confidence=judged.confidence.as_dict(), edge_s=round(spent, 3), edge_tokens=edge_tokens)
+        second = dataclasses.replace(ctx.decision, tier=cascade.escalate_to, cascade=None,
+                                     fallbacks=tuple(t for t in ctx.decision.fallbacks
+                                                     if t not in (cascade.escalate_to, ctx.decision.tier)))
+        attempt = await self._gw.dispatcher.open(request=ctx.req, features=ctx.features, decision=second,
+                                                 path=path, body_for=body_for({}), request_id=ctx.request_id,
+                                                 stream=bool(ctx.req.stream))
+        if ctx.req.stream:
+            return self._relay.stream(ctx, outcome, attempt)
+        return await self._relay.json(ctx, outcome, attempt)
+
+    async def _read(self, ctx: RequestContext, attempt: Attempt, read: _Read, cascade: Cascade) -> None:
+        """Read the first tier's answer until the decision can be made: all of a JSON answer; a stream until
+        `first_tokens` tokens or its end. A stream's batches read so far stay in `attempt.first` for the relay."""
+        chat = ctx.req.kind == "chat"
+        if not ctx.req.stream:
+            body = await attempt.response.read()
+            attempt.response.release()
+            attempt.finish()
+            attempt.first = [body]
+            _feed(_decode(body), read, chat)
+            read.done = True
+            return
+        held: list[bytes] = []
+        batch = attempt.first
+        while batch is not None:
+            held.extend(batch)
+            for payload in batch:
+                if payload == b"[DONE]":
+                    read.done = True
+                    continue
+                try:
+                    _feed(_decode(payload), read, chat)
+                except (msgspec.DecodeError, TypeError, KeyError, ValueError):
+                    continue  # the relay passes what it cannot read; the judgment ignores it
+            if read.done or read.finish is not None or (
+                    cascade.first_tokens is not None and len(read.scores) >= cascade.first_tokens):
+                break
+            batch = await anext(attempt.events, None)
+        attempt.first = held
+
+
+_NO_CONFIDENCE = Confidence(0, float("-inf"), float("-inf"), None)
+
+
+def _feed(obj: dict[str, Any], read: _Read, chat: bool) -> None:
+    """Add one answer object or stream chunk to what was read."""
+    usage = obj.get("usage")
+    if usage:
+        read.prompt_tokens = int(usage.get("prompt_tokens") or 0)
+        read.completion_tokens = int(usage.get("completion_tokens") or 0)
+    for choice in obj.get("choices") or ():
+        if choice.get("index", 0) != 0:
+            continue
+        lp = choice.get("logprobs") or {}
+        if chat:
+            read.scores.extend(scores_from_openai(lp.get("content") or ()))
+            part = (choice.get("message") or choice.get("delta") or {}).get("content")
+        else:
+            read.scores.extend(scores_from_text_logprobs(lp))
+            part = choice.get("text")
+        if part:
+            read.text.append(part)
+        if choice.get("finish_reason"):
+            read.finish = choice["finish_reason"]
+
+
+def _asked_logprobs(ctx: RequestContext) -> int | None:
+    """How many alternatives the client itself asked for (None: it asked for no log-probabilities)."""
+    req = ctx.req
+    if isinstance(req, ChatRequest):
+        return (req.top_logprobs or 0) if req.logprobs else None
+    return None if req.logprobs is None or isinstance(req.logprobs, bool) else int(req.logprobs)
+
+
+def _logprob_changes(ctx: RequestContext, asked: int | None, cascade: Cascade) -> dict[str, Any]:
+    """The fields the first tier's request gets so the answer can be judged."""
+    want = max(asked or 0, _RUNNER_UP if cascade.min_margin is not None else 0)
+    if ctx.req.kind == "chat":
+        return {"logprobs": True, "top_logprobs": want}
+    return {"logprobs": want}
+
+
+def _transform(ctx: RequestContext, asked: int | None) -> Callable[[bytes], bytes] | None:
+    """Take out of the first tier's answer what the gateway asked for on its own: every log-probability, or the
+    alternatives beyond what the client asked for."""
+    cascade = ctx.decision.cascade
+    assert cascade is not None
+    if asked is not None and (cascade.min_margin is None or asked >= _RUNNER_UP):
+        return None
+    chat = ctx.req.kind == "chat"
+
+    def strip(payload: bytes) -> bytes:
+        if payload == b"[DONE]":
+            return payload
+        try:
+            obj = _decode(payload)
+            for choice in obj.get("choices") or ():
+                lp = choice.get("logprobs")
+                if asked is None or not lp:
+                    choice["logprobs"] = None
+                elif chat:
+                    for entry in lp.get("content") or ():
+                        entry["top_logprobs"] = entry.get("top_logprobs", [])[:asked]
+                else:
+                    lp["top_logprobs"] = [dict(sorted(t.items(), key=lambda kv: -kv[1])[:max(asked, 1)])
+                                          for t in lp.get("top_logprobs") or ()]
+            return _encode(obj)
+        except (msgspec.DecodeError, AttributeError, TypeError):
+            return payload
+
+    return strip
+
+
+def _first_decision(decision: Decision, cascade: Cascade) -> Decision:
+    """The first tier alone (its failure escalates instead of falling back), within the cascade's budget."""
+    t = decision.timeouts
+    timeouts = dataclasses.replace(t, first_byte_s=min(t.first_byte_s, cascade.budget_s),
+                                   total_s=min(t.total_s, cascade.budget_s))
+    return dataclasses.replace(decision, fallbacks=(), timeouts=timeouts, cascade=None)
+
+
+def _drop(attempt: Attempt | None) -> None:
+    """Stop the first tier's generation (closing the connection stops it) and free its slot."""
+    if attempt is not None:
+        attempt.response.close()
+        attempt.finish()

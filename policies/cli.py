@@ -26,6 +26,7 @@ import typer
 
 from core.types import Priority
 from core.wire import ChatRequest, CompletionRequest
+from policies.cascade_sim import CascadeTally, describe_cascade
 from policies.classify import Classifier
 from policies.engine import PolicyEngine
 from policies.loader import DEFAULT_POLICY, PolicyError, check_policy, load_policy
@@ -250,6 +251,8 @@ def explain(
         cache = "off" if not d.cache.enabled else (
             f"on (semantic {'on' if d.cache.semantic else 'off'}, threshold {d.cache.threshold}, ttl {d.cache.ttl_s}s)")
         typer.echo(f"decision: {chain} (rule {d.rule}); cache {cache}; max_tokens cap {d.max_tokens_cap}")
+        if d.cascade is not None:
+            typer.echo(f"cascade: {describe_cascade(d.tier or '', d.cascade)}")
 
 
 @policy_app.command("simulate")
@@ -267,6 +270,7 @@ def simulate(
     kinds: Counter[str] = Counter()
     errors = ok = eligible = semantic = repeats = 0
     seen: set[tuple[str, str, str]] = set()
+    cascades = CascadeTally()
     source = _open(traffic)
     try:
         for n, obj in _lines(source):
@@ -281,6 +285,8 @@ def simulate(
             row: dict[str, Any] = {"line": n, "tier": d.tier, "rule": d.rule, "fallbacks": list(d.fallbacks),
                                    "complexity": round(f.complexity, 4), "prompt_tokens": f.prompt_tokens,
                                    "priority": f.priority.name.lower()}
+            if d.cascade is not None:
+                row["cascade"] = cascades.add(d, obj.get("cascade") if isinstance(obj, dict) else None)
             if d.reject is not None:
                 rejects[d.reject.status] += 1
                 row["reject"] = d.reject.status
@@ -318,6 +324,7 @@ def simulate(
                   "exact_repeats": repeats, "exact_repeat_share": share(repeats),
                   "note": "exact_repeats are requests a warm cache answers for sure (TTL permitting); "
                           "semantic hits come on top"},
+        "cascade": cascades.totals(ok),
     }}, out)
 
 

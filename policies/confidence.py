@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from core.types import Cascade
 
-__all__ = ["Confidence", "TokenScore", "Verdict", "confidence", "verdict", "scores_from_openai", "scores_from_text_logprobs"]
+__all__ = ["Confidence", "TokenScore", "Verdict", "confidence", "judge_recorded", "verdict", "scores_from_openai", "scores_from_text_logprobs"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,9 +80,22 @@ class Verdict:
 
 def verdict(cascade: Cascade, scores: Sequence[TokenScore], finish_reason: str | None, text: str) -> Verdict:
     """Keep the first tier's answer, or escalate, as the cascade's thresholds say."""
-    conf = confidence(scores, cascade.first_tokens)
-    decided_early = cascade.first_tokens is not None and finish_reason is None  # a stream judged on its start
-    if cascade.escalate_on_empty and not text.strip() and not decided_early:
+    early = cascade.first_tokens is not None and finish_reason is None  # a stream judged on its start
+    return _judge(cascade, confidence(scores, cascade.first_tokens), finish_reason, text, early)
+
+
+def judge_recorded(cascade: Cascade, record: dict) -> Verdict:
+    """A cascade's verdict from signals recorded in a traffic log (what `policy simulate` replays):
+    {"mean_logprob", "min_logprob", "mean_margin", "tokens", "finish_reason", "text"} as bench/cascade writes
+    them. A missing signal is not checked; a missing text is not empty."""
+    conf = Confidence(int(record.get("tokens", 1)), float(record.get("mean_logprob", 0.0)),
+                      float(record.get("min_logprob", 0.0)),
+                      None if record.get("mean_margin") is None else float(record["mean_margin"]))
+    return _judge(cascade, conf, record.get("finish_reason"), str(record.get("text", "x")), False)
+
+
+def _judge(cascade: Cascade, conf: Confidence, finish_reason: str | None, text: str, early: bool) -> Verdict:
+    if cascade.escalate_on_empty and not early and not text.strip():
         return Verdict(False, "empty", conf)
     if cascade.escalate_on_length and finish_reason == "length":
         return Verdict(False, "length", conf)

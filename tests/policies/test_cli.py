@@ -156,3 +156,30 @@ def test_shipped_policies_validate_against_the_schema():
         jsonschema.validate(YAML(typ="safe").load(f.read_text()), schema)
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate({"tiers": {"e": {"kind": "fog", "model": "m"}}}, schema)
+
+
+CASCADE_POLICY = BASE.replace("  - name: default\n    tier: edge\n",
+                              "  - name: default\n    tier: edge\n    cascade: {min_mean_logprob: -0.5, first_tokens: 8}\n")
+
+
+def test_explain_and_simulate_show_a_cascade_and_estimate_what_it_keeps(write, tmp_path):
+    policy = write(CASCADE_POLICY)
+    r = runner.invoke(policy_app, ["explain", str(policy), "--prompt", "What is 2+2?"])
+    assert r.exit_code == 0, r.output
+    assert "cascade: answer from edge first; keep it if mean log-probability >= -0.5 over the first 8 tokens, " \
+           "else escalate to cloud" in r.output
+    traffic = tmp_path / "t.jsonl"
+    traffic.write_text("\n".join(json.dumps(x) for x in [
+        {"prompt": "a", "cascade": {"mean_logprob": -0.2, "tokens": 8, "finish_reason": "stop", "edge_tokens": 30}},
+        {"prompt": "b", "cascade": {"mean_logprob": -0.9, "tokens": 8, "edge_tokens": 40}},
+        {"prompt": "c", "cascade": {"mean_logprob": -0.1, "tokens": 8, "finish_reason": "length", "edge_tokens": 50}},
+        {"prompt": "d"}]) + "\n")
+    r = runner.invoke(policy_app, ["simulate", str(policy), str(traffic)])
+    assert r.exit_code == 0, r.output
+    rows = _json_lines(r.output)
+    assert [row.get("cascade") for row in rows[:-1]] == ["kept", "escalated:low_mean_logprob", "escalated:length",
+                                                         "unknown"]
+    totals = rows[-1]["totals"]["cascade"]
+    assert totals["rules"]["default"] == {"requests": 4, "with_confidence": 3, "kept": 1, "escalated": 2,
+                                          "kept_share": round(1 / 3, 4)}
+    assert totals["escalated_edge_tokens"] == 90 and totals["escalated_share_of_all"] == 0.5

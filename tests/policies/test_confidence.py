@@ -31,3 +31,20 @@ def test_openai_shapes_are_read():
     assert scores_from_openai(chat) == [TokenScore(-0.3, -2.0), TokenScore(-1.5, -0.9)]  # sampled below the top
     text = {"tokens": ["a", "b"], "token_logprobs": [-0.2, -1.0], "top_logprobs": [{"a": -0.2, "c": -4.0}, {"b": -1.0}]}
     assert scores_from_text_logprobs(text) == [TokenScore(-0.2, -4.0), TokenScore(-1.0, None)]
+
+
+def test_the_verdict_follows_the_thresholds_and_the_answers_end():
+    from core.types import Cascade
+    from policies.confidence import verdict
+
+    sure = [TokenScore(-0.1, -4.0)] * 5
+    shaky = [TokenScore(-0.1, -4.0)] * 4 + [TokenScore(-3.0, -0.5)]
+    c = Cascade("cloud", min_mean_logprob=-0.5)
+    assert verdict(c, sure, "stop", "Paris").keep
+    assert verdict(c, shaky, "stop", "Paris").reason == "low_mean_logprob"
+    assert verdict(Cascade("cloud", min_mean_logprob=-0.5, first_tokens=4), shaky, None, "Par").keep  # judged early
+    assert verdict(Cascade("cloud", min_token_logprob=-2.0), shaky, "stop", "x").reason == "low_token_logprob"
+    assert verdict(Cascade("cloud", min_margin=1.0), shaky, "stop", "x").keep  # mean margin (4*3.9 - 2.5)/5 > 1
+    assert verdict(c, sure, "length", "Paris").reason == "length"
+    assert verdict(c, [], "stop", "").reason == "empty"
+    assert verdict(Cascade("cloud", min_mean_logprob=-0.5, escalate_on_length=False), sure, "length", "P").keep

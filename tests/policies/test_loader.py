@@ -97,6 +97,15 @@ CASES = [
      ["unknown priority 'urgent'", "low, normal, high, critical"]),
     ("tier-and-reject", "    tier: edge\n", "    tier: edge\n    reject: {status: 429, message: no}\n", "- name: default",
      "rules[2]", ["exactly one of tier or reject"]),
+    ("cascade-threshold-out-of-range", "  - name: default\n    tier: edge\n",
+     "  - name: default\n    tier: edge\n    cascade: {min_mean_logprob: 0.5}\n", "min_mean_logprob: 0.5",
+     "rules[2].cascade.min_mean_logprob", ["less than or equal to 0"]),
+    ("cascade-without-a-signal", "  - name: default\n    tier: edge\n",
+     "  - name: default\n    tier: edge\n    cascade: {first_tokens: 4}\n", "cascade:", "rules[2].cascade",
+     ["at least one of min_mean_logprob"]),
+    ("cascade-to-itself", "  - name: default\n    tier: edge\n",
+     "  - name: default\n    tier: edge\n    cascade: {min_margin: 1, escalate_to: edge}\n", "escalate_to: edge",
+     "rules[2].cascade.escalate_to", ["cannot escalate to its own tier"]),
     ("reject-status", "    tier: edge\n", "    reject: {status: 200, message: no}\n", "status: 200",
      "rules[2].reject.status", ["greater than or equal to 400"]),
     ("endpoint-with-v1", '["http://127.0.0.1:8090"]', '["http://127.0.0.1:8090/v1"]', "8090/v1",
@@ -217,3 +226,27 @@ def test_default_tier_stands_for_a_last_rule():
     p = parse_policy(text)
     last = p.effective_rules()[-1]
     assert last.name == "default" and last.tier == "edge" and last.when.is_catch_all()
+
+
+def test_a_cascade_on_a_tier_without_logprobs_is_an_error_at_the_rule():
+    text = BASE.replace("    tokenizer: builtin:default\n", "    tokenizer: builtin:default\n    logprobs: false\n")
+    text = text.replace("  - name: default\n    tier: edge\n",
+                        "  - name: default\n    tier: edge\n    cascade: {min_mean_logprob: -0.5}\n")
+    problem = next(p for p in _error(text).problems if p.field == "rules[2].cascade")
+    assert problem.line == _line_of(text, "cascade:") and "reports no token log-probabilities" in problem.message
+
+
+def test_a_cascade_escalates_to_the_rules_first_fallback_by_default():
+    from policies.engine import PolicyEngine
+
+    text = BASE.replace("  - name: default\n    tier: edge\n",
+                        "  - name: default\n    tier: edge\n    cascade: {min_mean_logprob: -0.5, first_tokens: 6}\n")
+    policy = parse_policy(text)
+    cascade = PolicyEngine(policy).decide(_features()).cascade
+    assert (cascade.escalate_to, cascade.min_mean_logprob, cascade.first_tokens) == ("cloud", -0.5, 6)
+
+
+def _features():
+    from core.types import Features
+
+    return Features(prompt_tokens=5, priority=Priority.NORMAL, complexity=0.1, requested_model="auto", tenant="t")

@@ -13,6 +13,7 @@ from cache.cli import cache_app
 from complexity.cli import classifier_app
 from gateway.demo import prepare as prepare_demo
 from gateway.demo import run_demo
+from gateway.distill_cli import distill_app
 from gateway.drain import DrainingServer
 from gateway.settings import Settings
 from policies.cli import classify, policy_app
@@ -23,6 +24,7 @@ app = typer.Typer(help="tiergate: an OpenAI-compatible gateway routing between e
 app.add_typer(policy_app, name="policy", help="Check, explain and simulate routing policies.")
 app.add_typer(cache_app, name="cache", help="Semantic cache tools: score pairs, invalidate, export the embedder.")
 app.add_typer(classifier_app, name="classifier", help="Train and evaluate the complexity classifier.")
+app.add_typer(distill_app, name="distill", help="Export recorded cloud answers as a training set.")
 app.command("classify", help="Classify prompts (JSON lines in) and print one JSON decision per line.")(classify)
 
 

@@ -26,6 +26,7 @@ from gateway.accounting import Accounting
 from gateway.admin import AdminKey
 from gateway.auth import KeyRing
 from gateway.dispatch import Dispatcher
+from gateway.distill import Distiller, JsonlRecords, RedisRecords
 from gateway.limits import Limiter
 from gateway.metrics import GatewayMetrics
 from gateway.settings import Settings
@@ -66,6 +67,8 @@ class Gateway:
         self.limiter = Limiter(self.metrics, self.redis)
         self.stats = Stats()  # the status page's rolling window of recent requests
         self.accounting = Accounting(self.metrics, self.stats, self.limiter)
+        self.distill = Distiller(self, RedisRecords(self.redis) if self.redis is not None
+                                 else JsonlRecords(settings.distill_file))
         self.draining = False
         self.started_at = time.time()
 

@@ -76,6 +76,8 @@ class GatewayMetrics:
         self.cascade_edge_seconds = Counter("tiergate_cascade_escalated_edge_seconds_total",
                                             "Time spent on the first tier by requests that were escalated.",
                                             ["rule"], registry=r)
+        self.distill = Counter("tiergate_distill_records_total",
+                               "Distillation records, by result (recorded, failed).", ["result"], registry=r)
         self._children: dict[tuple[MetricWrapperBase, tuple[str, ...]], MetricWrapperBase] = {}
 
     def child(self, metric: _M, *values: str) -> _M:

@@ -23,7 +23,7 @@ from core.errors import OpenAIError
 from core.http import DONE, sse
 from gateway.context import Outcome, RequestContext, answer_headers
 from gateway.dispatch import Attempt
-from gateway.render import StreamAccumulator, cacheable, render_json, render_sse, summarize
+from gateway.render import AnswerSummary, StreamAccumulator, cacheable, render_json, render_sse, summarize
 from gateway.upstream import UpstreamFailure
 
 if TYPE_CHECKING:
@@ -93,16 +93,19 @@ class Relay:
             headers["x-tiergate-fallback-from"] = fallback_from
         answer = cacheable(summary, ctx.req.kind, tier) if outcome.cache == "miss" else None
         task = BackgroundTask(self._after_json, ctx, outcome, tier, overhead,
-                              time.perf_counter() - ctx.arrival.started, summary.prompt_tokens,
-                              summary.completion_tokens, answer)
+                              time.perf_counter() - ctx.arrival.started, summary, answer)
         return Response(body, media_type=_JSON, headers=headers, background=task)
 
     async def _after_json(self, ctx: RequestContext, outcome: Outcome, tier: str, overhead: float, elapsed: float,
-                          prompt_tokens: int, completion_tokens: int, answer: CachedAnswer | None) -> None:
-        """What a complete JSON answer still owes once the client has it: accounting, token budget, cache store."""
-        await self._gw.accounting.settle(ctx, outcome, tier, overhead, elapsed, prompt_tokens, completion_tokens)
+                          summary: AnswerSummary, answer: CachedAnswer | None) -> None:
+        """What a complete JSON answer still owes once the client has it: accounting, token budget, cache store,
+        distillation record."""
+        await self._gw.accounting.settle(ctx, outcome, tier, overhead, elapsed, summary.prompt_tokens,
+                                         summary.completion_tokens)
         if answer is not None:
             await self._store(ctx, outcome, answer)
+        if summary.finish_reason in ("stop", "length") and not summary.multi_choice:
+            await self._gw.distill.offer(ctx, outcome, tier, summary.text, summary.model)
 
     # ---- a backend's stream -------------------------------------------------------------------------------------
 
@@ -141,6 +144,8 @@ class Relay:
             if relay.status == 200 and outcome.cache == "miss" and (answer := cacheable(acc, req.kind, attempt.tier)):
                 await self._store(ctx, outcome, answer)
             await gw.limiter.charge_tokens(ctx.tenant, prompt_tokens + completion_tokens)
+            if relay.status == 200 and acc.finish_reason in ("stop", "length") and not acc.multi_choice:
+                await gw.distill.offer(ctx, outcome, attempt.tier, acc.text, acc.model)
 
         return _Stream(self._events(ctx, attempt, relay, client_wants_usage, transform), on_close, media_type=_SSE,
                        headers=headers)

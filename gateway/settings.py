@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import field_validator
+from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from core.paths import tiergate_home
 from policies.loader import DEFAULT_POLICY
 
 __all__ = ["Settings"]
@@ -27,6 +28,7 @@ class Settings(BaseSettings):
     admin_key: str | None = None
     edge_token: str | None = None  # bearer token edge nodes present when registering; None accepts any node on loopback
     embedder: Path | None = None  # ONNX embedder dir; None disables the semantic half of the cache
+    distill_file: Path = Field(default_factory=lambda: tiergate_home() / "distill.jsonl")  # records without Redis
     cache: bool = True
     max_body_bytes: int = 1 << 20
     max_prompt_chars: int = 400_000

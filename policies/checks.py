@@ -6,6 +6,7 @@ the path of the offending field, so the loader can point at the exact YAML line 
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Literal
@@ -82,6 +83,16 @@ def _cascade_issues(policy: Policy, i: int) -> list[Issue]:
     return out
 
 
+def hook_problem(spec: str) -> str | None:
+    """Why `module:function` cannot serve as a redaction hook, or None."""
+    module, _, name = spec.partition(":")
+    try:
+        fn = getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError) as exc:
+        return f"redaction hook {spec!r} cannot be loaded: {exc}"
+    return None if callable(fn) else f"redaction hook {spec!r} is not callable"
+
+
 def semantic_issues(policy: Policy, check_files: bool = True) -> list[Issue]:
     """Everything wrong with a structurally valid policy, in file order, each with its path."""
     issues: list[Issue] = []
@@ -145,6 +156,16 @@ def semantic_issues(policy: Policy, check_files: bool = True) -> list[Issue]:
                 break
         if rule.when.is_catch_all():
             catch_all_at = i
+
+    if policy.distill is not None:
+        names = {r.name for r in policy.effective_rules()}
+        for j, name in enumerate(policy.distill.rules):
+            if name not in names:
+                issues.append(Issue(("distill", "rules", j), f"unknown rule {name!r}; rules: {', '.join(sorted(names))}"))
+        if check_files and policy.distill.redact.hook:
+            problem = hook_problem(policy.distill.redact.hook)
+            if problem:
+                issues.append(Issue(("distill", "redact", "hook"), problem))
 
     if catch_all_at is None and policy.default_tier is None:
         issues.append(Issue(("rules",), "no rule matches every request: end the rules with a catch-all rule "

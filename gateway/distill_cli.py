@@ -1,0 +1,92 @@
+"""`tiergate distill export`: the recorded cloud answers as a chat-format training set, with a manifest.
+
+Each line is one example, `{"messages": [..., {"role": "assistant", "content": ANSWER}]}` (text completions:
+`{"prompt": ..., "completion": ...}`), the shape fine-tuning tools read; the manifest says where the records came
+from, which filters applied and how many of each kind were written. docs/policy.md ("Distillation capture")
+shows the way from this file to an INT4 GGUF an edge node loads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from cache.redis_conn import open_redis, safe_url
+from gateway.distill import JsonlRecords, RedisRecords
+from gateway.settings import Settings
+
+__all__ = ["distill_app"]
+
+distill_app = typer.Typer(help="Distillation capture: export recorded cloud answers as training data.",
+                          no_args_is_help=True, pretty_exceptions_enable=False)
+
+
+@distill_app.callback()
+def _group() -> None:
+    """Keeps `export` a subcommand (more will come)."""
+
+
+def _example(record: dict[str, Any]) -> dict[str, Any]:
+    if "messages" in record:
+        return {"messages": [*record["messages"], {"role": "assistant", "content": record["answer"]}]}
+    return {"prompt": record.get("prompt", ""), "completion": record["answer"]}
+
+
+async def _read(redis_url: str | None, file: Path) -> list[dict[str, Any]]:
+    if redis_url:
+        redis = open_redis(redis_url, socket_timeout=5, socket_connect_timeout=5)
+        try:
+            return await RedisRecords(redis).all()
+        finally:
+            await redis.aclose()
+    return await JsonlRecords(file).all()
+
+
+@distill_app.command("export")
+def export(
+    out: Annotated[Path, typer.Option(help="Training set to write (JSONL); the manifest goes beside it.")],
+    redis: Annotated[str | None, typer.Option(help="Redis URL (default: TIERGATE_REDIS_URL; else the local file).")]
+    = None,
+    file: Annotated[Path | None, typer.Option(help="Local records file (default: TIERGATE_DISTILL_FILE).")] = None,
+    tenant: Annotated[list[str] | None, typer.Option(help="Only these tenants (repeatable).")] = None,
+    rule: Annotated[list[str] | None, typer.Option(help="Only requests these rules decided (repeatable).")] = None,
+    since_hours: Annotated[float | None, typer.Option(help="Only records from the last N hours.")] = None,
+    force: Annotated[bool, typer.Option(help="Overwrite an existing output file.")] = False,
+) -> None:
+    """Write the recorded cloud answers as a chat-format training set and a manifest of what went in."""
+    manifest_path = out.with_name(out.name + ".manifest.json")
+    if not force and (out.exists() or manifest_path.exists()):
+        typer.echo(f"error: {out} exists; pass --force to overwrite it", err=True)
+        raise typer.Exit(2)
+    url = redis or os.environ.get("TIERGATE_REDIS_URL") or None
+    source = file or Settings().distill_file
+    try:
+        records = asyncio.run(_read(url, source))
+    except Exception as exc:  # noqa: BLE001 - any Redis or file failure: one line, exit 1
+        typer.echo(f"error: cannot read the records from {safe_url(url) if url else source}: {exc}", err=True)
+        raise typer.Exit(1) from None
+    horizon = time.time() - since_hours * 3600 if since_hours is not None else None
+    kept = [r for r in records if (not tenant or r.get("tenant") in tenant) and (not rule or r.get("rule") in rule)
+            and (horizon is None or r.get("ts", 0) >= horizon) and r.get("answer")]
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text("".join(json.dumps(_example(r), ensure_ascii=False) + "\n" for r in kept))
+    manifest = {
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "source": safe_url(url) if url else str(source),
+        "filters": {"tenants": tenant or None, "rules": rule or None, "since_hours": since_hours},
+        "records_read": len(records), "examples_written": len(kept),
+        "by_tenant": dict(Counter(r.get("tenant") for r in kept)),
+        "by_rule": dict(Counter(r.get("rule") for r in kept)),
+        "by_kind": dict(Counter(r.get("kind") for r in kept)),
+        "escalations": sum(1 for r in kept if (r.get("cascade") or {}).get("kept") is False),
+        "models": dict(Counter(r.get("model") for r in kept)),
+    }
+    manifest_path.write_text(json.dumps(manifest, indent=2) + "\n")
+    typer.echo(json.dumps({"out": str(out), "manifest": str(manifest_path), "examples": len(kept)}))

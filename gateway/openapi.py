@@ -129,6 +129,10 @@ _HEADERS = {
     "x-tiergate-overhead-ms": (True, "Time spent in the gateway itself, in milliseconds."),
     "x-tiergate-fallback-from": (False, "The tier the decision named first, when a fallback tier answered."),
     "x-tiergate-similarity": (False, "Similarity of the cached request, on a semantic hit."),
+    "x-tiergate-cascade": (False, "A cascade rule's outcome: kept (the first tier's answer) or escalated."),
+    "x-tiergate-cascade-reason": (False, "Why: confident, low_mean_logprob, low_token_logprob, low_margin, length, "
+                                         "empty, first_tier_failed or timeout."),
+    "x-tiergate-confidence": (False, "The mean token log-probability of the first tier's answer, as judged."),
 }
 
 

@@ -15,6 +15,7 @@ import msgspec
 
 from core.wire import CONTROLLED_FIELDS, ChatRequest, CompletionRequest
 from edge_node.pool import NodeInfo
+from gateway.params import MAX_TOP_LOGPROBS
 
 __all__ = ["openapi_document"]
 
@@ -54,6 +55,22 @@ def _chat_max_tokens(chat: Schema) -> None:
     chat["else"] = {"properties": {"max_tokens": {"anyOf": [{"type": "integer", "minimum": 1}, {"type": "null"}]}}}
 
 
+def _logprobs(chat: Schema, text: Schema) -> None:
+    """Chat: `logprobs` true/false, `top_logprobs` 0-20 and only with `logprobs: true`; text: `logprobs` 0-20."""
+    null = {"type": "null"}
+    top = f"0 to {MAX_TOP_LOGPROBS}"
+    chat["properties"]["logprobs"] = {"anyOf": [{"type": "boolean"}, null],
+                                      "description": "Return each token's log-probability."}
+    chat["properties"]["top_logprobs"] = {"anyOf": [{"type": "integer", "minimum": 0, "maximum": MAX_TOP_LOGPROBS},
+                                                    null], "description": f"Alternatives per token, {top}; needs "
+                                                                         "`logprobs: true`."}
+    chat.setdefault("allOf", []).append({
+        "if": {"required": ["top_logprobs"], "properties": {"top_logprobs": {"type": "integer"}}},
+        "then": {"required": ["logprobs"], "properties": {"logprobs": {"const": True}}}})
+    text["properties"]["logprobs"] = {"anyOf": [{"type": "integer", "minimum": 0, "maximum": MAX_TOP_LOGPROBS}, null],
+                                      "description": f"Alternatives per token, {top}."}
+
+
 def _controlled(struct: Schema) -> None:
     """The unmodelled fields the gateway refuses (`CONTROLLED_FIELDS`): only null, or the value that changes nothing.
 
@@ -76,6 +93,7 @@ def _request_schemas() -> dict[str, Schema]:
         components[struct]["properties"]["model"]["description"] = _MODEL
         _controlled(components[struct])
     _chat_max_tokens(components["ChatRequest"])
+    _logprobs(components["ChatRequest"], components["CompletionRequest"])
     components["NodeInfo"]["description"] = ("An edge node's heartbeat: registers it (first time) or refreshes its "
                                              "load; `tier` names an edge tier, default the policy's first.")
     components["Deregistration"] = {

@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 from bench.instant_upstream import make_app
 from cache.redis_conn import open_redis
 from gateway.auth import KeyRing
-from gateway.distill import STREAM_KEY, JsonlRecords, RedisRecords, Redactor
+from gateway.distill import STREAM_KEY, JsonlRecords, Redactor, RedisRecords
 from gateway.distill_cli import distill_app
 from gateway.settings import Settings
 from policies.model import DistillConfig

@@ -1,0 +1,163 @@
+"""bench/cascade's tables, as Markdown: printed by the run and written to docs/benchmarks.md's section.
+
+Every number comes from the result dict of the same run (bench/results/cascade.json); the prose around the
+tables states only what the numbers say or how they were made.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["SECTION", "markdown"]
+
+SECTION = "## Cascade (bench/cascade)"
+
+TASK_TITLES = {
+    "capital": "capital of a country", "country": "country of a capital", "add_1d": "1-digit sums",
+    "mul_1d": "1-digit products", "add_2d": "2-digit sums", "mul_2x1d": "2-digit x 1-digit products",
+    "mmlu": "MMLU (control)",
+}
+SHOWN_AUROC = ("mean logprob", "min logprob", "first-3 mean logprob", "mean margin", "prompt tokens", "complexity")
+
+
+def _f(x: Any, nd: int = 2, pct: bool = False) -> str:
+    if x is None:
+        return "—"
+    return f"{x * 100:.{max(nd - 2, 0)}f} %" if pct else f"{x:.{nd}f}"
+
+
+def _ci(lo_hi: list[Any], nd: int = 2, pct: bool = False) -> str:
+    if not lo_hi or lo_hi[0] is None:
+        return ""
+    lo, hi = lo_hi
+    return f" ({lo * 100:.0f}-{hi * 100:.0f} %)" if pct else f" ({lo:.{nd}f}-{hi:.{nd}f})"
+
+
+def _table(head: list[str], rows: list[list[str]]) -> list[str]:
+    return ["| " + " | ".join(head) + " |", "|" + "---|" * len(head), *("| " + " | ".join(r) + " |" for r in rows)]
+
+
+def markdown(res: dict[str, Any]) -> str:
+    m, s, ov = res["machine"], res["settings"], res["overall"]
+    rec = res["recommended"]
+    lines = [
+        SECTION, "",
+        f"Command: `{res['command']}` ({res['wall_s'] / 60:.0f} minutes here). Writes `{res['result_file']}` "
+        "(every answer, its signals and timings, and every number below).",
+        "",
+        f"Setup: the real edge model, `edge-node serve --model smollm2-135m-instruct {res['edge']['args']}` "
+        f"(SmolLM2-135M-Instruct Q4_1), asked over HTTP as the gateway asks it: streamed chat completions, greedy "
+        f"(temperature 0), `max_tokens` {s['max_tokens']}, `top_logprobs` 2, {s['concurrency']} request in flight. "
+        f"Machine: {m['cpu_model']}, {m['cores']} cores shared with other work (load average {m['load_start']:.1f} "
+        f"at the start, {m['load_end']:.1f} at the end), {m['mem_gib']:.0f} GiB; no GPU. Seed {s['seed']}; "
+        f"{ov['n']} questions, halved per task into calibration ({ov['n_calibration']}) and evaluation "
+        f"({ov['n_evaluation']}); bootstrap intervals from {s['reps']} resamples of the evaluation half.",
+        "",
+        "Data (exact checkers in `bench/cascade/check.py`: the numbers in an answer less the question's operands "
+        "must all equal the gold; an answer must name the gold capital or country and no other; MMLU's first "
+        "standalone letter A-D):",
+    ]
+    for d in res["data"]:
+        lines.append(f"- {d['tasks']}: {d['source']} ({d['license']}).")
+    lines += ["", "### The edge model's answers, per task", "",
+              "AUROC: how well a signal separates right from wrong edge answers (0.5 = no better than chance; "
+              "prompt signals are oriented so that a shorter / less complex prompt predicts a right answer). "
+              "All of a task's questions; — where the edge was always right or always wrong. The last two columns "
+              "apply the 5 % threshold chosen on the calibration half (below) to all of the task's questions: the "
+              "share kept on the edge, and the share kept although wrong.", ""]
+    head = ["task", "n", "edge right", "cut at max_tokens", "prompt tokens"]
+    if "stand_in" in res:
+        head.append("stand-in right")
+    head += [f"AUROC {k}" for k in SHOWN_AUROC]
+    head += [f"kept at the {rec['hold_signal']} 5 % threshold", "kept and wrong"]
+    rows = []
+    for task, t in res["tasks"].items():
+        r = [TASK_TITLES.get(task, task), str(t["n"]), _f(t["edge_accuracy"], 2, True), _f(t["cut_share"], 2, True),
+             _f(t["prompt_tokens_mean"], 0)]
+        if "stand_in" in res:
+            r.append(_f(t.get("stand_in_accuracy"), 2, True))
+        rows.append(r + [_f(t["auroc"].get(k)) for k in SHOWN_AUROC]
+                    + [_f(t["kept_at_recommended"], 2, True), _f(t["wrong_kept_at_recommended"], 2, True)])
+    all_row = ["**all**", str(ov["n"]), _f(ov["edge_accuracy"], 2, True), _f(ov["cut_share"], 2, True), ""]
+    if "stand_in" in res:
+        all_row.append(_f(res["stand_in"]["accuracy"], 2, True))
+    rows.append(all_row + [""] * (len(SHOWN_AUROC) + 2))
+    lines += _table(head, rows)
+
+    lines += ["", "### Signals side by side (evaluation half)", "",
+              f"Escalated requests count as answered right (the production cloud is a 70B model), so all-cloud "
+              f"quality is 100 % and the edge alone is right on {_f(ov['evaluation_edge_accuracy'], 2, True)} of "
+              "this half. Kept at 1 % / 5 % loss: the largest share of requests a threshold on the signal keeps "
+              "on the edge while overall quality stays within 1 / 5 points of all-cloud (the best threshold for "
+              "this half, so an upper bound; the thresholds chosen on the calibration half are scored below). "
+              "APGR: mean performance gap recovered over escalation shares 0-100 % (random = 0.5). Designs: "
+              "*hold* reads the whole edge answer (an answer cut at max_tokens always escalates); *first-k* "
+              "decides on the first k tokens; *prompt* decides before the edge is asked.", ""]
+    rows = []
+    for r in res["signals"]:
+        rows.append([r["signal"], r["design"], _f(r["auroc"]) + _ci(r["auroc_ci"]),
+                     _f(r["auroc_without_cut_rule"]), _f(r["apgr"]),
+                     _f(r["kept_at_1pct_loss"], 2, True) + _ci(r["kept_at_1pct_loss_ci"], pct=True),
+                     _f(r["kept_at_5pct_loss"], 2, True) + _ci(r["kept_at_5pct_loss_ci"], pct=True)])
+    lines += _table(["signal", "design", "AUROC (95 % CI)", "AUROC without the cut rule", "APGR",
+                     "kept at 1 % loss (CI)", "kept at 5 % loss (CI)"], rows)
+    c = rec["combined"]
+    lines += ["", f"Combined (parameters chosen on the calibration half by APGR): {res['combination_summary']}; "
+              f"calibration APGR {_f(c['calibration_apgr'])}."]
+
+    lines += ["", "### Thresholds chosen on the calibration half, scored on the evaluation half", "",
+              "Keep the edge answer when the signal is >= the threshold (log-probabilities in nats per token).", ""]
+    rows = [[t["signal"], f"{t['loss_target']:.0%}", _f(t["threshold"], 3), _f(t["calibration_kept"], 2, True),
+             _f(t["evaluation_kept"], 2, True), _f(t["evaluation_loss"], 3, True)] for t in res["thresholds"]]
+    lines += _table(["signal", "loss target", "threshold", "kept (calibration)", "kept (evaluation)",
+                     "loss (evaluation)"], rows)
+    lines += ["", "Recommended defaults for a policy (from this run; `recommended` in the result file):", ""]
+    for k, v in rec["thresholds"].items():
+        lines.append(f"- `{k}`: " + ("none (no threshold keeps anything within this loss)" if v is None else f"{v:.3f}"))
+    lines.append(f"- best hold signal on the calibration half: {rec['hold_signal']}; best first-k: k = {rec['first_k']}")
+
+    tm = res["timing"]
+    t_first_k = tm[f"time_to_{rec['first_k']}_tokens_p50_s"]
+    lines += ["", "### Cost (evaluation half, at the 5 % thresholds above)", "",
+              f"Edge node: peak RSS {res['edge']['peak_rss_mib']:.0f} MiB; mean edge CPU "
+              f"{tm['edge_cpu_s_per_request_mean']:.3f} s per answered request (the node's own CPU time, /proc, "
+              f"one request in flight). Edge time to first token p50 {tm['edge_ttft_p50_s'] * 1e3:.0f} ms, to "
+              f"{rec['first_k']} tokens {t_first_k * 1e3:.0f} ms, to the whole "
+              f"answer {tm['whole_answer_p50_s'] * 1e3:.0f} ms (p90 {tm['whole_answer_p90_s'] * 1e3:.0f} ms). "
+              "Added latency of an escalated request = edge time spent before the cloud is asked: the whole "
+              "answer for *hold*, the first k tokens for *first-k*, nothing for a skipped prompt. A kept request's "
+              "time to first token is the same wait under *hold* (the tokens are held back until the decision) "
+              "and the k-token wait under *first-k*.", ""]
+    rows = []
+    for name, cst in res["cost"].items():
+        rows.append([name, "—" if cst["threshold"] is None else _f(cst["threshold"], 3), _f(cst["kept"], 2, True), _f(cst["escalated_after_edge"], 2, True),
+                     _f(cst["skipped_edge"], 2, True), _f(cst["edge_cpu_s_per_request"], 3),
+                     _ms(cst["added_latency_escalated_p50_s"]), _ms(cst["added_latency_escalated_p90_s"])])
+    lines += _table(["design", "threshold", "kept on edge", "escalated after an edge attempt", "edge skipped",
+                     "edge CPU-s per request", "added latency p50", "added latency p90"], rows)
+    fk = tm["first_k_attempts_measured"]
+    if fk:
+        parts = [f"k = {k}: {v['cpu_s_mean']:.3f} s CPU, {v['wall_s_mean'] * 1e3:.0f} ms (estimate from the full "
+                 f"answers' timings: {v['estimated_cpu_s_mean']:.3f} s)" for k, v in fk.items()]
+        lines += ["", "An escalated first-k attempt costs less CPU than a whole answer: its CPU is estimated from "
+                  "the streamed timings (share of the answer's wall time, CPU ~ wall at one request in flight); "
+                  f"measured directly with `max_tokens` = k on {next(iter(fk.values()))['n']} of the questions: "
+                  + "; ".join(parts) + "."]
+    if "stand_in" in res:
+        si = res["stand_in"]
+        rows = [[r["signal"], _f(r["apgr"]), _f(r["kept_at_1pct_loss"], 2, True), _f(r["kept_at_5pct_loss"], 2, True)]
+                for r in si["signals"]]
+        lines += ["", "### Second view: the cloud stand-in scored the same way", "",
+                  f"The stand-in (vLLM, SmolLM2-135M-Instruct in float32 from the same GGUF) answered "
+                  f"{_f(si['accuracy'], 2, True)} right ({_f(si['evaluation_accuracy'], 2, True)} on the evaluation "
+                  f"half) and agreed with the edge's right/wrong on {_f(si['agreement_with_edge'], 2, True)} of "
+                  "the questions: it is the edge model, not a stronger one, so escalating to it gains little and "
+                  "these kept shares say nothing about a real cloud. APGR is undefined (—) when edge and stand-in "
+                  "are equally often right.", ""]
+        lines += _table(["signal", "APGR", "kept at 1 % loss", "kept at 5 % loss"], rows)
+    lines += ["", "### What the numbers mean", ""] + [f"- {n}" for n in res.get("notes", [])]
+    return "\n".join(lines) + "\n"
+
+
+def _ms(x: float | None) -> str:
+    return "—" if x is None else f"{x * 1e3:.0f} ms"

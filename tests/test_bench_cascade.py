@@ -168,7 +168,7 @@ def test_cut_answers_escalate_under_hold_but_not_first_k() -> None:
 
 def test_analysis_and_report_on_synthetic_answers() -> None:
     rng = np.random.default_rng(0)
-    tasks = ["easy"] * 20 + ["hard"] * 20
+    tasks = ["capital"] * 20 + ["mmlu"] * 20
     right = np.r_[rng.random(20) < 0.9, rng.random(20) < 0.2].astype(float)
     answers = [_answer([-0.05 if r else -1.0] * 3 + [-0.2], t0=0.1 + 0.1 * (i >= 20))
                for i, r in enumerate(right)]
@@ -179,7 +179,7 @@ def test_analysis_and_report_on_synthetic_answers() -> None:
     first_k = {1: {"n": 2, "cpu_s_mean": 0.1, "wall_s_mean": 0.1, "estimated_cpu_s_mean": 0.1}}
     res = analyse(tasks, right, answers, sig, {k: raw[k] for k in ("mean logprob",)}, prompt, seed=0, reps=20,
                   first_k_cpu=first_k, stand_in_right=right.copy())
-    assert res["tasks"]["easy"]["auroc"]["mean logprob"] == 1.0
+    assert res["tasks"]["capital"]["auroc"]["mean logprob"] == 1.0
     assert {r["signal"] for r in res["signals"]} >= {"mean logprob", "complexity", "combined"}
     assert res["stand_in"]["agreement_with_edge"] == 1.0
     res |= {"command": "python -m bench.cascade", "wall_s": 60, "result_file": "bench/results/cascade.json",
@@ -189,4 +189,4 @@ def test_analysis_and_report_on_synthetic_answers() -> None:
             "combination_summary": "skip nothing"}
     text = markdown(res)
     assert text.startswith("## Cascade (bench/cascade)") and "| mean logprob | hold |" in text
-    assert "a note" in text and "Second view" in text
+    assert "a note" in text and "Second view" in text and "MMLU, the control" in text

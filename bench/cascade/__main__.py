@@ -22,13 +22,15 @@ import json
 import os
 import platform
 import sys
+import tempfile
 import time
 from datetime import UTC, datetime
 from pathlib import Path
 
 import numpy as np
 
-from bench.cascade.analysis import analyse, combination_summary
+from bench.cascade.analysis import analyse
+from bench.cascade.check import first_letter
 from bench.cascade.report import SECTION, markdown
 from bench.cascade.runner import Answer, ask, ask_all
 from bench.cascade.signals import FIRST_K, answer_signals, prompt_features
@@ -39,7 +41,7 @@ from bench.report import write_section
 REPO = Path(__file__).resolve().parents[2]
 RESULTS = REPO / "bench" / "results"
 EDGE_ARGS = ["--threads", "1", "--parallel", "2", "--ctx", "2048"]
-FIRST_K_SAMPLE = 7  # questions per task measured again with max_tokens = k
+FIRST_K_SAMPLE = 5  # questions per task measured again with max_tokens = k
 
 
 def _machine() -> dict:
@@ -91,10 +93,6 @@ NOTES = [
     "\"how much traffic can stay on the edge?\", which also depends on the mix: with more MMLU (where the edge is "
     "right only by chance) fewer requests can stay, with more capital questions more. The mix here is the task "
     "list above; a deployment should re-derive its thresholds on its own traffic (or a sample of it).",
-    "MMLU is the no-signal control: the model answers a letter it does not know (mostly \"A\"), so its right "
-    "answers are luck and confidence cannot find them (its per-task AUROC should be near 0.5, within the noise of "
-    "~150 questions). A cascade that keeps MMLU-like questions on the edge loses quality whatever the threshold; "
-    "the prompt signals, not confidence, are what can send such traffic to the cloud before the edge is asked.",
     "Thresholds are in nats per token (OpenAI `logprobs` units). They are this model's: a different edge model "
     "or quantization needs its own.",
     "Intervals are bootstrap percentiles over the evaluation half's requests; they do not include the variation "
@@ -144,7 +142,8 @@ def main(argv: list[str] | None = None) -> None:
         from bench.cascade.standin import stand_in_answers  # imports the cloud pool: only when asked for
 
         print("  stand-in: starting vLLM", file=sys.stderr, flush=True)
-        si = stand_in_answers(items, args.max_tokens, Path("/tmp") / f"tiergate-cascade-standin-{os.getpid()}")
+        with tempfile.TemporaryDirectory(prefix="tiergate-cascade-standin-") as tmp:
+            si = stand_in_answers(items, args.max_tokens, Path(tmp))
         stand_in_right = np.array([it.check(a.text) for it, a in zip(items, si, strict=True)], np.float64)
 
     right = np.array([it.check(a.text) for it, a in zip(items, answers, strict=True)], np.float64)
@@ -155,10 +154,10 @@ def main(argv: list[str] | None = None) -> None:
     res = analyse([it.task for it in items], right, answers, signals, raw, prompt, args.seed, args.reps, first_k,
                   stand_in_right)
 
-    from bench.cascade.combine import Combination  # the record of the chosen rule, for its summary line
-
-    combo = Combination(**{k: v if v is not None else -np.inf for k, v in res["recommended"]["combined"].items()
-                           if k != "threshold_5pct"})
+    if "mmlu" in res["tasks"]:  # which letters the edge answers: a model that guesses picks one letter
+        letters = [first_letter(a.text) for it, a in zip(items, answers, strict=True) if it.task == "mmlu"]
+        res["tasks"]["mmlu"]["answer_letter_shares"] = {str(k): round(letters.count(k) / len(letters), 4)
+                                                        for k in ("A", "B", "C", "D", None)}
     machine["load_end"] = round(os.getloadavg()[0], 2)
     cmd = "python -m bench.cascade" + (" " + " ".join(argv if argv is not None else sys.argv[1:])).rstrip()
     out = {
@@ -178,7 +177,7 @@ def main(argv: list[str] | None = None) -> None:
             {"tasks": "MMLU (control)", "source": f"`../shared/data/routing/{MMLU_FILE.name}`, gold letters from "
              "MMLU-Redux", "license": "CC BY 4.0, LICENSE-mmlu-redux"},
         ],
-        **res, "combination_summary": combination_summary(combo), "notes": NOTES,
+        **res, "notes": NOTES,
         "items": [_item_record(it, a, bool(r), {k: float(v[i]) for k, v in signals.items()},
                                int(-prompt["prompt tokens"][i]), float(-prompt["complexity"][i]))
                   for i, (it, a, r) in enumerate(zip(items, answers, right, strict=True))],

@@ -136,6 +136,9 @@ def analyse(tasks: Sequence[str], right: np.ndarray, answers: Sequence[Answer], 
             "complexity_mean": _r(-prompt["complexity"][m].mean(), 3),
             "auroc": {k: _r(auroc(v[m], right[m])) for k, v in every.items()},
         }
+        hs, rt = signals[best_hold][m], right[m]
+        per_task[task]["auroc_best_hold_ci"] = [_r(v) for v in bootstrap_ci(
+            lambda b, hs=hs, rt=rt: auroc(hs[b], rt[b]), int(m.sum()), reps, seed)]
         kept = signals[best_hold][m] >= thr[(best_hold, 0.05)]
         per_task[task]["kept_at_recommended"] = _r(kept.mean())
         per_task[task]["wrong_kept_at_recommended"] = _r((kept & (right[m] == 0)).mean())
@@ -153,6 +156,11 @@ def analyse(tasks: Sequence[str], right: np.ndarray, answers: Sequence[Answer], 
     k_time = t_k(best_k)
     k_cpu_est = cpu_full * np.clip(k_time / np.maximum(done, 1e-9), 0, 1)  # CPU ~ wall at one request in flight
     skipped = combo.skipped(prompt[combo.prompt_signal])
+    sk = skipped[evals]
+    recommended["combined"]["evaluation_skipped"] = {
+        "share": _r(sk.mean()), "edge_accuracy": _r(right[evals][sk].mean()) if sk.any() else None,
+        "edge_cpu_s_mean": _r(cpu_full[evals][sk].mean()) if sk.any() else None,
+        "others_edge_accuracy": _r(right[evals][~sk].mean()), "others_edge_cpu_s_mean": _r(cpu_full[evals][~sk].mean())}
     hold_sig = signals[best_hold]
     cost = {
         "edge only (no cascade)": _cost(answers, None, 0.0, done, cpu_full, none, evals),
@@ -176,7 +184,7 @@ def analyse(tasks: Sequence[str], right: np.ndarray, answers: Sequence[Answer], 
                     "n_calibration": len(calib), "n_evaluation": len(evals),
                     "evaluation_edge_accuracy": _r(right[evals].mean())},
         "tasks": per_task, "signals": rows, "thresholds": thresholds, "recommended": recommended,
-        "cost": cost, "timing": timing,
+        "cost": cost, "timing": timing, "combination_summary": combination_summary(combo),
     }
     if stand_in_right is not None:
         out["stand_in"] = _stand_in_view(every, combined, right, np.asarray(stand_in_right, np.float64), evals)
@@ -188,9 +196,11 @@ def _stand_in_view(every: Mapping[str, np.ndarray], combined: np.ndarray, right:
     """Kept shares and APGR when escalated answers are the stand-in's own, scored the same way."""
     e, c = right[evals], stand_in[evals]
     rows = []
+    gap = abs(c.mean() - e.mean())
     for name, score in {**every, "combined": combined}.items():
         s = score[evals]
-        rows.append({"signal": name, "apgr": _r(apgr(s, e, c)),
+        # PGR divides by the quality gap: with a gap of a few points it is noise, so it is not reported.
+        rows.append({"signal": name, "apgr": _r(apgr(s, e, c)) if gap >= 0.05 else None,
                      **{f"kept_at_{round(lo * 100)}pct_loss": _r(kept_at_loss(s, e, c, lo).kept) for lo in LOSSES}})
     return {"accuracy": _r(stand_in.mean()), "evaluation_accuracy": _r(c.mean()),
             "agreement_with_edge": _r((stand_in == right).mean()), "signals": rows}
@@ -198,6 +208,6 @@ def _stand_in_view(every: Mapping[str, np.ndarray], combined: np.ndarray, right:
 
 def combination_summary(c: Combination) -> str:
     if c.skip_share == 0:
-        return f"no prompt is skipped (skipping lowered calibration APGR); confidence = {c.confidence_signal}"
+        return f"{c.confidence_signal} alone: skipping any prompt lowered the calibration APGR"
     return (f"skip the edge for the {c.skip_share:.0%} of prompts with the highest {c.prompt_signal}, then "
             f"{c.confidence_signal}")

@@ -22,7 +22,7 @@ import re
 import unicodedata
 from collections.abc import Iterable, Mapping, Sequence
 
-__all__ = ["EntityIndex", "entity_right", "letter_right", "normalise", "number_right", "numbers"]
+__all__ = ["EntityIndex", "entity_right", "first_letter", "letter_right", "normalise", "number_right", "numbers"]
 
 _NUMBER = re.compile(r"(?<![\d.])-?\d{1,3}(?:,\d{3})+(?![\d,])|(?<![\d.])-?\d+")
 _LETTER = re.compile(r"(?<![A-Za-z0-9])([A-D])(?![A-Za-z0-9])")
@@ -83,6 +83,11 @@ def entity_right(answer: str, gold: str, index: EntityIndex) -> bool:
     return index.find(answer) == {gold}
 
 
-def letter_right(answer: str, gold: str) -> bool:
+def first_letter(answer: str) -> str | None:
+    """The first standalone capital A-D in the answer (an option letter), if any."""
     m = _LETTER.search(answer)
-    return m is not None and m.group(1) == gold
+    return None if m is None else m.group(1)
+
+
+def letter_right(answer: str, gold: str) -> bool:
+    return first_letter(answer) == gold

@@ -35,7 +35,7 @@ MMLU_FILE = next((p for p in (_REPO.parent / "shared", _REPO.parent.parent / "sh
 
 # Task name -> default number of questions (capped by how many distinct ones exist).
 DEFAULT_N: dict[str, int] = {
-    "capital": 100, "country": 100, "add_1d": 100, "mul_1d": 100, "add_2d": 100, "mul_2x1d": 100, "mmlu": 150,
+    "capital": 144, "country": 144, "add_1d": 100, "mul_1d": 100, "add_2d": 100, "mul_2x1d": 100, "mmlu": 150,
 }
 TASKS = tuple(DEFAULT_N)
 

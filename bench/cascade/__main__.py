@@ -131,6 +131,7 @@ def main(argv: list[str] | None = None) -> None:
         for it in items[:2]:  # warm-up: first-request costs (allocations, page faults) are not a question's
             ask(url, it.prompt, 4, edge.pid)
         answers = ask_all(url, items, args.max_tokens, edge.pid, 1, _progress(len(items), "edge"))
+        machine["load_after_edge_answers"] = round(os.getloadavg()[0], 2)
         first_k = _first_k_attempts(url, edge.pid, items, answers)
         rss = peak_rss_mib(edge.pid)
     finally:

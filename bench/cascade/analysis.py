@@ -80,16 +80,21 @@ def _thresholds(name: str, score: np.ndarray, right: np.ndarray, cloud: np.ndarr
 
 
 def _cost(answers: Sequence[Answer], keep: np.ndarray | None, threshold: float, decide_s: np.ndarray,
-          cpu_if_escalated: np.ndarray, skipped: np.ndarray, idx: np.ndarray) -> dict:
-    """Edge CPU per request and the edge time an escalated request waits, for one design at one threshold."""
+          decide_tokens: np.ndarray, cpu_if_escalated: np.ndarray, skipped: np.ndarray, idx: np.ndarray) -> dict:
+    """Edge CPU per request and the edge time an escalated request waits, for one design at one threshold.
+
+    The wait is also given in generated tokens (after the prompt's prefill), which other work on the machine
+    does not stretch."""
     cpu_full = np.array([a.cpu_s for a in answers])
     kept = np.ones(len(answers), bool) if keep is None else keep >= threshold
     esc = ~kept & ~skipped
     cpu = np.where(skipped, 0.0, np.where(kept, cpu_full, cpu_if_escalated))
-    wait = decide_s[idx][esc[idx]]
-    return {"threshold": _r(threshold, 6) if keep is not None else None, "kept": _r(kept[idx].mean()), "escalated_after_edge": _r(esc[idx].mean()),
-            "skipped_edge": _r(skipped[idx].mean()), "edge_cpu_s_per_request": _r(cpu[idx].mean()),
-            "added_latency_escalated_p50_s": _pct(wait, 50), "added_latency_escalated_p90_s": _pct(wait, 90)}
+    wait, tokens = decide_s[idx][esc[idx]], decide_tokens[idx][esc[idx]]
+    return {"threshold": _r(threshold, 6) if keep is not None else None, "kept": _r(kept[idx].mean()),
+            "escalated_after_edge": _r(esc[idx].mean()), "skipped_edge": _r(skipped[idx].mean()),
+            "edge_cpu_s_per_request": _r(cpu[idx].mean()),
+            "added_latency_escalated_p50_s": _pct(wait, 50), "added_latency_escalated_p90_s": _pct(wait, 90),
+            "tokens_before_decision_escalated_mean": _r(tokens.mean(), 2) if len(tokens) else None}
 
 
 def analyse(tasks: Sequence[str], right: np.ndarray, answers: Sequence[Answer], signals: Mapping[str, np.ndarray],
@@ -154,23 +159,24 @@ def analyse(tasks: Sequence[str], right: np.ndarray, answers: Sequence[Answer], 
         return np.array([a.token_times[k - 1] if len(a.token_times) >= k else a.done_s for a in answers])
 
     k_time = t_k(best_k)
+    n_tok = np.array([len(a.scores) for a in answers], np.float64)
     k_cpu_est = cpu_full * np.clip(k_time / np.maximum(done, 1e-9), 0, 1)  # CPU ~ wall at one request in flight
     skipped = combo.skipped(prompt[combo.prompt_signal])
     sk = skipped[evals]
     recommended["combined"]["evaluation_skipped"] = {
         "share": _r(sk.mean()), "edge_accuracy": _r(right[evals][sk].mean()) if sk.any() else None,
         "edge_cpu_s_mean": _r(cpu_full[evals][sk].mean()) if sk.any() else None,
-        "others_edge_accuracy": _r(right[evals][~sk].mean()), "others_edge_cpu_s_mean": _r(cpu_full[evals][~sk].mean())}
+        "others_edge_accuracy": _r(right[evals][~sk].mean()),
+        "others_edge_cpu_s_mean": _r(cpu_full[evals][~sk].mean())}
     hold_sig = signals[best_hold]
     cost = {
-        "edge only (no cascade)": _cost(answers, None, 0.0, done, cpu_full, none, evals),
-        f"hold ({best_hold})": _cost(answers, hold_sig, thr[(best_hold, 0.05)],
-                                     done, cpu_full, none, evals),
+        "edge only (no cascade)": _cost(answers, None, 0.0, done, n_tok, cpu_full, none, evals),
+        f"hold ({best_hold})": _cost(answers, hold_sig, thr[(best_hold, 0.05)], done, n_tok, cpu_full, none, evals),
         f"first-{best_k} ({best_k}-token mean logprob)": _cost(
             answers, signals[f"first-{best_k} mean logprob"],
-            thr[(f"first-{best_k} mean logprob", 0.05)], k_time, k_cpu_est, none, evals),
+            thr[(f"first-{best_k} mean logprob", 0.05)], k_time, np.minimum(n_tok, best_k), k_cpu_est, none, evals),
         f"combined (skip on {combo.prompt_signal}, then {combo.confidence_signal})": _cost(
-            answers, combined, thr[("combined", 0.05)], done, cpu_full, skipped, evals),
+            answers, combined, thr[("combined", 0.05)], done, n_tok, cpu_full, skipped, evals),
     }
     timing = {"edge_ttft_p50_s": _pct(t_k(1), 50), "edge_ttft_p90_s": _pct(t_k(1), 90),
               **{f"time_to_{k}_tokens_p50_s": _pct(t_k(k), 50) for k in FIRST_K},

@@ -48,8 +48,9 @@ def markdown(res: dict[str, Any]) -> str:
         f"Setup: the real edge model, `edge-node serve --model smollm2-135m-instruct {res['edge']['args']}` "
         f"(SmolLM2-135M-Instruct Q4_1), asked over HTTP as the gateway asks it: streamed chat completions, greedy "
         f"(temperature 0), `max_tokens` {s['max_tokens']}, `top_logprobs` 2, {s['concurrency']} request in flight. "
-        f"Machine: {m['cpu_model']}, {m['cores']} cores shared with other work (load average {m['load_start']:.1f} "
-        f"at the start, {m['load_end']:.1f} at the end), {m['mem_gib']:.0f} GiB; no GPU. Seed {s['seed']}; "
+        f"Machine: {m['cpu_model']}, {m['cores']} cores shared with other work (1-minute load average {m['load_start']:.1f} "
+        f"at the start, {m.get('load_after_edge_answers', float('nan')):.1f} after the edge answers, {m['load_end']:.1f} "
+        "at the end), {m['mem_gib']:.0f} GiB; no GPU. Seed {s['seed']}; "
         f"{ov['n']} questions, halved per task into calibration ({ov['n_calibration']}) and evaluation "
         f"({ov['n_evaluation']}); bootstrap intervals from {s['reps']} resamples of the evaluation half.",
         "",
@@ -128,14 +129,18 @@ def markdown(res: dict[str, Any]) -> str:
               "Added latency of an escalated request = edge time spent before the cloud is asked: the whole "
               "answer for *hold*, the first k tokens for *first-k*, nothing for a skipped prompt. A kept request's "
               "time to first token is the same wait under *hold* (the tokens are held back until the decision) "
-              "and the k-token wait under *first-k*.", ""]
+              "and the k-token wait under *first-k*. Times are wall-clock on the shared machine and stretch with its "
+              "load (see Setup); the tokens generated before escalating (after the prompt's prefill) and the CPU "
+              "seconds do not.", ""]
     rows = []
     for name, cst in res["cost"].items():
         rows.append([name, "—" if cst["threshold"] is None else _f(cst["threshold"], 3), _f(cst["kept"], 2, True), _f(cst["escalated_after_edge"], 2, True),
                      _f(cst["skipped_edge"], 2, True), _f(cst["edge_cpu_s_per_request"], 3),
-                     _ms(cst["added_latency_escalated_p50_s"]), _ms(cst["added_latency_escalated_p90_s"])])
+                     _ms(cst["added_latency_escalated_p50_s"]), _ms(cst["added_latency_escalated_p90_s"]),
+                     _f(cst["tokens_before_decision_escalated_mean"], 1)])
     lines += _table(["design", "threshold", "kept on edge", "escalated after an edge attempt", "edge skipped",
-                     "edge CPU-s per request", "added latency p50", "added latency p90"], rows)
+                     "edge CPU-s per request", "added latency p50", "added latency p90",
+                     "tokens generated before escalating (mean)"], rows)
     fk = tm["first_k_attempts_measured"]
     if fk:
         parts = [f"k = {k}: {v['cpu_s_mean']:.3f} s CPU, {v['wall_s_mean'] * 1e3:.0f} ms (estimate from the full "

@@ -110,7 +110,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--stand-in", action="store_true", help="also score the vLLM cloud stand-in's own answers")
     ap.add_argument("--out", type=Path, default=RESULTS / "cascade.json")
     ap.add_argument("--no-docs", action="store_true", help="do not rewrite docs/benchmarks.md's section")
+    ap.add_argument("--render", type=Path, metavar="RESULT_JSON",
+                    help="only re-render the tables (and the docs section) from an earlier run's result file")
     args = ap.parse_args(argv)
+    if args.render:
+        _publish(json.loads(args.render.read_text()), args.render, args.no_docs)
+        return
     t_start = time.monotonic()
     tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
     counts = {t: (args.n if args.n is not None else DEFAULT_N[t]) for t in tasks}
@@ -185,11 +190,16 @@ def main(argv: list[str] | None = None) -> None:
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(out, indent=1) + "\n")
-    text = markdown(out)
+    _publish(out, args.out, args.no_docs)
+
+
+def _publish(res: dict, path: Path, no_docs: bool) -> None:
+    """Print the tables and write them to docs/benchmarks.md: every number is read from the result `res`."""
+    text = markdown(res)
     print(text)
-    if not args.no_docs:
+    if not no_docs:
         write_section(SECTION, text)
-        print(f"wrote {args.out} and the '{SECTION}' section of docs/benchmarks.md", file=sys.stderr)
+        print(f"tables from {path} written to the '{SECTION}' section of docs/benchmarks.md", file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -43,14 +43,15 @@ def markdown(res: dict[str, Any]) -> str:
     lines = [
         SECTION, "",
         f"Command: `{res['command']}` ({res['wall_s'] / 60:.0f} minutes here). Writes `{res['result_file']}` "
-        "(every answer, its signals and timings, and every number below).",
+        "(every answer, its signals and timings, and every number below); `--render bench/results/cascade.json` "
+        "prints these tables again from it.",
         "",
         f"Setup: the real edge model, `edge-node serve --model smollm2-135m-instruct {res['edge']['args']}` "
         f"(SmolLM2-135M-Instruct Q4_1), asked over HTTP as the gateway asks it: streamed chat completions, greedy "
         f"(temperature 0), `max_tokens` {s['max_tokens']}, `top_logprobs` 2, {s['concurrency']} request in flight. "
         f"Machine: {m['cpu_model']}, {m['cores']} cores shared with other work (1-minute load average {m['load_start']:.1f} "
         f"at the start, {m.get('load_after_edge_answers', float('nan')):.1f} after the edge answers, {m['load_end']:.1f} "
-        "at the end), {m['mem_gib']:.0f} GiB; no GPU. Seed {s['seed']}; "
+        f"at the end), {m['mem_gib']:.0f} GiB; no GPU. Seed {s['seed']}; "
         f"{ov['n']} questions, halved per task into calibration ({ov['n_calibration']}) and evaluation "
         f"({ov['n_evaluation']}); bootstrap intervals from {s['reps']} resamples of the evaluation half.",
         "",
@@ -152,13 +153,14 @@ def markdown(res: dict[str, Any]) -> str:
     if "stand_in" in res:
         si = res["stand_in"]
         kept = [r[f"kept_at_{p}pct_loss"] for r in si["signals"] for p in (1, 5)]
+        span = _f(min(kept), 2, True) + ("" if min(kept) == max(kept) else "-" + _f(max(kept), 2, True))
         lines += ["", "### Second view: the cloud stand-in scored the same way", "",
                   f"The stand-in (vLLM, SmolLM2-135M-Instruct in float32 from the same GGUF) answered "
                   f"{_f(si['accuracy'], 2, True)} right ({_f(si['evaluation_accuracy'], 2, True)} on the evaluation "
                   f"half; per task in the first table) and agreed with the edge's right/wrong on "
                   f"{_f(si['agreement_with_edge'], 2, True)} of the questions: it is the edge model, not a stronger "
                   "one. Counting its answers instead of \"the cloud is right\", every signal keeps "
-                  f"{_f(min(kept), 2, True)}-{_f(max(kept), 2, True)} of the evaluation half at 1 % and at 5 % "
+                  f"{span} of the evaluation half at 1 % and at 5 % "
                   "loss, because escalating to it gains nothing; APGR, which divides by the edge-to-cloud quality "
                   "gap, is not reported for a gap under 5 points. This view checks the plumbing, not the cascade: "
                   "the main view above is the one that models a real cloud."]
@@ -179,10 +181,13 @@ def findings(res: dict[str, Any]) -> list[str]:
     out = []
     if partly:
         lo, hi = min(v["auroc"][best] for v in partly.values()), max(v["auroc"][best] for v in partly.values())
+        whole = sig[best]["auroc"]
         out.append(f"Where the edge model is partly competent (every task but MMLU) the {best} of its answer "
                    f"separates right from wrong answers with AUROC {lo:.2f}-{hi:.2f} within a task; over the "
-                   f"whole mix it is {sig[best]['auroc']:.2f}, lower because the tasks' confidence levels differ "
-                   "(a confident wrong answer on one task outranks an unsure right one on another).")
+                   f"whole mix (evaluation half) it is {whole:.2f}"
+                   + (", lower than within any task: the tasks' confidence levels differ, and a confident wrong "
+                      "answer on one task outranks an unsure right one on another." if whole < lo else ".")
+                   + " A policy has one threshold for the whole mix.")
     if "mmlu" in tasks:
         m = tasks["mmlu"]
         ci = m["auroc_best_hold_ci"]
@@ -209,10 +214,14 @@ def findings(res: dict[str, Any]) -> list[str]:
         out.append(f"{ov['cut_share'] * 100:.0f} % of the answers hit max_tokens ({res['settings']['max_tokens']}); "
                    f"they are wrong or unfinished, so the cut rule alone has AUROC {cut['auroc']:.2f}, and it lifts "
                    f"{best} from {sig[best]['auroc_without_cut_rule']:.2f} to {sig[best]['auroc']:.2f}.")
+    easiest = max(tasks, key=lambda t: tasks[t]["kept_at_recommended"] or 0)
+    e = tasks[easiest]
     out.append(f"The kept shares are small because the edge is right on only {ov['edge_accuracy'] * 100:.0f} % "
                "of this deliberately hard mix: a cascade can never keep much more than the edge gets right plus the "
-               "loss it is allowed. On traffic the edge mostly answers well the same thresholds keep far more (the "
-               "per-task column shows it).")
+               f"loss it is allowed. Where the edge does better the same threshold keeps more: of the "
+               f"{TASK_TITLES.get(easiest, easiest)} questions ({e['edge_accuracy'] * 100:.0f} % answered right) it "
+               f"keeps {e['kept_at_recommended'] * 100:.0f} % of them on the edge, and "
+               f"{e['wrong_kept_at_recommended'] * 100:.0f} % of them are kept although wrong.")
     c = sig.get("combined")
     if c:
         cost = res["cost"]

@@ -23,6 +23,7 @@ import msgspec
 import structlog
 
 from core.pool import Endpoint
+from core.wire import decode_json
 
 if TYPE_CHECKING:
     from core.types import Features
@@ -81,6 +82,9 @@ class NodeInfo(msgspec.Struct, forbid_unknown_fields=False):
     tier: str | None = None
 
 
+_node_info = msgspec.json.Decoder(NodeInfo)
+
+
 def parse_heartbeat(body: bytes | Mapping[str, Any] | NodeInfo) -> NodeInfo:
     """Validate a heartbeat (raw JSON bytes, a decoded dict, or a NodeInfo).
 
@@ -88,7 +92,7 @@ def parse_heartbeat(body: bytes | Mapping[str, Any] | NodeInfo) -> NodeInfo:
     whatever the source: they live in one place, the struct."""
     try:
         if isinstance(body, (bytes, bytearray, memoryview)):
-            info = msgspec.json.decode(body, type=NodeInfo)
+            info = decode_json(_node_info, body)
         else:
             fields = msgspec.structs.asdict(body) if isinstance(body, NodeInfo) else dict(body)
             info = msgspec.convert(fields, NodeInfo)

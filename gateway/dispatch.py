@@ -18,7 +18,7 @@ import msgspec
 from core.errors import OpenAIError, rate_limited, upstream_error
 from core.pool import Endpoint
 from core.types import Decision, Features
-from core.wire import ParsedRequest
+from core.wire import ParsedRequest, decode_json
 from gateway.metrics import GatewayMetrics
 from gateway.tiers import Tier
 from gateway.upstream import UpstreamClient, UpstreamFailure, UpstreamResponse
@@ -26,6 +26,7 @@ from gateway.upstream import UpstreamClient, UpstreamFailure, UpstreamResponse
 __all__ = ["Attempt", "Dispatcher"]
 
 MAX_ENDPOINTS_PER_TIER = 3
+_error_body = msgspec.json.Decoder()
 
 
 @dataclass(slots=True)
@@ -164,7 +165,7 @@ def _client_error_from(f: UpstreamFailure, prefix: str = "") -> OpenAIError:
     message, code = str(f), "upstream_rejected"
     if f.body:
         try:
-            err = msgspec.json.decode(f.body).get("error", {})
+            err = decode_json(_error_body, f.body).get("error", {})
             if isinstance(err, dict):
                 message = str(err.get("message") or message)
                 code = str(err.get("code") or code)

@@ -70,10 +70,10 @@ class Completions:
             body = await read_body(request, gw.settings.max_body_bytes)
             try:
                 req, plain = decode_request(body, kind)
+                raw = raw_fields(body)  # an unknown key that is not UTF-8 fails only here
             except (msgspec.ValidationError, msgspec.DecodeError) as exc:
                 raise from_validation(exc) from None
             check_params(req, gw.public_models())
-            raw = raw_fields(body)
             extra = tuple(unknown_names(raw, kind))
             if extra and (refused := refused_field(raw, list(extra))):
                 raise bad_request(f"`{refused[0]}` is not supported through this gateway: {refused[1]}.",

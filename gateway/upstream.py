@@ -18,6 +18,7 @@ import msgspec
 
 from core.pool import Endpoint
 from core.types import Timeouts
+from core.wire import decode_json
 
 __all__ = ["MAX_EVENT_BYTES", "UpstreamClient", "UpstreamFailure", "UpstreamResponse"]
 
@@ -223,8 +224,8 @@ def _failure_for_status(endpoint: Endpoint, status: int, body: bytes) -> Upstrea
 def _is_capability(body: bytes) -> bool:
     """Whether a 400/422 body says the backend cannot serve the request, rather than that the request is wrong."""
     try:
-        err = _error_body.decode(body).get("error")
-    except (msgspec.DecodeError, AttributeError, RecursionError):
+        err = decode_json(_error_body, body).get("error")
+    except (msgspec.DecodeError, AttributeError):
         return False
     if not isinstance(err, dict):
         return False

@@ -41,8 +41,8 @@ class Attempt:
     upstream_started: float  # perf_counter when the request went to the backend
     fallback_from: str | None = None
     events: AsyncIterator[list[bytes]] | None = None  # streaming: the rest of the stream, after `first`
-    first: list[bytes] | None = None  # streaming: the first batch of events, read before anything reached the client
-    first_at: float = 0.0  # perf_counter when `first` arrived
+    first: list[bytes] | None = None  # streaming: the events up to the first token, read before the client got any
+    first_at: float = 0.0  # perf_counter when the first token arrived (the TTFT metric)
     _done: bool = field(default=False)
 
     def finish(self, ok: bool = True) -> None:
@@ -65,8 +65,9 @@ class Dispatcher:
                    body_for: Callable[[Endpoint], bytes], request_id: str, stream: bool) -> Attempt:
         """Return the first backend that accepts the request, or raise the most telling OpenAIError.
 
-        For a stream, the first event is read here, so that a backend failing before its first token
-        is still retried elsewhere: nothing has reached the client yet.
+        For a stream, the first token is read here (with the role-only frames before it, held:
+        `UpstreamResponse.events`), so that a backend failing before its first token is still retried
+        elsewhere: nothing has reached the client yet.
         """
         routes, metrics = self._tiers, self._metrics
         failures: list[OpenAIError] = []  # one per tier tried, so the final error can say what happened where

@@ -5,7 +5,8 @@ Also the test suite's stand-in at the HTTP boundary: a `mode` makes it fail in t
 a 401 from a backend configured with another key). The `role_*` modes open a chat stream as vLLM and llama.cpp
 servers do, with a role-only frame before any token, and then hang (`role_hang`), close the connection
 (`role_cut`), send an error event (`role_error`: an engine that failed with the request still queued) or wait
-for the test's `GATE` event before generating (`role_gated`).
+for the test's `GATE` event before generating (`role_gated`). `frozen` answers nothing at all, health checks
+included, as a SIGSTOPped process does, until the mode changes (SIGCONT): then it carries on.
 
 Run: python -m bench.instant_upstream --port 9001 [--chunks 8] [--mode ok|error500|cut|hang|stall|reject|unauthorized]
                                          [--ttft-ms 0] [--tbt-ms 0] [--echo]
@@ -63,6 +64,10 @@ def make_app(chunks: int = 8, mode: str = "ok", model: str = "instant", slots: i
     app[LAST_BODY] = b""
     app[GATE], app[OPENED] = threading.Event(), threading.Event()
 
+    async def _frozen() -> None:
+        while app[MODE] == "frozen":  # stopped: carries on where it was once the mode changes
+            await asyncio.sleep(0.05)
+
     async def complete(request: web.Request) -> web.StreamResponse:
         app[HITS] += 1
         app[LAST_BODY] = raw = await request.read()
@@ -80,6 +85,7 @@ def make_app(chunks: int = 8, mode: str = "ok", model: str = "instant", slots: i
                                      status=401)
         if m == "hang":
             await asyncio.sleep(3600)
+        await _frozen()
         n = min(chunks, body.max_tokens or chunks)
         words = [f"w{i} " for i in range(n)]
         if echo and n:
@@ -144,13 +150,16 @@ def make_app(chunks: int = 8, mode: str = "ok", model: str = "instant", slots: i
         return resp
 
     async def models(request: web.Request) -> web.Response:
+        await _frozen()
         return web.json_response({"object": "list", "data": [{"id": model, "object": "model"}]})
 
     async def health(request: web.Request) -> web.Response:
+        await _frozen()
         return web.json_response({"status": "ok", "model": model, "slots": slots, "busy": 0, "queued": 0})
 
     async def prom(request: web.Request) -> web.Response:
         """Enough of vLLM's /metrics for a cloud pool to read load from."""
+        await _frozen()
         lines = []
         for name, kind in (("vllm:num_requests_running", "gauge"), ("vllm:num_requests_waiting", "gauge"),
                            ("vllm:kv_cache_usage_perc", "gauge")):

@@ -72,6 +72,11 @@ class PoolSnapshot:
     prefix_cache_hit_rate: float | None
 
 
+# Poll failures that mean the server is gone or hung (not merely misconfigured): in-flight requests that are still
+# waiting for their answer to begin are retried elsewhere. A slow poll counts only after `slow_polls_unhealthy`.
+_LOST = frozenset({"timeout", "unreachable", "http_status"})
+
+
 async def _getaddrinfo(host: str, port: int) -> list[str]:
     infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
     return sorted({info[4][0] for info in infos})
@@ -337,6 +342,8 @@ class CloudPool:
         ep.extra["status"] = reason
         self.metrics.endpoint_healthy.labels(self.tier, ep.id).set(1 if healthy else 0)
         if reading is None:
+            if kind in _LOST:  # requests waiting for this server's answer to begin go elsewhere (dispatch)
+                ep.declare_lost(reason)
             server.model_checked_at_poll = None  # re-check the model when it comes back
             self.metrics.poll_failures.labels(self.tier, ep.id, kind or "unknown").inc()
             self._sync_breaker_gauge(server)

@@ -6,6 +6,7 @@ every backend speaks the OpenAI HTTP API, so an `Endpoint` is just a base URL an
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
@@ -28,10 +29,23 @@ class Endpoint:
     inflight: int = 0  # requests this gateway process has open on it right now
     reported_load: float = 0.0  # the backend's own load reading in [0, 1+] (heartbeat or /metrics)
     extra: dict[str, object] = field(default_factory=dict)
+    # Requests waiting on this backend before their answer began (see `declare_lost`), each a callback.
+    waiting: set[Callable[[str], None]] = field(default_factory=set, repr=False)
 
     def load(self) -> float:
         """Estimated busy fraction: the larger of our own in-flight count and the backend's reading."""
         return max(self.inflight / max(self.slots, 1), self.reported_load)
+
+    def declare_lost(self, reason: str) -> None:
+        """The pool's health check found this backend unreachable or hung: tell every request waiting on it.
+
+        Dispatch registers a callback in `waiting` while a request waits for a backend's answer to begin (the
+        headers of a JSON answer, which come only once it is generated; a stream's first token), and retries
+        elsewhere when it is called. Answers that have begun are not touched, and a draining backend is not
+        lost: it finishes what it holds.
+        """
+        for notify in list(self.waiting):
+            notify(reason)
 
 
 @runtime_checkable

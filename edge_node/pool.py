@@ -4,7 +4,10 @@ Nodes come from two places: heartbeats (`edge-node serve --gateway ...` posts it
 static endpoints in the tier config (polled on `/health`). With a Redis client, heartbeats are stored in
 Redis (a sorted set of last-seen times plus a hash of node info), so every gateway replica sees every
 node whichever replica received the heartbeat; without one the registry lives in this process.
-A node silent for `ttl_s` is dropped. `candidates()` runs on every request, so it only reads the
+A node silent for `ttl_s` is dropped. Every replica also polls every node's `/health` itself (static ones for
+their load; registered ones only for being alive): a node that stops answering (hung, SIGSTOPped, its host gone)
+takes no new requests after one failed poll, and after `lost_after` failed polls in a row the requests still
+waiting for its answer to begin are told (`Endpoint.declare_lost`) and retried elsewhere by dispatch. `candidates()` runs on every request, so it only reads the
 in-memory snapshot: least loaded first, where load = max(our in-flight / slots, reported (busy+queued) / slots),
 round-robin among equals.
 """
@@ -123,6 +126,7 @@ class EdgePool:
         refresh_interval_s: float = 1.0,
         failure_threshold: int = 3,
         cooldown_s: float = 5.0,
+        lost_after: int = 2,
         key_prefix: str = "tiergate:edge",
         clock: Callable[[], float] = time.time,
     ) -> None:
@@ -135,6 +139,7 @@ class EdgePool:
         self._refresh_interval = refresh_interval_s
         self._failure_threshold = failure_threshold
         self._cooldown_s = cooldown_s
+        self._lost_after = max(1, lost_after)
         # One hash tag for both keys: their MULTI and script stay in one slot on a Redis Cluster.
         self._k_seen = f"{{{key_prefix}:{tier}}}:seen"
         self._k_info = f"{{{key_prefix}:{tier}}}:info"
@@ -192,9 +197,8 @@ class EdgePool:
     async def start(self) -> None:
         if self._tasks:
             return
-        if self._static:
-            self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=min(2.0, self._poll_interval)))
-            self._tasks.append(asyncio.create_task(self._poll_static_loop(), name=f"edge-pool-poll-{self.tier}"))
+        self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=min(2.0, self._poll_interval)))
+        self._tasks.append(asyncio.create_task(self._poll_loop(), name=f"edge-pool-poll-{self.tier}"))
         self._tasks.append(asyncio.create_task(self._refresh_loop(), name=f"edge-pool-refresh-{self.tier}"))
 
     async def stop(self) -> None:
@@ -244,6 +248,7 @@ class EdgePool:
                 if now - float(ep.extra.get("seen", 0.0)) > self.ttl_s:
                     del self._nodes[nid]
                     log.info("edge node expired", tier=self.tier, node_id=nid)
+                    ep.declare_lost(f"no heartbeat for {self.ttl_s:g}s")
             return
         try:
             await self._script(_CLEANUP_LUA, now - self.ttl_s)
@@ -273,6 +278,8 @@ class EdgePool:
             # Not listed but heard from within the TTL: Redis lost it (a restart); its next heartbeat refills it.
             if nid in gone or nid not in live and now - float(ep.extra.get("seen", 0.0)) > self.ttl_s:
                 del self._nodes[nid]
+                if nid not in gone:  # a node that deregistered is draining: it finishes what it holds
+                    ep.declare_lost(f"no heartbeat for {self.ttl_s:g}s")
 
     # ------------------------------------------------------------------ internals
 
@@ -287,7 +294,7 @@ class EdgePool:
         if x.get("source") == "static":
             if not x.get("up", True):
                 return False
-        elif now - float(x.get("seen", 0.0)) > self.ttl_s:
+        elif now - float(x.get("seen", 0.0)) > self.ttl_s or not x.get("alive", True):
             return False
         until = self._cooldown_until.get(e.id)
         return until is None or mono >= until
@@ -329,10 +336,36 @@ class EdgePool:
                 await self.refresh()
             await asyncio.sleep(self._refresh_interval)
 
-    async def _poll_static_loop(self) -> None:
+    async def _poll_loop(self) -> None:
         while True:
-            await asyncio.gather(*(self._poll(ep) for ep in list(self._static.values())), return_exceptions=True)
+            await asyncio.gather(*(self._poll(ep) for ep in list(self._static.values())),
+                                 *(self._probe(ep) for ep in list(self._nodes.values())), return_exceptions=True)
             await asyncio.sleep(self._poll_interval * random.uniform(0.9, 1.1))
+
+    async def _probe(self, ep: Endpoint) -> None:
+        """Is a registered node alive? Any answer from /health says so (its load comes with its heartbeats)."""
+        try:
+            async with self._session.get(f"{ep.base_url}/health") as r:
+                await r.read()
+        except Exception as e:  # noqa: BLE001 - any failure to reach the node counts against it
+            self._poll_failed(ep, f"{type(e).__name__}: {e}" if str(e) else type(e).__name__)
+            return
+        if not ep.extra.get("alive", True):
+            log.info("edge node answers its health checks again", tier=self.tier, node_id=ep.id)
+        ep.extra.update(alive=True, poll_failures=0)
+
+    def _poll_failed(self, ep: Endpoint, why: str) -> None:
+        """One failed poll: no new requests; `lost_after` in a row: the waiting ones go elsewhere too."""
+        x = ep.extra
+        n = x["poll_failures"] = int(x.get("poll_failures", 0)) + 1  # type: ignore[call-overload]
+        x["up" if x.get("source") == "static" else "alive"] = False
+        if n == 1:
+            log.warning("edge endpoint unreachable", tier=self.tier, endpoint=ep.id, url=ep.base_url, reason=why)
+        if n >= self._lost_after:
+            if n == self._lost_after and ep.waiting:
+                log.warning("edge endpoint lost: requests waiting on it go elsewhere", tier=self.tier,
+                            endpoint=ep.id, waiting=len(ep.waiting), failed_polls=n)
+            ep.declare_lost(f"{n} health checks failed: {why}")
 
     async def _poll(self, ep: Endpoint) -> None:
         """Learn a static node's model, slots and load from /health (or /v1/models for other servers)."""
@@ -347,20 +380,19 @@ class EdgePool:
                         ep.model = str(body.get("model") or ep.model)
                         ep.reported_load = (int(body.get("busy", 0)) + int(body.get("queued", 0))) / slots
                         x.update(up=True, draining=body.get("status") == "draining" or r.status == 503,
-                                 busy=body.get("busy"), queued=body.get("queued"), ctx=body.get("ctx"))
+                                 busy=body.get("busy"), queued=body.get("queued"), ctx=body.get("ctx"),
+                                 poll_failures=0)
                         return
             async with self._session.get(f"{ep.base_url}/v1/models") as r:
                 if r.status == 200:
                     data = (await r.json(content_type=None)).get("data") or []
                     if data:
                         ep.model = str(data[0].get("id") or ep.model)
-                    x.update(up=True, draining=False)
+                    x.update(up=True, draining=False, poll_failures=0)
                     return
-            x["up"] = False
-        except Exception:  # noqa: BLE001 - any failure to reach the node means it is down
-            if x.get("up", True):
-                log.warning("static edge endpoint unreachable", tier=self.tier, endpoint=ep.base_url)
-            x["up"] = False
+            x.update(up=False, poll_failures=0)  # it answers, but not as a server we can use: not hung
+        except Exception as e:  # noqa: BLE001 - any failure to reach the node means it is down
+            self._poll_failed(ep, f"{type(e).__name__}: {e}" if str(e) else type(e).__name__)
 
 
 def _s(v: Any) -> str:

@@ -1,14 +1,16 @@
 """Dispatch: a Decision becomes an open upstream response, trying tiers and endpoints in order.
 
 Within a tier, endpoints are tried best first; a failure that reached nobody yet (connection refused,
-timeout before the first byte, 5xx) moves to the next endpoint, then to the next tier in the
-decision's fallbacks. A backend saying it cannot serve the request (too long for its context, a feature
+timeout before the first token, 5xx, a backend its pool declared lost while the request waited on it) moves
+to the next endpoint, then to the next tier in the decision's fallbacks, within the request's total time. A backend saying it cannot serve the request (too long for its context, a feature
 it lacks) moves straight to the next tier; its verdict on the request itself (a 400) is the answer. A saturated tier is waited on in priority order for at most the policy's queue
 time, then overflowed. What comes back holds its admission slot until `finish()`.
 """
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
@@ -17,7 +19,7 @@ import msgspec
 
 from core.errors import OpenAIError, rate_limited, upstream_error
 from core.pool import Endpoint
-from core.types import Decision, Features
+from core.types import Decision, Features, Timeouts
 from core.wire import ParsedRequest, decode_json
 from gateway.metrics import GatewayMetrics
 from gateway.tiers import Tier
@@ -71,6 +73,7 @@ class Dispatcher:
         """
         routes, metrics = self._tiers, self._metrics
         failures: list[OpenAIError] = []  # one per tier tried, so the final error can say what happened where
+        budget = _Budget(decision.timeouts)
         previous: str | None = None
         tiers = decision.tiers
         for i, tier in enumerate(tiers):
@@ -98,19 +101,17 @@ class Dispatcher:
             metrics.child(metrics.inflight, tier).inc()
             last: OpenAIError | None = None
             for ep in candidates:
+                try:
+                    timeouts = budget.left()
+                except UpstreamFailure as f:  # retries ate the request's total time
+                    _give_back(route, metrics)
+                    raise upstream_error(504, f"Tier `{tier}`: {f}", code="upstream_timeout") from None
                 ep.inflight += 1
                 started = time.perf_counter()
-                resp: UpstreamResponse | None = None
                 try:
-                    resp = await self._upstream.post(ep, path, body_for(ep), decision.timeouts, request_id,
-                                                     stream=stream)
-                    events, first, first_at = None, None, 0.0
-                    if stream:
-                        events = resp.events()
-                        first = await anext(events, None)
-                        first_at = time.perf_counter()
+                    resp, events, first, first_at = await self._attempt(ep, path, body_for(ep), timeouts, request_id,
+                                                                        stream)
                 except UpstreamFailure as f:
-                    _discard(resp)
                     ep.inflight -= 1
                     metrics.upstream_errors.labels(tier, f.kind).inc()
                     if f.kind == "capability" and any(t in routes for t in tiers[i + 1:]):
@@ -128,7 +129,6 @@ class Dispatcher:
                         raise last from None
                     continue
                 except BaseException:  # cancelled (client gone) or a bug: give everything back, blame no one
-                    _discard(resp)
                     ep.inflight -= 1
                     _give_back(route, metrics)
                     raise
@@ -147,6 +147,71 @@ class Dispatcher:
             final = OpenAIError(final.status, " ".join(e.message for e in failures), type=final.type,
                                 code=final.code, headers=final.headers)
         raise final
+
+    async def _attempt(self, ep: Endpoint, path: str, body: bytes, timeouts: Timeouts, request_id: str,
+                       stream: bool) -> tuple[UpstreamResponse, AsyncIterator[list[bytes]] | None, list[bytes] | None,
+                                          float]:
+        """Post to one backend and wait for its answer to begin: a JSON answer's headers (sent once it is
+        generated), a stream's first token. While waiting, the request is on the endpoint's `waiting` list: when
+        the pool's health check finds the backend unreachable or hung (`Endpoint.declare_lost`), the wait ends
+        in a retryable `lost` failure, and the request is tried elsewhere while its time lasts."""
+        task = asyncio.current_task()
+        assert task is not None
+        watch = _LostWatch(task)
+        ep.waiting.add(watch)
+        resp: UpstreamResponse | None = None
+        try:
+            resp = await self._upstream.post(ep, path, body, timeouts, request_id, stream=stream)
+            if not stream:
+                return resp, None, None, 0.0
+            events = resp.events()
+            first = await anext(events, None)
+            return resp, events, first, time.perf_counter()
+        except asyncio.CancelledError:
+            _discard(resp)
+            if watch.reason is None or task.uncancel() > 0:
+                raise  # the client left, or shutdown
+            raise UpstreamFailure(f"{ep.id} stopped answering its health checks before the answer began "
+                                  f"({watch.reason})", kind="lost", status=504) from None
+        except BaseException:
+            _discard(resp)
+            raise
+        finally:
+            ep.waiting.discard(watch)
+
+
+class _LostWatch:
+    """Cancels the request's task when its backend is declared lost; `reason` says it did (see `_attempt`)."""
+
+    __slots__ = ("_task", "reason")
+
+    def __init__(self, task: asyncio.Task) -> None:
+        self._task = task
+        self.reason: str | None = None
+
+    def __call__(self, reason: str) -> None:
+        if self.reason is None and not self._task.done():
+            self.reason = reason
+            self._task.cancel()
+
+
+class _Budget:
+    """The request's total time, across every attempt: a retry gets what is left of it, not a fresh total."""
+
+    __slots__ = ("_deadline", "_timeouts")
+
+    def __init__(self, timeouts: Timeouts) -> None:
+        self._timeouts = timeouts
+        self._deadline = time.monotonic() + timeouts.total_s
+
+    def left(self) -> Timeouts:
+        left = self._deadline - time.monotonic()
+        if left >= self._timeouts.total_s - 0.001:
+            return self._timeouts  # the first attempt: nothing to change
+        if left <= 0:
+            raise UpstreamFailure(f"the request's total time ({self._timeouts.total_s:g}s) is spent", kind="timeout",
+                                  status=504, retryable=False)
+        return dataclasses.replace(self._timeouts, total_s=left)
 
 
 def _give_back(route: Tier, metrics: GatewayMetrics) -> None:

@@ -45,7 +45,9 @@ API_KEY, ADMIN_KEY, EDGE_TOKEN = "fuzz-api-key-1", "fuzz-admin-key-1", "fuzz-edg
 def build_model() -> Path:
     gguf = MODEL_DIR / "tiergate-demo-tiny-q4_0.gguf"
     if not gguf.exists():
-        from edge_node.demo_model import build_demo_model  # start-up time: llama.cpp only when the model is missing
+        from edge_node.demo_model import (
+            build_demo_model,  # start-up time: llama.cpp only when the model is missing
+        )
 
         print("building the tiny demo model (once) ...", flush=True)
         gguf = Path(build_demo_model(MODEL_DIR, size="tiny", quant="q4_0", seed=0).gguf)

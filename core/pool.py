@@ -14,7 +14,7 @@ if TYPE_CHECKING:
     from core.types import Features
     from core.wire import ParsedRequest
 
-__all__ = ["Endpoint", "Pool"]
+__all__ = ["Endpoint", "Pool", "context_mismatch"]
 
 
 @dataclass(eq=False, slots=True)
@@ -46,6 +46,18 @@ class Endpoint:
         """
         for notify in list(self.waiting):
             notify(reason)
+
+
+def context_mismatch(endpoint: Endpoint, tier_max_context: int | None, ctx: object) -> str | None:
+    """Record a backend's context per request (`extra["ctx"]`: a heartbeat's `ctx`, vLLM's `max_model_len`); the
+    warning to log when it is new and smaller than what the tier's policy promises, else None."""
+    if not isinstance(ctx, int) or isinstance(ctx, bool) or ctx <= 0 or endpoint.extra.get("ctx") == ctx:
+        return None
+    endpoint.extra["ctx"] = ctx
+    if tier_max_context is None or ctx >= tier_max_context:
+        return None
+    return (f"tier `{endpoint.tier}` promises max_context {tier_max_context} tokens but {endpoint.base_url} serves "
+            f"{ctx} per request: longer prompts will be refused with context_length_exceeded")
 
 
 @runtime_checkable

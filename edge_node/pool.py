@@ -25,7 +25,7 @@ import aiohttp
 import msgspec
 import structlog
 
-from core.pool import Endpoint
+from core.pool import Endpoint, context_mismatch
 from core.wire import decode_json
 
 if TYPE_CHECKING:
@@ -127,6 +127,7 @@ class EdgePool:
         failure_threshold: int = 3,
         cooldown_s: float = 5.0,
         lost_after: int = 2,
+        max_context: int | None = None,
         key_prefix: str = "tiergate:edge",
         clock: Callable[[], float] = time.time,
     ) -> None:
@@ -140,6 +141,7 @@ class EdgePool:
         self._failure_threshold = failure_threshold
         self._cooldown_s = cooldown_s
         self._lost_after = max(1, lost_after)
+        self.max_context = max_context  # what the tier's policy promises; a node serving less is warned about
         # One hash tag for both keys: their MULTI and script stay in one slot on a Redis Cluster.
         self._k_seen = f"{{{key_prefix}:{tier}}}:seen"
         self._k_info = f"{{{key_prefix}:{tier}}}:info"
@@ -315,6 +317,7 @@ class EdgePool:
             ep.model = node.model
             ep.slots = node.slots
             ep.reported_load = load
+        _check_context(ep, self.max_context, node.ctx)
         ep.extra.update(source="heartbeat", seen=seen, busy=node.busy, queued=node.queued, ctx=node.ctx)
         return ep
 
@@ -379,6 +382,7 @@ class EdgePool:
                         ep.slots = slots
                         ep.model = str(body.get("model") or ep.model)
                         ep.reported_load = (int(body.get("busy", 0)) + int(body.get("queued", 0))) / slots
+                        _check_context(ep, self.max_context, body.get("ctx"))
                         x.update(up=True, draining=body.get("status") == "draining" or r.status == 503,
                                  busy=body.get("busy"), queued=body.get("queued"), ctx=body.get("ctx"),
                                  poll_failures=0)
@@ -393,6 +397,13 @@ class EdgePool:
             x.update(up=False, poll_failures=0)  # it answers, but not as a server we can use: not hung
         except Exception as e:  # noqa: BLE001 - any failure to reach the node means it is down
             self._poll_failed(ep, f"{type(e).__name__}: {e}" if str(e) else type(e).__name__)
+
+
+def _check_context(ep: Endpoint, max_context: int | None, ctx: object) -> None:
+    """Warn (once per value) when a node's context per request is smaller than its tier's `max_context`."""
+    if warning := context_mismatch(ep, max_context, ctx):
+        log.warning("tier_context_larger_than_server", tier=ep.tier, endpoint=ep.id, message=warning,
+                    max_context=max_context, server_context=ctx)
 
 
 def _s(v: Any) -> str:

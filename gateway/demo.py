@@ -22,8 +22,10 @@ from rich.console import Console
 from cache.export import default_embedder_dir, export_embedder, is_complete
 from edge_node.demo_model import build_demo_model
 from gateway.auth import DEMO_KEY
+from gateway.settings import Settings
+from policies.loader import load_policy
 
-__all__ = ["Artifacts", "prepare", "run_demo"]
+__all__ = ["Artifacts", "contexts", "prepare", "run_demo"]
 
 console = Console(stderr=True)
 
@@ -92,6 +94,11 @@ def _wait_edge_registered(port: int, proc: subprocess.Popen[bytes], timeout_s: f
     console.print("[yellow]no edge node has registered yet: requests go to the cloud tier until one does[/yellow]")
 
 
+def contexts() -> dict[str, int]:
+    """Each tier's `max_context` in the policy the demo's gateway runs: what its servers must serve per request."""
+    return {name: tier.max_context for name, tier in load_policy(Settings().policy).tiers.items()}
+
+
 def _interrupt(signum: int, _frame: object) -> None:
     raise KeyboardInterrupt(signal.Signals(signum).name)
 
@@ -107,6 +114,7 @@ def run_demo(port: int = 8080, edge_nodes: int = 1) -> int:
     env = os.environ | {"TIERGATE_EMBEDDER": str(art.embedder), "TIERGATE_PORT": str(port),
                         "TIERGATE_DEMO_TOKENIZER": str(art.tokenizer), "TIERGATE_LOG_FORMAT": "console"}
     procs: list[tuple[str, subprocess.Popen[bytes]]] = []
+    ctx = contexts()  # the stand-in must serve the context the policy promises (its long-prompt rule sends 1,500+)
 
     def start(name: str, args: list[str], health: str, timeout_s: float = 120) -> None:
         console.print(f"[bold]starting {name}[/bold]: {' '.join(args)}")
@@ -117,13 +125,14 @@ def run_demo(port: int = 8080, edge_nodes: int = 1) -> int:
     try:
         start("cloud tier (LOCAL STAND-IN: llama.cpp, not vLLM)",
               [str(bindir / "edge-node"), "serve", "--model", str(art.cloud_model), "--port", "8090",
-               "--model-name", "cloud-standin", "--parallel", "4"], "http://127.0.0.1:8090/health")
+               "--model-name", "cloud-standin", "--parallel", "4", "--ctx", str(ctx["cloud"])],
+              "http://127.0.0.1:8090/health")
         start("gateway", [str(bindir / "tiergate"), "serve", "--port", str(port)],
               f"http://127.0.0.1:{port}/healthz")
         for i in range(edge_nodes):
             eport = 8081 + i
             start(f"edge node {i + 1}", [str(bindir / "edge-node"), "serve", "--model", str(art.edge_model),
-                                         "--port", str(eport), "--parallel", "4",
+                                         "--port", str(eport), "--parallel", "4", "--ctx", str(ctx["edge"]),
                                          "--gateway", f"http://127.0.0.1:{port}"],
                   f"http://127.0.0.1:{eport}/health")
         _wait_http(f"http://127.0.0.1:{port}/readyz", 30, procs[1][1], "gateway readiness")

@@ -25,13 +25,13 @@ from gateway.metrics import GatewayMetrics
 from gateway.tiers import Tier
 from gateway.upstream import UpstreamClient, UpstreamFailure, UpstreamResponse
 
-__all__ = ["Attempt", "Dispatcher"]
+__all__ = ["Attempt", "Dispatcher", "shutting_down"]
 
 MAX_ENDPOINTS_PER_TIER = 3
 _error_body = msgspec.json.Decoder()
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)
 class Attempt:
     """A backend that accepted the request; `finish()` must be called exactly once when the answer is over."""
 
@@ -45,12 +45,22 @@ class Attempt:
     events: AsyncIterator[list[bytes]] | None = None  # streaming: the rest of the stream, after `first`
     first: list[bytes] | None = None  # streaming: the events up to the first token, read before the client got any
     first_at: float = 0.0  # perf_counter when the first token arrived (the TTFT metric)
+    aborted: str | None = None  # why the gateway cut it short (it is shutting down), if it did
+    live: set[Attempt] | None = None  # the dispatcher's answers in progress, which this one leaves when finished
     _done: bool = field(default=False)
+
+    def abort(self, reason: str) -> None:
+        """End the answer now: closing the upstream connection stops the generation, and the relay, reading
+        `aborted`, ends the answer with an explicit error rather than a cut connection."""
+        self.aborted = reason
+        self.response.close()
 
     def finish(self, ok: bool = True) -> None:
         if self._done:
             return
         self._done = True
+        if self.live is not None:
+            self.live.discard(self)
         self.endpoint.inflight -= 1
         _give_back(self.route, self.metrics)
         if not ok:
@@ -62,6 +72,22 @@ class Dispatcher:
         self._upstream = upstream
         self._tiers = tiers  # a live view: pools change when the policy is reloaded
         self._metrics = metrics
+        self._live: set[Attempt] = set()  # answers in progress (a stream being relayed, a JSON body being read)
+        self._waiting: set[_LostWatch] = set()  # requests waiting for a backend's answer to begin
+        self.closing: str | None = None  # set by `abort_all`: the gateway is shutting down
+
+    def abort_all(self, reason: str) -> int:
+        """The gateway is shutting down and its graceful time is almost over: every request still waiting on a
+        backend, and every answer still in progress, ends now with an explicit error (a 503, or an SSE error event
+        then `[DONE]` for a stream that has begun) rather than a connection cut when the server gives up on it.
+        Returns how many were ended."""
+        self.closing = reason
+        waiting, live = list(self._waiting), list(self._live)
+        for watch in waiting:
+            watch(reason, shutdown=True)
+        for attempt in live:
+            attempt.abort(reason)
+        return len(waiting) + len(live)
 
     async def open(self, *, request: ParsedRequest, features: Features, decision: Decision, path: str,
                    body_for: Callable[[Endpoint], bytes], request_id: str, stream: bool) -> Attempt:
@@ -102,10 +128,12 @@ class Dispatcher:
             last: OpenAIError | None = None
             for ep in candidates:
                 try:
+                    if self.closing is not None:
+                        raise UpstreamFailure(self.closing, kind="shutdown", status=503, retryable=False)
                     timeouts = budget.left()
-                except UpstreamFailure as f:  # retries ate the request's total time
+                except UpstreamFailure as f:  # retries ate the request's total time, or the gateway is closing
                     _give_back(route, metrics)
-                    raise upstream_error(504, f"Tier `{tier}`: {f}", code="upstream_timeout") from None
+                    raise _failure_error(tier, f) from None
                 ep.inflight += 1
                 started = time.perf_counter()
                 try:
@@ -113,6 +141,9 @@ class Dispatcher:
                                                                         stream)
                 except UpstreamFailure as f:
                     ep.inflight -= 1
+                    if f.kind == "shutdown":  # no backend's fault: nothing to report, nothing to retry
+                        _give_back(route, metrics)
+                        raise _failure_error(tier, f) from None
                     metrics.upstream_errors.labels(tier, f.kind).inc()
                     if f.kind == "capability" and any(t in routes for t in tiers[i + 1:]):
                         # This tier cannot serve it (context too short, a feature missing): a later one may.
@@ -133,9 +164,11 @@ class Dispatcher:
                     _give_back(route, metrics)
                     raise
                 route.pool.report(ep, True)
-                return Attempt(tier, ep, resp, route, metrics, started,
-                               fallback_from=decision.tier if tier != decision.tier else None,
-                               events=events, first=first, first_at=first_at)
+                attempt = Attempt(tier, ep, resp, route, metrics, started,
+                                  fallback_from=decision.tier if tier != decision.tier else None,
+                                  events=events, first=first, first_at=first_at, live=self._live)
+                self._live.add(attempt)
+                return attempt
             _give_back(route, metrics)
             if last is not None:
                 failures.append(last)
@@ -159,6 +192,7 @@ class Dispatcher:
         assert task is not None
         watch = _LostWatch(task)
         ep.waiting.add(watch)
+        self._waiting.add(watch)
         resp: UpstreamResponse | None = None
         try:
             resp = await self._upstream.post(ep, path, body, timeouts, request_id, stream=stream)
@@ -170,7 +204,9 @@ class Dispatcher:
         except asyncio.CancelledError:
             _discard(resp)
             if watch.reason is None or task.uncancel() > 0:
-                raise  # the client left, or shutdown
+                raise  # the client left, or the server gave up on the request
+            if watch.shutdown:
+                raise UpstreamFailure(watch.reason, kind="shutdown", status=503, retryable=False) from None
             raise UpstreamFailure(f"{ep.id} stopped answering its health checks before the answer began "
                                   f"({watch.reason})", kind="lost", status=504) from None
         except BaseException:
@@ -178,20 +214,35 @@ class Dispatcher:
             raise
         finally:
             ep.waiting.discard(watch)
+            self._waiting.discard(watch)
+
+
+def _failure_error(tier: str, f: UpstreamFailure) -> OpenAIError:
+    if f.kind == "shutdown":
+        return shutting_down(str(f))
+    return upstream_error(504, f"Tier `{tier}`: {f}", code="upstream_timeout")
+
+
+def shutting_down(reason: str) -> OpenAIError:
+    """The answer to a request the gateway cannot finish because it is shutting down: retry elsewhere."""
+    return OpenAIError(503, f"The gateway is shutting down ({reason}); retry the request.", type="server_error",
+                       code="shutting_down", headers={"retry-after": "1"})
 
 
 class _LostWatch:
-    """Cancels the request's task when its backend is declared lost; `reason` says it did (see `_attempt`)."""
+    """Cancels the request's task when its backend is declared lost (or the gateway is shutting down);
+    `reason` says it did (see `_attempt`)."""
 
-    __slots__ = ("_task", "reason")
+    __slots__ = ("_task", "reason", "shutdown")
 
     def __init__(self, task: asyncio.Task) -> None:
         self._task = task
         self.reason: str | None = None
+        self.shutdown = False
 
-    def __call__(self, reason: str) -> None:
+    def __call__(self, reason: str, shutdown: bool = False) -> None:
         if self.reason is None and not self._task.done():
-            self.reason = reason
+            self.reason, self.shutdown = reason, shutdown
             self._task.cancel()
 
 

@@ -85,6 +85,8 @@ def test_demo_serves_and_stops_everything_it_started(tmp_path: Path, stop_signal
         _, alive = psutil.wait_procs(children, timeout=30)
         assert not alive, f"left running after the demo stopped: {[p.cmdline() for p in alive]}"
         assert not any(_busy(p) for p in PORTS)
+        output = (tmp_path / "demo.log").read_text(errors="replace")
+        assert "Traceback" not in output, output[-3000:]  # every process stopped cleanly on the signal
     finally:
         if demo.poll() is None:
             demo.kill()

@@ -5,7 +5,7 @@ Also the test suite's stand-in at the HTTP boundary: a `mode` makes it fail in t
 a 401 from a backend configured with another key). The `role_*` modes open a chat stream as vLLM and llama.cpp
 servers do, with a role-only frame before any token, and then hang (`role_hang`), close the connection
 (`role_cut`), send an error event (`role_error`: an engine that failed with the request still queued) or wait
-for the test's `GATE` event before generating (`role_gated`). `frozen` answers nothing at all, health checks
+for the test's `GATE` event before generating (`role_gated`); `gated` holds every request until `GATE` is set. `frozen` answers nothing at all, health checks
 included, as a SIGSTOPped process does, until the mode changes (SIGCONT): then it carries on.
 
 Run: python -m bench.instant_upstream --port 9001 [--chunks 8] [--mode ok|error500|cut|hang|stall|reject|unauthorized]
@@ -85,6 +85,8 @@ def make_app(chunks: int = 8, mode: str = "ok", model: str = "instant", slots: i
                                      status=401)
         if m == "hang":
             await asyncio.sleep(3600)
+        if m == "gated":  # holds every request until the test sets GATE (a backend busy for as long as it likes)
+            await asyncio.to_thread(app[GATE].wait, 60)
         await _frozen()
         n = min(chunks, body.max_tokens or chunks)
         words = [f"w{i} " for i in range(n)]

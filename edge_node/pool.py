@@ -159,6 +159,7 @@ class EdgePool:
         self._session: Any = None
         self._scripts: dict[str, Any] = {}
         self._redis_warned = False
+        self.refreshes = 0  # refreshes from Redis completed (tests wait on it rather than on the clock)
 
     # ------------------------------------------------------------------ Pool protocol
 
@@ -263,6 +264,7 @@ class EdgePool:
             self._redis_failed(e)
             return
         self._redis_warned = False
+        self.refreshes += 1
         seen = {_s(k): float(v) for k, v in seen_rows}
         live: set[str] = set()
         for k, raw in infos.items():

@@ -14,9 +14,11 @@ import dataclasses
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import msgspec
 
+from core import tracing
 from core.errors import OpenAIError, rate_limited, upstream_error
 from core.pool import Endpoint
 from core.types import Decision, Features, Timeouts
@@ -47,6 +49,7 @@ class Attempt:
     first_at: float = 0.0  # perf_counter when the first token arrived (the TTFT metric)
     aborted: str | None = None  # why the gateway cut it short (it is shutting down), if it did
     live: set[Attempt] | None = None  # the dispatcher's answers in progress, which this one leaves when finished
+    span: Any = tracing.NULL  # the "relay" span: from the answer's beginning to its end
     _done: bool = field(default=False)
 
     def abort(self, reason: str) -> None:
@@ -61,6 +64,7 @@ class Attempt:
         self._done = True
         if self.live is not None:
             self.live.discard(self)
+        self.span.end()
         self.endpoint.inflight -= 1
         _give_back(self.route, self.metrics)
         if not ok:
@@ -91,6 +95,19 @@ class Dispatcher:
 
     async def open(self, *, request: ParsedRequest, features: Features, decision: Decision, path: str,
                    body_for: Callable[[Endpoint], bytes], request_id: str, stream: bool) -> Attempt:
+        """`_open` in the request's trace: a "dispatch" span, then a "relay" span the Attempt ends."""
+        if not tracing.enabled():
+            return await self._open(request=request, features=features, decision=decision, path=path,
+                                    body_for=body_for, request_id=request_id, stream=stream)
+        with tracing.span("dispatch", **{"tiergate.tiers": list(decision.tiers)}):
+            attempt = await self._open(request=request, features=features, decision=decision, path=path,
+                                       body_for=body_for, request_id=request_id, stream=stream)
+        attempt.span = tracing.start("relay", **{"tiergate.tier": attempt.tier,
+                                                 "tiergate.endpoint": attempt.endpoint.id})
+        return attempt
+
+    async def _open(self, *, request: ParsedRequest, features: Features, decision: Decision, path: str,
+                    body_for: Callable[[Endpoint], bytes], request_id: str, stream: bool) -> Attempt:
         """Return the first backend that accepts the request, or raise the most telling OpenAIError.
 
         For a stream, the first token is read here (with the role-only frames before it, held:
@@ -194,13 +211,20 @@ class Dispatcher:
         ep.waiting.add(watch)
         self._waiting.add(watch)
         resp: UpstreamResponse | None = None
+        span = (tracing.span("upstream", **{"tiergate.tier": ep.tier, "tiergate.endpoint": ep.id})
+                if tracing.enabled() else tracing.NULL)
         try:
-            resp = await self._upstream.post(ep, path, body, timeouts, request_id, stream=stream)
-            if not stream:
-                return resp, None, None, 0.0
-            events = resp.events()
-            first = await anext(events, None)
-            return resp, events, first, time.perf_counter()
+            with span as s:  # the span current while posting: the backend continues the trace from it
+                try:
+                    resp = await self._upstream.post(ep, path, body, timeouts, request_id, stream=stream)
+                    if not stream:
+                        return resp, None, None, 0.0
+                    events = resp.events()
+                    first = await anext(events, None)
+                    return resp, events, first, time.perf_counter()
+                except UpstreamFailure as f:
+                    s.set_attribute("tiergate.failure", f.kind)
+                    raise
         except asyncio.CancelledError:
             _discard(resp)
             if watch.reason is None or task.uncancel() > 0:

@@ -19,6 +19,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
 from cache.types import CacheHit
+from core import tracing
 from core.errors import OpenAIError, bad_request, from_validation
 from core.http import read_body
 from core.pool import Endpoint
@@ -118,7 +119,9 @@ class Completions:
                 or ctx.extra and not _ANSWER_NEUTRAL.issuperset(ctx.extra)):  # e.g. `functions`: not ours to key
             outcome.cache = "bypass"
             return None
-        result = await cache.check(req, ctx.tenant.id, rule)
+        with tracing.span("cache") as span:
+            result = await cache.check(req, ctx.tenant.id, rule)
+            span.set_attribute("tiergate.cache", result.status)
         outcome.cache_key = result.key
         hit = result.hit
         if hit is None:

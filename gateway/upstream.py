@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import aiohttp
 import msgspec
 
+from core import tracing
 from core.pool import Endpoint
 from core.types import Timeouts
 from core.wire import decode_json
@@ -245,6 +246,7 @@ class UpstreamClient:
         url = endpoint.base_url + path
         timeout = aiohttp.ClientTimeout(total=timeouts.total_s, sock_connect=timeouts.connect_s)
         headers = {"content-type": "application/json", "x-request-id": request_id}
+        tracing.inject(headers)  # W3C traceparent: the backend's spans join the request's trace (when tracing is on)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeouts.total_s
         wait_s = timeouts.connect_s + timeouts.first_byte_s if stream else timeouts.total_s

@@ -122,7 +122,7 @@ def configure(service: str, environ: MutableMapping[str, str] | None = None) -> 
     # The SDK is imported only when tracing is on: start-up time (and an optional dependency) when it is off.
     from opentelemetry.sdk.resources import Resource  # optional dependency, see above
     from opentelemetry.sdk.trace import TracerProvider  # optional dependency, see above
-    from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor  # optional dependency
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor  # optional dependency, see above
     from opentelemetry.trace.propagation import tracecontext  # optional dependency, see above
 
     provider = TracerProvider(resource=Resource.create({"service.name": env.get("OTEL_SERVICE_NAME") or service}))
@@ -131,8 +131,8 @@ def configure(service: str, environ: MutableMapping[str, str] | None = None) -> 
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
         provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=endpoint)))
-    if path:
-        provider.add_span_processor(SimpleSpanProcessor(_JsonLinesExporter(path)))
+    if path:  # batched too, written within half a second
+        provider.add_span_processor(BatchSpanProcessor(_JsonLinesExporter(path), schedule_delay_millis=500))
     _on.provider, _on.propagator = provider, tracecontext.TraceContextTextMapPropagator()
     _on.tracer = provider.get_tracer("tiergate")
     structlog.get_logger("tiergate.tracing").info("tracing_on", service=service, otlp=endpoint, file=path)
@@ -155,7 +155,7 @@ class _JsonLinesExporter:
     """A SpanExporter writing one JSON object per span: ids, parent, name, times, attributes, status."""
 
     def __init__(self, path: str) -> None:
-        self._path = path
+        self._file = open(path, "a", encoding="utf-8")  # noqa: SIM115 - open for the exporter's life
         self._lock = threading.Lock()
 
     def export(self, spans: Any) -> Any:
@@ -172,12 +172,14 @@ class _JsonLinesExporter:
                 "start_ns": s.start_time, "end_ns": s.end_time, "kind": s.kind.name,
                 "attributes": dict(s.attributes or {}), "status": s.status.status_code.name,
             }, default=str))
-        with self._lock, open(self._path, "a", encoding="utf-8") as f:
-            f.write("".join(line + "\n" for line in lines))
+        with self._lock:
+            self._file.write("".join(line + "\n" for line in lines))
+            self._file.flush()
         return SpanExportResult.SUCCESS
 
     def shutdown(self) -> None:
-        pass
+        with self._lock:
+            self._file.close()
 
     def force_flush(self, timeout_millis: int = 30_000) -> bool:
         return True

@@ -6,10 +6,11 @@ Redis (a sorted set of last-seen times plus a hash of node info), so every gatew
 node whichever replica received the heartbeat; without one the registry lives in this process.
 A node silent for `ttl_s` is dropped. Every replica also polls every node's `/health` itself (static ones for
 their load; registered ones only for being alive): a node that stops answering (hung, SIGSTOPped, its host gone)
-takes no new requests after one failed poll, and after `lost_after` failed polls in a row the requests still
-waiting for its answer to begin are told (`Endpoint.declare_lost`) and retried elsewhere by dispatch. `candidates()` runs on every request, so it only reads the
-in-memory snapshot: least loaded first, where load = max(our in-flight / slots, reported (busy+queued) / slots),
-round-robin among equals.
+takes no new requests (a static one after one failed poll, a registered one after `lost_after`), and after
+`lost_after` failed polls in a row the requests still waiting for its answer to begin are told
+(`Endpoint.declare_lost`) and retried elsewhere by dispatch. `candidates()` runs on every request, so it only
+reads the in-memory snapshot: least loaded first, where load = max(our in-flight / slots, reported
+(busy+queued) / slots), round-robin among equals.
 """
 
 from __future__ import annotations
@@ -360,10 +361,14 @@ class EdgePool:
         ep.extra.update(alive=True, poll_failures=0)
 
     def _poll_failed(self, ep: Endpoint, why: str) -> None:
-        """One failed poll: no new requests; `lost_after` in a row: the waiting ones go elsewhere too."""
+        """A failed poll: no new requests for a static endpoint at once, for a registered node (which also sends
+        heartbeats) after `lost_after` in a row, when the requests waiting on it go elsewhere too."""
         x = ep.extra
         n = x["poll_failures"] = int(x.get("poll_failures", 0)) + 1  # type: ignore[call-overload]
-        x["up" if x.get("source") == "static" else "alive"] = False
+        if x.get("source") == "static":
+            x["up"] = False
+        elif n >= self._lost_after:  # a registered node also heartbeats: one slow /health is not enough
+            x["alive"] = False
         if n == 1:
             log.warning("edge endpoint unreachable", tier=self.tier, endpoint=ep.id, url=ep.base_url, reason=why)
         if n >= self._lost_after:

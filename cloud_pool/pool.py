@@ -31,7 +31,7 @@ from cloud_pool.metrics import CloudMetrics
 from cloud_pool.probe import Unhealthy, probe
 from cloud_pool.selection import Selector, Strategy
 from cloud_pool.vllm_metrics import Rates, VllmMetrics, Window
-from core.pool import Endpoint
+from core.pool import Endpoint, context_mismatch
 
 if TYPE_CHECKING:
     from core.types import Features
@@ -70,6 +70,11 @@ class PoolSnapshot:
     waiting: float  # requests queued inside vLLM across the tier
     spec_acceptance_rate: float | None  # mean over routable servers that report it
     prefix_cache_hit_rate: float | None
+
+
+# Poll failures that mean the server is gone or hung (not merely misconfigured): in-flight requests that are still
+# waiting for their answer to begin are retried elsewhere. A slow poll counts only after `slow_polls_unhealthy`.
+_LOST = frozenset({"timeout", "unreachable", "http_status"})
 
 
 async def _getaddrinfo(host: str, port: int) -> list[str]:
@@ -117,11 +122,13 @@ class CloudPool:
         resolver: Resolver | None = None,
         clock: Callable[[], float] = time.monotonic,
         metrics: CloudMetrics | None = None,
+        max_context: int | None = None,
     ) -> None:
         if not endpoints and not dns:
             raise ValueError(f"cloud tier {tier!r}: give static endpoints, a DNS name, or both")
         self.tier = tier
         self.model = model
+        self.max_context = max_context  # what the tier's policy promises; a server serving less is warned about
         self.metrics = metrics or CloudMetrics()  # the gateway passes the one on its registry
         self.dns = dns
         self.port = port
@@ -337,11 +344,16 @@ class CloudPool:
         ep.extra["status"] = reason
         self.metrics.endpoint_healthy.labels(self.tier, ep.id).set(1 if healthy else 0)
         if reading is None:
+            if kind in _LOST:  # requests waiting for this server's answer to begin go elsewhere (dispatch)
+                ep.declare_lost(reason)
             server.model_checked_at_poll = None  # re-check the model when it comes back
             self.metrics.poll_failures.labels(self.tier, ep.id, kind or "unknown").inc()
             self._sync_breaker_gauge(server)
             return
         server.reading = reading
+        if warning := context_mismatch(ep, self.max_context, reading.max_model_len):
+            log.warning("tier_context_larger_than_server", tier=self.tier, endpoint=ep.id, message=warning,
+                        max_context=self.max_context, server_context=reading.max_model_len)
         server.rates = server.window.add(reading, self._clock())
         ep.reported_load = max((reading.running + reading.waiting) / max(ep.slots, 1), reading.kv_cache_usage)
         ep.extra.update(

@@ -1,10 +1,13 @@
 """One health poll of a vLLM server: `/health`, then `/metrics` (its load), and now and then `/v1/models`.
 
 A server that answers but is not vLLM, or serves another model than its tier expects, is as unhealthy as one
-that does not answer; `Unhealthy` says which (the kind labels `tiergate_cloud_poll_failures`).
+that does not answer; `Unhealthy` says which (the kind labels `tiergate_cloud_poll_failures`). The model check
+also reads the served model's context (`max_model_len`), which the pool compares with its tier's `max_context`.
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import aiohttp
 
@@ -49,4 +52,8 @@ async def probe(session: aiohttp.ClientSession, base: str, model: str | None, ti
     served = [str(item.get("id")) for item in body["data"] if isinstance(item, dict)]
     if model not in served:
         raise Unhealthy("wrong_model", f"wrong model: serves {served}, tier {tier!r} expects {model!r}")
+    entry = next(item for item in body["data"] if isinstance(item, dict) and str(item.get("id")) == model)
+    ctx = entry.get("max_model_len")
+    if isinstance(ctx, int) and not isinstance(ctx, bool) and ctx > 0:
+        reading = dataclasses.replace(reading, max_model_len=ctx)
     return reading

@@ -51,6 +51,7 @@ class VllmMetrics:
     spec_accepted_tokens: float = 0.0
     spec_decode: bool = False  # the server exposes speculative-decoding counters
     block_size: int | None = None  # from vllm:cache_config_info, when present
+    max_model_len: int | None = None  # the served model's context, from /v1/models (read with the model check)
 
 
 def parse(text: str) -> VllmMetrics:

@@ -6,6 +6,7 @@ every backend speaks the OpenAI HTTP API, so an `Endpoint` is just a base URL an
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
@@ -13,7 +14,7 @@ if TYPE_CHECKING:
     from core.types import Features
     from core.wire import ParsedRequest
 
-__all__ = ["Endpoint", "Pool"]
+__all__ = ["Endpoint", "Pool", "context_mismatch"]
 
 
 @dataclass(eq=False, slots=True)
@@ -28,10 +29,35 @@ class Endpoint:
     inflight: int = 0  # requests this gateway process has open on it right now
     reported_load: float = 0.0  # the backend's own load reading in [0, 1+] (heartbeat or /metrics)
     extra: dict[str, object] = field(default_factory=dict)
+    # Requests waiting on this backend before their answer began (see `declare_lost`), each a callback.
+    waiting: set[Callable[[str], None]] = field(default_factory=set, repr=False)
 
     def load(self) -> float:
         """Estimated busy fraction: the larger of our own in-flight count and the backend's reading."""
         return max(self.inflight / max(self.slots, 1), self.reported_load)
+
+    def declare_lost(self, reason: str) -> None:
+        """The pool's health check found this backend unreachable or hung: tell every request waiting on it.
+
+        Dispatch registers a callback in `waiting` while a request waits for a backend's answer to begin (the
+        headers of a JSON answer, which come only once it is generated; a stream's first token), and retries
+        elsewhere when it is called. Answers that have begun are not touched, and a draining backend is not
+        lost: it finishes what it holds.
+        """
+        for notify in list(self.waiting):
+            notify(reason)
+
+
+def context_mismatch(endpoint: Endpoint, tier_max_context: int | None, ctx: object) -> str | None:
+    """Record a backend's context per request (`extra["ctx"]`: a heartbeat's `ctx`, vLLM's `max_model_len`); the
+    warning to log when it is new and smaller than what the tier's policy promises, else None."""
+    if not isinstance(ctx, int) or isinstance(ctx, bool) or ctx <= 0 or endpoint.extra.get("ctx") == ctx:
+        return None
+    endpoint.extra["ctx"] = ctx
+    if tier_max_context is None or ctx >= tier_max_context:
+        return None
+    return (f"tier `{endpoint.tier}` promises max_context {tier_max_context} tokens but {endpoint.base_url} serves "
+            f"{ctx} per request: longer prompts will be refused with context_length_exceeded")
 
 
 @runtime_checkable

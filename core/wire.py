@@ -21,6 +21,7 @@ __all__ = [
     "StreamOptions",
     "decode_chat",
     "decode_completion",
+    "decode_json",
     "decode_request",
     "encode",
     "raw_fields",
@@ -121,29 +122,30 @@ _completion_decoder = msgspec.json.Decoder(CompletionRequest)
 _encoder = msgspec.json.Encoder()
 
 
-def _not_utf8(exc: UnicodeDecodeError) -> msgspec.DecodeError:
-    """msgspec reports a string that is not UTF-8 as a UnicodeDecodeError: it is malformed JSON all the same."""
-    return msgspec.DecodeError(f"JSON is not valid UTF-8: {exc.reason} at byte {exc.start}")
+def decode_json(decoder: msgspec.json.Decoder, body: bytes) -> Any:
+    """`decoder.decode(body)`, raising only msgspec's errors (ValidationError, DecodeError) for any bytes at all.
+
+    msgspec reports two kinds of malformed input with Python's own exceptions: a string (a value or a key) that is
+    not UTF-8 as UnicodeDecodeError, and nesting deeper than the stack (free-form fields such as `tools`, nested
+    thousands deep) as RecursionError. Both are malformed JSON all the same, and a caller that turns msgspec's
+    errors into a 400 must see them as such.
+    """
+    try:
+        return decoder.decode(body)
+    except RecursionError:
+        raise msgspec.DecodeError("JSON is nested too deeply") from None
+    except UnicodeDecodeError as exc:
+        raise msgspec.DecodeError(f"JSON is not valid UTF-8: {exc.reason} at byte {exc.start}") from None
 
 
 def decode_chat(body: bytes) -> ChatRequest:
     """Decode and validate a chat request; raises msgspec.ValidationError / DecodeError."""
-    try:
-        return _chat_decoder.decode(body)
-    except RecursionError:  # free-form fields (tools, response_format) nested thousands deep
-        raise msgspec.DecodeError("JSON is nested too deeply") from None
-    except UnicodeDecodeError as exc:
-        raise _not_utf8(exc) from None
+    return decode_json(_chat_decoder, body)
 
 
 def decode_completion(body: bytes) -> CompletionRequest:
     """Decode and validate a text completion request; raises msgspec.ValidationError / DecodeError."""
-    try:
-        return _completion_decoder.decode(body)
-    except RecursionError:
-        raise msgspec.DecodeError("JSON is nested too deeply") from None
-    except UnicodeDecodeError as exc:
-        raise _not_utf8(exc) from None
+    return decode_json(_completion_decoder, body)
 
 
 class _PlainPart(ContentPart, forbid_unknown_fields=True):
@@ -174,13 +176,9 @@ def decode_request(body: bytes, kind: str) -> tuple[ParsedRequest, bool]:
     if kind != "chat":
         return decode_completion(body), True
     try:
-        return _plain_chat_decoder.decode(body), True
+        return decode_json(_plain_chat_decoder, body), True
     except msgspec.ValidationError:
         pass  # a field below the top level that the structs do not model, or an invalid request
-    except RecursionError:
-        raise msgspec.DecodeError("JSON is nested too deeply") from None
-    except UnicodeDecodeError as exc:
-        raise _not_utf8(exc) from None
     return decode_chat(body), False  # raises the request's own error if it is invalid
 
 
@@ -199,8 +197,10 @@ def raw_fields(body: bytes) -> dict[str, msgspec.Raw]:
     The body the backend receives is built from these (`upstream_body`), not from the struct: whatever the
     structs do not model, at any depth (a message's legacy `function_call`, a content part of a type they do
     not know, a backend's own extension), reaches the backend byte for byte. Under a microsecond per request.
+    Raises msgspec.DecodeError for a body the request decoders accepted only because they skipped the field:
+    an unknown key that is not UTF-8.
     """
-    return _raw_fields.decode(body)
+    return decode_json(_raw_fields, body)
 
 
 def unknown_names(raw: dict[str, msgspec.Raw], kind: str) -> list[str]:

@@ -155,7 +155,12 @@ def serve(
 
 
 class _DrainingServer:
-    """uvicorn with a drain on SIGTERM/SIGINT: deregister, refuse new work, finish in-flight, exit 0."""
+    """uvicorn with a drain on SIGTERM/SIGINT: deregister, refuse new work, finish in-flight, exit 0.
+
+    Requests still running (or queued) shortly before the drain timeout is up are ended by stopping the engine,
+    which ends each with an explicit error (an SSE error event then `[DONE]`, or an OpenAI error object) instead
+    of the cut connection uvicorn leaves when it cancels them.
+    """
 
     def __init__(self, app, host: str, port: int, drain_timeout: float, state, registrar, log_level: str) -> None:
         config = uvicorn.Config(app, host=host, port=port, log_level="warning" if log_level == "info" else log_level,
@@ -181,6 +186,15 @@ class _DrainingServer:
             async def startup(self, sockets=None) -> None:
                 outer._loop = asyncio.get_running_loop()
                 await super().startup(sockets)
+
+            async def shutdown(self, sockets=None) -> None:
+                graceful = self.config.timeout_graceful_shutdown or 0
+                stop = asyncio.get_running_loop().call_later(max(0.0, graceful - min(2.0, graceful / 2)),
+                                                             outer._end_in_flight, graceful)
+                try:
+                    await super().shutdown(sockets)
+                finally:
+                    stop.cancel()
 
         self.server = _Server(config)
         self.state = state
@@ -215,6 +229,14 @@ class _DrainingServer:
                 self.server.force_exit = True
             return
         self._loop.call_soon_threadsafe(lambda: self._loop.create_task(self._drain(sig)))
+
+    def _end_in_flight(self, graceful: float) -> None:
+        """The drain timeout is almost up: stop the engine, which ends every request it holds with an error."""
+        engine = self.state.engine
+        if engine.in_flight():
+            structlog.get_logger("edge_node.cli").warning("drain timeout: ending requests still in flight",
+                                                          in_flight=engine.in_flight(), drain_timeout_s=graceful)
+            threading.Thread(target=engine.stop, name="edge-engine-stop", daemon=True).start()
 
     async def _drain(self, sig: int) -> None:
         log = structlog.get_logger("edge_node.cli")

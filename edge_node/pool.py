@@ -4,9 +4,13 @@ Nodes come from two places: heartbeats (`edge-node serve --gateway ...` posts it
 static endpoints in the tier config (polled on `/health`). With a Redis client, heartbeats are stored in
 Redis (a sorted set of last-seen times plus a hash of node info), so every gateway replica sees every
 node whichever replica received the heartbeat; without one the registry lives in this process.
-A node silent for `ttl_s` is dropped. `candidates()` runs on every request, so it only reads the
-in-memory snapshot: least loaded first, where load = max(our in-flight / slots, reported (busy+queued) / slots),
-round-robin among equals.
+A node silent for `ttl_s` is dropped. Every replica also polls every node's `/health` itself (static ones for
+their load; registered ones only for being alive): a node that stops answering (hung, SIGSTOPped, its host gone)
+takes no new requests (a static one after one failed poll, a registered one after `lost_after`), and after
+`lost_after` failed polls in a row the requests still waiting for its answer to begin are told
+(`Endpoint.declare_lost`) and retried elsewhere by dispatch. `candidates()` runs on every request, so it only
+reads the in-memory snapshot: least loaded first, where load = max(our in-flight / slots, reported
+(busy+queued) / slots), round-robin among equals.
 """
 
 from __future__ import annotations
@@ -22,7 +26,8 @@ import aiohttp
 import msgspec
 import structlog
 
-from core.pool import Endpoint
+from core.pool import Endpoint, context_mismatch
+from core.wire import decode_json
 
 if TYPE_CHECKING:
     from core.types import Features
@@ -81,6 +86,9 @@ class NodeInfo(msgspec.Struct, forbid_unknown_fields=False):
     tier: str | None = None
 
 
+_node_info = msgspec.json.Decoder(NodeInfo)
+
+
 def parse_heartbeat(body: bytes | Mapping[str, Any] | NodeInfo) -> NodeInfo:
     """Validate a heartbeat (raw JSON bytes, a decoded dict, or a NodeInfo).
 
@@ -88,7 +96,7 @@ def parse_heartbeat(body: bytes | Mapping[str, Any] | NodeInfo) -> NodeInfo:
     whatever the source: they live in one place, the struct."""
     try:
         if isinstance(body, (bytes, bytearray, memoryview)):
-            info = msgspec.json.decode(body, type=NodeInfo)
+            info = decode_json(_node_info, body)
         else:
             fields = msgspec.structs.asdict(body) if isinstance(body, NodeInfo) else dict(body)
             info = msgspec.convert(fields, NodeInfo)
@@ -119,6 +127,8 @@ class EdgePool:
         refresh_interval_s: float = 1.0,
         failure_threshold: int = 3,
         cooldown_s: float = 5.0,
+        lost_after: int = 2,
+        max_context: int | None = None,
         key_prefix: str = "tiergate:edge",
         clock: Callable[[], float] = time.time,
     ) -> None:
@@ -131,6 +141,8 @@ class EdgePool:
         self._refresh_interval = refresh_interval_s
         self._failure_threshold = failure_threshold
         self._cooldown_s = cooldown_s
+        self._lost_after = max(1, lost_after)
+        self.max_context = max_context  # what the tier's policy promises; a node serving less is warned about
         # One hash tag for both keys: their MULTI and script stay in one slot on a Redis Cluster.
         self._k_seen = f"{{{key_prefix}:{tier}}}:seen"
         self._k_info = f"{{{key_prefix}:{tier}}}:info"
@@ -148,6 +160,7 @@ class EdgePool:
         self._session: Any = None
         self._scripts: dict[str, Any] = {}
         self._redis_warned = False
+        self.refreshes = 0  # refreshes from Redis completed (tests wait on it rather than on the clock)
 
     # ------------------------------------------------------------------ Pool protocol
 
@@ -188,9 +201,8 @@ class EdgePool:
     async def start(self) -> None:
         if self._tasks:
             return
-        if self._static:
-            self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=min(2.0, self._poll_interval)))
-            self._tasks.append(asyncio.create_task(self._poll_static_loop(), name=f"edge-pool-poll-{self.tier}"))
+        self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=min(2.0, self._poll_interval)))
+        self._tasks.append(asyncio.create_task(self._poll_loop(), name=f"edge-pool-poll-{self.tier}"))
         self._tasks.append(asyncio.create_task(self._refresh_loop(), name=f"edge-pool-refresh-{self.tier}"))
 
     async def stop(self) -> None:
@@ -240,6 +252,7 @@ class EdgePool:
                 if now - float(ep.extra.get("seen", 0.0)) > self.ttl_s:
                     del self._nodes[nid]
                     log.info("edge node expired", tier=self.tier, node_id=nid)
+                    ep.declare_lost(f"no heartbeat for {self.ttl_s:g}s")
             return
         try:
             await self._script(_CLEANUP_LUA, now - self.ttl_s)
@@ -252,6 +265,7 @@ class EdgePool:
             self._redis_failed(e)
             return
         self._redis_warned = False
+        self.refreshes += 1
         seen = {_s(k): float(v) for k, v in seen_rows}
         live: set[str] = set()
         for k, raw in infos.items():
@@ -269,6 +283,8 @@ class EdgePool:
             # Not listed but heard from within the TTL: Redis lost it (a restart); its next heartbeat refills it.
             if nid in gone or nid not in live and now - float(ep.extra.get("seen", 0.0)) > self.ttl_s:
                 del self._nodes[nid]
+                if nid not in gone:  # a node that deregistered is draining: it finishes what it holds
+                    ep.declare_lost(f"no heartbeat for {self.ttl_s:g}s")
 
     # ------------------------------------------------------------------ internals
 
@@ -283,7 +299,7 @@ class EdgePool:
         if x.get("source") == "static":
             if not x.get("up", True):
                 return False
-        elif now - float(x.get("seen", 0.0)) > self.ttl_s:
+        elif now - float(x.get("seen", 0.0)) > self.ttl_s or not x.get("alive", True):
             return False
         until = self._cooldown_until.get(e.id)
         return until is None or mono >= until
@@ -304,6 +320,7 @@ class EdgePool:
             ep.model = node.model
             ep.slots = node.slots
             ep.reported_load = load
+        _check_context(ep, self.max_context, node.ctx)
         ep.extra.update(source="heartbeat", seen=seen, busy=node.busy, queued=node.queued, ctx=node.ctx)
         return ep
 
@@ -325,10 +342,40 @@ class EdgePool:
                 await self.refresh()
             await asyncio.sleep(self._refresh_interval)
 
-    async def _poll_static_loop(self) -> None:
+    async def _poll_loop(self) -> None:
         while True:
-            await asyncio.gather(*(self._poll(ep) for ep in list(self._static.values())), return_exceptions=True)
+            await asyncio.gather(*(self._poll(ep) for ep in list(self._static.values())),
+                                 *(self._probe(ep) for ep in list(self._nodes.values())), return_exceptions=True)
             await asyncio.sleep(self._poll_interval * random.uniform(0.9, 1.1))
+
+    async def _probe(self, ep: Endpoint) -> None:
+        """Is a registered node alive? Any answer from /health says so (its load comes with its heartbeats)."""
+        try:
+            async with self._session.get(f"{ep.base_url}/health") as r:
+                await r.read()
+        except Exception as e:  # noqa: BLE001 - any failure to reach the node counts against it
+            self._poll_failed(ep, f"{type(e).__name__}: {e}" if str(e) else type(e).__name__)
+            return
+        if not ep.extra.get("alive", True):
+            log.info("edge node answers its health checks again", tier=self.tier, node_id=ep.id)
+        ep.extra.update(alive=True, poll_failures=0)
+
+    def _poll_failed(self, ep: Endpoint, why: str) -> None:
+        """A failed poll: no new requests for a static endpoint at once, for a registered node (which also sends
+        heartbeats) after `lost_after` in a row, when the requests waiting on it go elsewhere too."""
+        x = ep.extra
+        n = x["poll_failures"] = int(x.get("poll_failures", 0)) + 1  # type: ignore[call-overload]
+        if x.get("source") == "static":
+            x["up"] = False
+        elif n >= self._lost_after:  # a registered node also heartbeats: one slow /health is not enough
+            x["alive"] = False
+        if n == 1:
+            log.warning("edge endpoint unreachable", tier=self.tier, endpoint=ep.id, url=ep.base_url, reason=why)
+        if n >= self._lost_after:
+            if n == self._lost_after and ep.waiting:
+                log.warning("edge endpoint lost: requests waiting on it go elsewhere", tier=self.tier,
+                            endpoint=ep.id, waiting=len(ep.waiting), failed_polls=n)
+            ep.declare_lost(f"{n} health checks failed: {why}")
 
     async def _poll(self, ep: Endpoint) -> None:
         """Learn a static node's model, slots and load from /health (or /v1/models for other servers)."""
@@ -342,21 +389,28 @@ class EdgePool:
                         ep.slots = slots
                         ep.model = str(body.get("model") or ep.model)
                         ep.reported_load = (int(body.get("busy", 0)) + int(body.get("queued", 0))) / slots
+                        _check_context(ep, self.max_context, body.get("ctx"))
                         x.update(up=True, draining=body.get("status") == "draining" or r.status == 503,
-                                 busy=body.get("busy"), queued=body.get("queued"), ctx=body.get("ctx"))
+                                 busy=body.get("busy"), queued=body.get("queued"), ctx=body.get("ctx"),
+                                 poll_failures=0)
                         return
             async with self._session.get(f"{ep.base_url}/v1/models") as r:
                 if r.status == 200:
                     data = (await r.json(content_type=None)).get("data") or []
                     if data:
                         ep.model = str(data[0].get("id") or ep.model)
-                    x.update(up=True, draining=False)
+                    x.update(up=True, draining=False, poll_failures=0)
                     return
-            x["up"] = False
-        except Exception:  # noqa: BLE001 - any failure to reach the node means it is down
-            if x.get("up", True):
-                log.warning("static edge endpoint unreachable", tier=self.tier, endpoint=ep.base_url)
-            x["up"] = False
+            x.update(up=False, poll_failures=0)  # it answers, but not as a server we can use: not hung
+        except Exception as e:  # noqa: BLE001 - any failure to reach the node means it is down
+            self._poll_failed(ep, f"{type(e).__name__}: {e}" if str(e) else type(e).__name__)
+
+
+def _check_context(ep: Endpoint, max_context: int | None, ctx: object) -> None:
+    """Warn (once per value) when a node's context per request is smaller than its tier's `max_context`."""
+    if warning := context_mismatch(ep, max_context, ctx):
+        log.warning("tier_context_larger_than_server", tier=ep.tier, endpoint=ep.id, message=warning,
+                    max_context=max_context, server_context=ctx)
 
 
 def _s(v: Any) -> str:

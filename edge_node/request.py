@@ -39,6 +39,7 @@ class Chunk:
 
 class ActiveRequest:
     __slots__ = (
+        "admitted_at",
         "cached",
         "cancelled",
         "endpoint",
@@ -70,6 +71,7 @@ class ActiveRequest:
         self.queue: asyncio.Queue[Chunk] = asyncio.Queue()
         self.submitted = time.monotonic()
         self.first_token_at: float | None = None
+        self.admitted_at: float | None = None  # when it got a slot (its queue wait ends, its prefill begins)
         self.cancelled = False
         self.slot: Slot | None = None
         self.n_prompt_done = 0  # prompt tokens whose KV the slot holds (reused ones included)

@@ -8,16 +8,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import AsyncIterator
 
 import msgspec
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from core import tracing
 from core.errors import OpenAIError, not_found
 from core.http import error_response
+from core.tracing import TracingMiddleware
 from edge_node.completions import Completions
 from edge_node.state import ServerState
 
@@ -63,7 +67,11 @@ def create_app(state: ServerState) -> Starlette:
                 with contextlib.suppress(Exception):
                     await fn()
             await asyncio.to_thread(engine.stop)
+            tracing.shutdown()  # flush the spans still batched
 
+    middleware = []
+    if tracing.configure("tiergate-edge-node"):  # off unless the environment says where spans go
+        middleware.append(Middleware(TracingMiddleware, paths=TRACED, on_end=_engine_phases))
     routes = [
         Route("/v1/chat/completions", completions.guarded(completions.chat), methods=["POST"]),
         Route("/v1/completions", completions.guarded(completions.text), methods=["POST"]),
@@ -71,8 +79,28 @@ def create_app(state: ServerState) -> Starlette:
         Route("/health", health, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),
     ]
-    return Starlette(routes=routes, lifespan=lifespan,
+    return Starlette(routes=routes, lifespan=lifespan, middleware=middleware,
                      exception_handlers={404: _not_found, 405: _method_not_allowed})
+
+
+TRACED = frozenset({"/v1/chat/completions", "/v1/completions"})
+
+
+def _engine_phases(scope: dict, _root: object) -> None:
+    """A traced request's time in the engine, as child spans of its root: waiting for a slot, the prefill of its
+    prompt, the decoding of its answer (the decode thread's own `time.monotonic()` readings)."""
+    gen = scope.get("state", {}).get("generation")  # set by Completions._submit
+    req = getattr(gen, "_req", None)  # the engine's record of it (same package)
+    if req is None:
+        return
+    end = time.monotonic()
+    admitted, first = req.admitted_at, req.first_token_at
+    tracing.record_span("queue wait", req.submitted, admitted or end)
+    if admitted is not None:
+        tracing.record_span("prefill", admitted, first or end, **{"tiergate.prompt_tokens": len(req.prompt),
+                                                                  "tiergate.cached_tokens": req.cached})
+    if first is not None:
+        tracing.record_span("decode", first, end, **{"tiergate.completion_tokens": req.n_generated})
 
 
 async def _not_found(request: Request, _exc: Exception) -> Response:

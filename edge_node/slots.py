@@ -100,6 +100,7 @@ class SlotTable:
     def occupy(self, slot: Slot, req: ActiveRequest) -> None:
         slot.request = req
         req.slot = slot
+        req.admitted_at = time.monotonic()
         self.busy += 1
 
     def release(self, req: ActiveRequest) -> None:

@@ -18,6 +18,7 @@ from starlette.responses import JSONResponse, Response
 from cache.store import StoreUnavailable
 from core.errors import OpenAIError, bad_request, unauthorized
 from core.http import read_body
+from core.wire import decode_json
 from edge_node.pool import HeartbeatError, parse_heartbeat
 
 if TYPE_CHECKING:
@@ -25,6 +26,7 @@ if TYPE_CHECKING:
 
 __all__ = ["AdminEndpoints", "AdminKey", "EdgeEndpoints"]
 
+_deregistration = msgspec.json.Decoder(dict[str, str | None])
 _LOOPBACK = frozenset({"127.0.0.1", "::1", "localhost", "testclient"})
 
 
@@ -127,8 +129,7 @@ class EdgeEndpoints:
     async def deregister(self, request: Request) -> Response:
         self._check_token(request)
         try:
-            info = msgspec.json.decode(await read_body(request, self._gw.settings.max_body_bytes),
-                                       type=dict[str, str | None])
+            info = decode_json(_deregistration, await read_body(request, self._gw.settings.max_body_bytes))
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
             raise bad_request(f"deregister body must be {{\"node_id\": ...}}: {exc}", code="invalid_heartbeat") from None
         if not info.get("node_id"):

@@ -16,13 +16,16 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import structlog
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from core import tracing
 from core.errors import OpenAIError, not_found
 from core.http import error_response
 from core.logs import configure_logging
+from core.tracing import TracingMiddleware
 from gateway.admin import AdminEndpoints, EdgeEndpoints
 from gateway.auth import KeyRing
 from gateway.lifecycle import Gateway
@@ -36,12 +39,14 @@ __all__ = ["create_app"]
 log = structlog.get_logger("tiergate.gateway")
 _JSON = "application/json"
 Handler = Callable[[Request], Awaitable[Response]]
+TRACED = frozenset({"/v1/chat/completions", "/v1/completions"})  # the requests that get a trace
 
 
 def create_app(settings: Settings | None = None, *, keyring: KeyRing | None = None) -> Starlette:
     """Build the Starlette app around one Gateway; `app.state.gateway` exposes it to tests and tools."""
     settings = settings or Settings()
     configure_logging(settings.log_format, settings.log_level)
+    traced = tracing.configure("tiergate-gateway")  # off unless the environment says where spans go
     gw = Gateway(settings, keyring=keyring)
     completions = Completions(gw)
     admin, edge, status = AdminEndpoints(gw), EdgeEndpoints(gw), StatusPage(gw)
@@ -85,6 +90,7 @@ def create_app(settings: Settings | None = None, *, keyring: KeyRing | None = No
             yield
         finally:
             await gw.shutdown()
+            tracing.shutdown()  # flush the spans still batched
 
     routes = [
         Route("/v1/chat/completions", chat, methods=["POST"]),
@@ -100,7 +106,8 @@ def create_app(settings: Settings | None = None, *, keyring: KeyRing | None = No
         Route("/admin/cache/invalidate", _guarded(admin.invalidate_cache), methods=["POST"]),
         *status.routes(),
     ]
-    app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={
+    middleware = [Middleware(TracingMiddleware, paths=TRACED)] if traced else []  # none at all when off
+    app = Starlette(routes=routes, lifespan=lifespan, middleware=middleware, exception_handlers={
         404: _not_found_handler, 405: _method_handler, 500: _internal_handler})
     app.state.gateway = gw
     return app

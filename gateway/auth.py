@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from ruamel.yaml import YAML
 from ruamel.yaml.error import YAMLError
 
+from core import tracing
 from core.errors import unauthorized
 from core.types import Priority
 
@@ -107,6 +108,10 @@ class KeyRing:
 
     def authenticate(self, authorization: str | None) -> Tenant:
         """Return the tenant for an `Authorization: Bearer KEY` header, or raise a 401 OpenAIError."""
+        with tracing.span("auth"):
+            return self._authenticate(authorization)
+
+    def _authenticate(self, authorization: str | None) -> Tenant:
         if not authorization:
             raise unauthorized("Missing API key: send `Authorization: Bearer <key>`.")
         scheme, _, key = authorization.partition(" ")

@@ -26,8 +26,10 @@ from edge_node.gguf_tokenizer import tokenizer_from_gguf
 from edge_node.model_file import ModelFileError
 from edge_node.packaged import MODELS, install, packaged_path
 from gateway.auth import DEMO_KEY
+from gateway.settings import Settings
+from policies.loader import load_policy
 
-__all__ = ["Artifacts", "prepare", "run_demo"]
+__all__ = ["Artifacts", "contexts", "prepare", "run_demo"]
 
 console = Console(stderr=True)
 
@@ -101,6 +103,11 @@ def _wait_edge_registered(port: int, proc: subprocess.Popen[bytes], timeout_s: f
     console.print("[yellow]no edge node has registered yet: requests go to the cloud tier until one does[/yellow]")
 
 
+def contexts() -> dict[str, int]:
+    """Each tier's `max_context` in the policy the demo's gateway runs: what its servers must serve per request."""
+    return {name: tier.max_context for name, tier in load_policy(Settings().policy).tiers.items()}
+
+
 def _interrupt(signum: int, _frame: object) -> None:
     raise KeyboardInterrupt(signal.Signals(signum).name)
 
@@ -116,6 +123,7 @@ def run_demo(port: int = 8080, edge_nodes: int = 1) -> int:
     env = os.environ | {"TIERGATE_EMBEDDER": str(art.embedder), "TIERGATE_PORT": str(port),
                         "TIERGATE_DEMO_TOKENIZER": str(art.tokenizer), "TIERGATE_LOG_FORMAT": "console"}
     procs: list[tuple[str, subprocess.Popen[bytes]]] = []
+    ctx = contexts()  # the stand-in must serve the context the policy promises (its long-prompt rule sends 1,500+)
 
     def start(name: str, args: list[str], health: str, timeout_s: float = 120) -> None:
         console.print(f"[bold]starting {name}[/bold]: {' '.join(args)}")
@@ -124,26 +132,27 @@ def run_demo(port: int = 8080, edge_nodes: int = 1) -> int:
         _wait_http(health, timeout_s, p, name)
 
     try:
-        # The cloud stand-in serves the same real model with the context the policy's cloud tier promises (8192):
+        # The cloud stand-in serves the same real model with the context the policy's cloud tier promises:
         # Gemma 3 270M, the other packaged model, is a pretrained base model that does not follow chat.
         start("cloud tier (LOCAL STAND-IN: llama.cpp, not vLLM)",
               [str(bindir / "edge-node"), "serve", "--model", art.model, "--port", "8090",
-               "--model-name", "cloud-standin", "--parallel", "2", "--ctx", "8192"], "http://127.0.0.1:8090/health")
+               "--model-name", "cloud-standin", "--parallel", "2", "--ctx", str(ctx["cloud"])],
+              "http://127.0.0.1:8090/health")
         start("gateway", [str(bindir / "tiergate"), "serve", "--port", str(port)],
               f"http://127.0.0.1:{port}/healthz")
         for i in range(edge_nodes):
             eport = 8081 + i
             start(f"edge node {i + 1}", [str(bindir / "edge-node"), "serve", "--model", art.model,
-                                         "--port", str(eport), "--parallel", "4", "--ctx", "2048",
+                                         "--port", str(eport), "--parallel", "4", "--ctx", str(ctx["edge"]),
                                          "--model-name", art.model, "--gateway", f"http://127.0.0.1:{port}"],
                   f"http://127.0.0.1:{eport}/health")
         _wait_http(f"http://127.0.0.1:{port}/readyz", 30, procs[1][1], "gateway readiness")
         _wait_edge_registered(port, procs[1][1])
         console.print(f"""
 [bold green]tiergate demo is up[/bold green] — gateway on http://127.0.0.1:{port}
-  edge tier : {edge_nodes} llama.cpp node(s), {MODELS[art.model].title}, 2048 tokens per slot
+  edge tier : {edge_nodes} llama.cpp node(s), {MODELS[art.model].title}, {ctx["edge"]} tokens per slot
   cloud tier: [bold yellow]LOCAL STAND-IN[/bold yellow] (llama.cpp on :8090, not vLLM; see docs/cloud.md for real vLLM):
-              the same 135M model with 8192 tokens per slot. A 135M model is weak; the cloud tier is where a
+              the same 135M model with {ctx["cloud"]} tokens per slot. A 135M model is weak; the cloud tier is where a
               70B model would answer what the edge cannot.
   cache     : in-memory semantic cache (ONNX MiniLM embedder)
 Try:

@@ -1,34 +1,39 @@
 """Dispatch: a Decision becomes an open upstream response, trying tiers and endpoints in order.
 
 Within a tier, endpoints are tried best first; a failure that reached nobody yet (connection refused,
-timeout before the first byte, 5xx) moves to the next endpoint, then to the next tier in the
-decision's fallbacks. A backend saying it cannot serve the request (too long for its context, a feature
+timeout before the first token, 5xx, a backend its pool declared lost while the request waited on it) moves
+to the next endpoint, then to the next tier in the decision's fallbacks, within the request's total time. A backend saying it cannot serve the request (too long for its context, a feature
 it lacks) moves straight to the next tier; its verdict on the request itself (a 400) is the answer. A saturated tier is waited on in priority order for at most the policy's queue
 time, then overflowed. What comes back holds its admission slot until `finish()`.
 """
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import msgspec
 
+from core import tracing
 from core.errors import OpenAIError, rate_limited, upstream_error
 from core.pool import Endpoint
-from core.types import Decision, Features
-from core.wire import ParsedRequest
+from core.types import Decision, Features, Timeouts
+from core.wire import ParsedRequest, decode_json
 from gateway.metrics import GatewayMetrics
 from gateway.tiers import Tier
 from gateway.upstream import UpstreamClient, UpstreamFailure, UpstreamResponse
 
-__all__ = ["Attempt", "Dispatcher"]
+__all__ = ["Attempt", "Dispatcher", "shutting_down"]
 
 MAX_ENDPOINTS_PER_TIER = 3
+_error_body = msgspec.json.Decoder()
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)
 class Attempt:
     """A backend that accepted the request; `finish()` must be called exactly once when the answer is over."""
 
@@ -40,14 +45,26 @@ class Attempt:
     upstream_started: float  # perf_counter when the request went to the backend
     fallback_from: str | None = None
     events: AsyncIterator[list[bytes]] | None = None  # streaming: the rest of the stream, after `first`
-    first: list[bytes] | None = None  # streaming: the first batch of events, read before anything reached the client
-    first_at: float = 0.0  # perf_counter when `first` arrived
+    first: list[bytes] | None = None  # streaming: the events up to the first token, read before the client got any
+    first_at: float = 0.0  # perf_counter when the first token arrived (the TTFT metric)
+    aborted: str | None = None  # why the gateway cut it short (it is shutting down), if it did
+    live: set[Attempt] | None = None  # the dispatcher's answers in progress, which this one leaves when finished
+    span: Any = tracing.NULL  # the "relay" span: from the answer's beginning to its end
     _done: bool = field(default=False)
+
+    def abort(self, reason: str) -> None:
+        """End the answer now: closing the upstream connection stops the generation, and the relay, reading
+        `aborted`, ends the answer with an explicit error rather than a cut connection."""
+        self.aborted = reason
+        self.response.close()
 
     def finish(self, ok: bool = True) -> None:
         if self._done:
             return
         self._done = True
+        if self.live is not None:
+            self.live.discard(self)
+        self.span.end()
         self.endpoint.inflight -= 1
         _give_back(self.route, self.metrics)
         if not ok:
@@ -59,16 +76,47 @@ class Dispatcher:
         self._upstream = upstream
         self._tiers = tiers  # a live view: pools change when the policy is reloaded
         self._metrics = metrics
+        self._live: set[Attempt] = set()  # answers in progress (a stream being relayed, a JSON body being read)
+        self._waiting: set[_LostWatch] = set()  # requests waiting for a backend's answer to begin
+        self.closing: str | None = None  # set by `abort_all`: the gateway is shutting down
+
+    def abort_all(self, reason: str) -> int:
+        """The gateway is shutting down and its graceful time is almost over: every request still waiting on a
+        backend, and every answer still in progress, ends now with an explicit error (a 503, or an SSE error event
+        then `[DONE]` for a stream that has begun) rather than a connection cut when the server gives up on it.
+        Returns how many were ended."""
+        self.closing = reason
+        waiting, live = list(self._waiting), list(self._live)
+        for watch in waiting:
+            watch(reason, shutdown=True)
+        for attempt in live:
+            attempt.abort(reason)
+        return len(waiting) + len(live)
 
     async def open(self, *, request: ParsedRequest, features: Features, decision: Decision, path: str,
                    body_for: Callable[[Endpoint], bytes], request_id: str, stream: bool) -> Attempt:
+        """`_open` in the request's trace: a "dispatch" span, then a "relay" span the Attempt ends."""
+        if not tracing.enabled():
+            return await self._open(request=request, features=features, decision=decision, path=path,
+                                    body_for=body_for, request_id=request_id, stream=stream)
+        with tracing.span("dispatch", **{"tiergate.tiers": list(decision.tiers)}):
+            attempt = await self._open(request=request, features=features, decision=decision, path=path,
+                                       body_for=body_for, request_id=request_id, stream=stream)
+        attempt.span = tracing.start("relay", **{"tiergate.tier": attempt.tier,
+                                                 "tiergate.endpoint": attempt.endpoint.id})
+        return attempt
+
+    async def _open(self, *, request: ParsedRequest, features: Features, decision: Decision, path: str,
+                    body_for: Callable[[Endpoint], bytes], request_id: str, stream: bool) -> Attempt:
         """Return the first backend that accepts the request, or raise the most telling OpenAIError.
 
-        For a stream, the first event is read here, so that a backend failing before its first token
-        is still retried elsewhere: nothing has reached the client yet.
+        For a stream, the first token is read here (with the role-only frames before it, held:
+        `UpstreamResponse.events`), so that a backend failing before its first token is still retried
+        elsewhere: nothing has reached the client yet.
         """
         routes, metrics = self._tiers, self._metrics
         failures: list[OpenAIError] = []  # one per tier tried, so the final error can say what happened where
+        budget = _Budget(decision.timeouts)
         previous: str | None = None
         tiers = decision.tiers
         for i, tier in enumerate(tiers):
@@ -96,20 +144,23 @@ class Dispatcher:
             metrics.child(metrics.inflight, tier).inc()
             last: OpenAIError | None = None
             for ep in candidates:
+                try:
+                    if self.closing is not None:
+                        raise UpstreamFailure(self.closing, kind="shutdown", status=503, retryable=False)
+                    timeouts = budget.left()
+                except UpstreamFailure as f:  # retries ate the request's total time, or the gateway is closing
+                    _give_back(route, metrics)
+                    raise _failure_error(tier, f) from None
                 ep.inflight += 1
                 started = time.perf_counter()
-                resp: UpstreamResponse | None = None
                 try:
-                    resp = await self._upstream.post(ep, path, body_for(ep), decision.timeouts, request_id,
-                                                     stream=stream)
-                    events, first, first_at = None, None, 0.0
-                    if stream:
-                        events = resp.events()
-                        first = await anext(events, None)
-                        first_at = time.perf_counter()
+                    resp, events, first, first_at = await self._attempt(ep, path, body_for(ep), timeouts, request_id,
+                                                                        stream)
                 except UpstreamFailure as f:
-                    _discard(resp)
                     ep.inflight -= 1
+                    if f.kind == "shutdown":  # no backend's fault: nothing to report, nothing to retry
+                        _give_back(route, metrics)
+                        raise _failure_error(tier, f) from None
                     metrics.upstream_errors.labels(tier, f.kind).inc()
                     if f.kind == "capability" and any(t in routes for t in tiers[i + 1:]):
                         # This tier cannot serve it (context too short, a feature missing): a later one may.
@@ -126,14 +177,15 @@ class Dispatcher:
                         raise last from None
                     continue
                 except BaseException:  # cancelled (client gone) or a bug: give everything back, blame no one
-                    _discard(resp)
                     ep.inflight -= 1
                     _give_back(route, metrics)
                     raise
                 route.pool.report(ep, True)
-                return Attempt(tier, ep, resp, route, metrics, started,
-                               fallback_from=decision.tier if tier != decision.tier else None,
-                               events=events, first=first, first_at=first_at)
+                attempt = Attempt(tier, ep, resp, route, metrics, started,
+                                  fallback_from=decision.tier if tier != decision.tier else None,
+                                  events=events, first=first, first_at=first_at, live=self._live)
+                self._live.add(attempt)
+                return attempt
             _give_back(route, metrics)
             if last is not None:
                 failures.append(last)
@@ -145,6 +197,96 @@ class Dispatcher:
             final = OpenAIError(final.status, " ".join(e.message for e in failures), type=final.type,
                                 code=final.code, headers=final.headers)
         raise final
+
+    async def _attempt(self, ep: Endpoint, path: str, body: bytes, timeouts: Timeouts, request_id: str,
+                       stream: bool) -> tuple[UpstreamResponse, AsyncIterator[list[bytes]] | None, list[bytes] | None,
+                                          float]:
+        """Post to one backend and wait for its answer to begin: a JSON answer's headers (sent once it is
+        generated), a stream's first token. While waiting, the request is on the endpoint's `waiting` list: when
+        the pool's health check finds the backend unreachable or hung (`Endpoint.declare_lost`), the wait ends
+        in a retryable `lost` failure, and the request is tried elsewhere while its time lasts."""
+        task = asyncio.current_task()
+        assert task is not None
+        watch = _LostWatch(task)
+        ep.waiting.add(watch)
+        self._waiting.add(watch)
+        resp: UpstreamResponse | None = None
+        span = (tracing.span("upstream", **{"tiergate.tier": ep.tier, "tiergate.endpoint": ep.id})
+                if tracing.enabled() else tracing.NULL)
+        try:
+            with span as s:  # the span current while posting: the backend continues the trace from it
+                try:
+                    resp = await self._upstream.post(ep, path, body, timeouts, request_id, stream=stream)
+                    if not stream:
+                        return resp, None, None, 0.0
+                    events = resp.events()
+                    first = await anext(events, None)
+                    return resp, events, first, time.perf_counter()
+                except UpstreamFailure as f:
+                    s.set_attribute("tiergate.failure", f.kind)
+                    raise
+        except asyncio.CancelledError:
+            _discard(resp)
+            if watch.reason is None or task.uncancel() > 0:
+                raise  # the client left, or the server gave up on the request
+            if watch.shutdown:
+                raise UpstreamFailure(watch.reason, kind="shutdown", status=503, retryable=False) from None
+            raise UpstreamFailure(f"{ep.id} stopped answering its health checks before the answer began "
+                                  f"({watch.reason})", kind="lost", status=504) from None
+        except BaseException:
+            _discard(resp)
+            raise
+        finally:
+            ep.waiting.discard(watch)
+            self._waiting.discard(watch)
+
+
+def _failure_error(tier: str, f: UpstreamFailure) -> OpenAIError:
+    if f.kind == "shutdown":
+        return shutting_down(str(f))
+    return upstream_error(504, f"Tier `{tier}`: {f}", code="upstream_timeout")
+
+
+def shutting_down(reason: str) -> OpenAIError:
+    """The answer to a request the gateway cannot finish because it is shutting down: retry elsewhere."""
+    return OpenAIError(503, f"The gateway is shutting down ({reason}); retry the request.", type="server_error",
+                       code="shutting_down", headers={"retry-after": "1"})
+
+
+class _LostWatch:
+    """Cancels the request's task when its backend is declared lost (or the gateway is shutting down);
+    `reason` says it did (see `_attempt`)."""
+
+    __slots__ = ("_task", "reason", "shutdown")
+
+    def __init__(self, task: asyncio.Task) -> None:
+        self._task = task
+        self.reason: str | None = None
+        self.shutdown = False
+
+    def __call__(self, reason: str, shutdown: bool = False) -> None:
+        if self.reason is None and not self._task.done():
+            self.reason, self.shutdown = reason, shutdown
+            self._task.cancel()
+
+
+class _Budget:
+    """The request's total time, across every attempt: a retry gets what is left of it, not a fresh total."""
+
+    __slots__ = ("_deadline", "_timeouts")
+
+    def __init__(self, timeouts: Timeouts) -> None:
+        self._timeouts = timeouts
+        self._deadline = time.monotonic() + timeouts.total_s
+
+    def left(self) -> Timeouts:
+        left = self._deadline - time.monotonic()
+        if left >= self._timeouts.total_s - 0.001:
+            return self._timeouts  # the first attempt: nothing to change
+        if left <= 0:
+            raise UpstreamFailure(f"the request's total time ({self._timeouts.total_s:g}s) is spent", kind="timeout",
+                                  status=504, retryable=False)
+        return dataclasses.replace(self._timeouts, total_s=left)
 
 
 def _give_back(route: Tier, metrics: GatewayMetrics) -> None:
@@ -164,7 +306,7 @@ def _client_error_from(f: UpstreamFailure, prefix: str = "") -> OpenAIError:
     message, code = str(f), "upstream_rejected"
     if f.body:
         try:
-            err = msgspec.json.decode(f.body).get("error", {})
+            err = decode_json(_error_body, f.body).get("error", {})
             if isinstance(err, dict):
                 message = str(err.get("message") or message)
                 code = str(err.get("code") or code)

@@ -1,12 +1,17 @@
-"""Graceful shutdown: on SIGTERM, first say "not ready", then stop accepting, then let streams finish.
+"""Graceful shutdown: on SIGTERM (or SIGINT), first say "not ready", then stop accepting, then let streams finish.
 
 A load balancer (or Kubernetes endpoints controller) only stops sending traffic once it sees /readyz fail,
 so the listener stays open for `drain_delay_s` while /readyz answers 503; then uvicorn stops accepting and
-waits up to its graceful-shutdown timeout for in-flight requests, streams included. A second signal exits at once.
+waits up to its graceful-shutdown timeout for in-flight requests, streams included. Shortly before that time
+is up, whatever is still in flight is ended with an explicit error (`Dispatcher.abort_all`: a 503
+`shutting_down`, or an SSE error event then `[DONE]` for a stream that has begun) rather than cut when uvicorn
+gives up on it. A second signal exits at once.
 """
 
 from __future__ import annotations
 
+import asyncio
+import socket
 import threading
 
 import structlog
@@ -35,3 +40,19 @@ class DrainingServer(uvicorn.Server):
         timer = threading.Timer(self._drain_delay_s, super().handle_exit, (sig, frame))
         timer.daemon = True
         timer.start()
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        graceful = self.config.timeout_graceful_shutdown
+        abort = None
+        if graceful is not None:  # end what is left explicitly a little before uvicorn cancels it
+            abort = asyncio.get_running_loop().call_later(graceful - min(2.0, graceful / 2), self._abort, graceful)
+        try:
+            await super().shutdown(sockets)
+        finally:
+            if abort is not None:
+                abort.cancel()
+
+    def _abort(self, graceful: float) -> None:
+        n = self._gateway.dispatcher.abort_all(f"its graceful shutdown time of {graceful:g}s is almost over")
+        if n:
+            log.warning("shutdown_ending_requests", requests=n, graceful_shutdown_s=graceful)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import defaultdict
+from collections.abc import Callable
 
 from core.errors import OpenAIError, rate_limited
 from gateway.auth import Tenant
@@ -44,8 +45,9 @@ class TenantSlot:
 
 class Limiter:
     def __init__(self, metrics: GatewayMetrics, redis=None, timeout_s: float = 0.05, prefix: str = "tg:rl",
-                 retry_after_s: float = 1.0) -> None:
+                 retry_after_s: float = 1.0, monotonic: Callable[[], float] = time.monotonic) -> None:
         self._metrics = metrics
+        self._monotonic = monotonic  # the pause after a Redis failure runs on it (tests pass their own clock)
         self._redis = redis
         self._timeout = timeout_s
         self._retry_after = retry_after_s
@@ -74,7 +76,7 @@ class Limiter:
             # The hash tag keeps a tenant's buckets in one slot on a Redis Cluster (one node per pipeline).
             key_cur = f"{self._prefix}:{{{tenant}}}:{kind}:{cur}"
             key_prev = f"{self._prefix}:{{{tenant}}}:{kind}:{prev}"
-            if time.monotonic() < self._skip_redis_until:
+            if self._monotonic() < self._skip_redis_until:
                 raise _RedisSkipped
             try:
                 async with asyncio.timeout(self._timeout):
@@ -84,7 +86,7 @@ class Limiter:
                     pipe.get(key_prev)
                     c, _, p = await pipe.execute()
             except Exception:
-                self._skip_redis_until = time.monotonic() + self._retry_after
+                self._skip_redis_until = self._monotonic() + self._retry_after
                 raise
             c, p = int(c), int(p or 0)
         return c + p * w, _WINDOW - (now % _WINDOW)

@@ -19,6 +19,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
 from cache.types import CacheHit
+from core import tracing
 from core.errors import OpenAIError, bad_request, from_validation
 from core.http import read_body
 from core.pool import Endpoint
@@ -72,10 +73,10 @@ class Completions:
             body = await read_body(request, gw.settings.max_body_bytes)
             try:
                 req, plain = decode_request(body, kind)
+                raw = raw_fields(body)  # an unknown key that is not UTF-8 fails only here
             except (msgspec.ValidationError, msgspec.DecodeError) as exc:
                 raise from_validation(exc) from None
             check_params(req, gw.public_models())
-            raw = raw_fields(body)
             extra = tuple(unknown_names(raw, kind))
             if extra and (refused := refused_field(raw, list(extra))):
                 raise bad_request(f"`{refused[0]}` is not supported through this gateway: {refused[1]}.",
@@ -120,7 +121,9 @@ class Completions:
                 or ctx.extra and not _ANSWER_NEUTRAL.issuperset(ctx.extra)):  # e.g. `functions`: not ours to key
             outcome.cache = "bypass"
             return None
-        result = await cache.check(req, ctx.tenant.id, rule)
+        with tracing.span("cache") as span:
+            result = await cache.check(req, ctx.tenant.id, rule)
+            span.set_attribute("tiergate.cache", result.status)
         outcome.cache_key = result.key
         hit = result.hit
         if hit is None:

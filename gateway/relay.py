@@ -22,7 +22,7 @@ from cache.types import CachedAnswer, CacheHit
 from core.errors import OpenAIError
 from core.http import DONE, sse
 from gateway.context import Outcome, RequestContext, answer_headers
-from gateway.dispatch import Attempt
+from gateway.dispatch import Attempt, shutting_down
 from gateway.render import AnswerSummary, StreamAccumulator, cacheable, render_json, render_sse, summarize
 from gateway.upstream import UpstreamFailure
 
@@ -65,8 +65,13 @@ class Relay:
         try:
             body = await attempt.response.read()
             attempt.response.release()
+            if attempt.aborted is not None:  # the gateway closed it: what was read may be cut short
+                raise UpstreamFailure(attempt.aborted, kind="shutdown")
         except UpstreamFailure as f:
             attempt.response.close()
+            if attempt.aborted is not None:
+                attempt.finish()
+                raise shutting_down(attempt.aborted) from None
             attempt.finish(ok=False)
             metrics.upstream_errors.labels(attempt.tier, f.kind).inc()
             raise OpenAIError(f.status, f"Tier `{attempt.tier}`: {f}", type="upstream_error",
@@ -179,6 +184,11 @@ class Relay:
                 batch = await anext(events, None)
             raise UpstreamFailure(f"{attempt.endpoint.id} ended the stream without [DONE]", kind="stream")
         except UpstreamFailure as f:
+            if attempt.aborted is not None:  # the gateway is shutting down: no backend's fault
+                relay.status = 503
+                attempt.finish()
+                yield sse(shutting_down(attempt.aborted).to_json()) + DONE
+                return
             relay.status = 502
             attempt.finish(ok=False)
             metrics = self._gw.metrics

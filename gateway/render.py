@@ -15,6 +15,7 @@ import msgspec
 
 from cache.types import CachedAnswer
 from core.http import DONE, sse
+from core.wire import decode_json
 
 __all__ = ["AnswerSummary", "StreamAccumulator", "cacheable", "render_json", "render_sse", "summarize"]
 
@@ -62,7 +63,7 @@ class AnswerSummary:
 
 def summarize(body: bytes) -> AnswerSummary:
     """Summarise a non-streaming upstream answer; raises msgspec errors on a malformed body."""
-    a = _answer_decoder.decode(body)
+    a = decode_json(_answer_decoder, body)
     first = a.choices[0] if a.choices else _Choice()
     text = (first.message.content if first.message else first.text) or ""
     u = a.usage or _Usage()
@@ -83,7 +84,7 @@ class StreamAccumulator:
 
     def feed(self, payload: bytes) -> bool:
         """Record one chunk; returns True when it is a usage-only chunk (no choices)."""
-        a = _answer_decoder.decode(payload)
+        a = decode_json(_answer_decoder, payload)  # a backend's bytes: any bytes at all
         if a.model:
             self.model = a.model
         if a.usage is not None:

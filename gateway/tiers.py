@@ -46,8 +46,8 @@ def make_pool(config: TierConfig, redis: object | None, cloud_metrics: CloudMetr
     """
     model = config.served_model or config.model
     if config.kind == "edge" or config.stand_in:
-        return EdgePool(config.name, list(config.endpoints), model, redis=redis)
-    options: dict[str, object] = {}
+        return EdgePool(config.name, list(config.endpoints), model, redis=redis, max_context=config.max_context)
+    options: dict[str, object] = {"max_context": config.max_context}
     discovery, routing = config.discovery, config.routing
     if discovery is not None:
         options.update(dns=discovery.dns, port=discovery.port, dns_interval_s=discovery.interval_s,

@@ -16,10 +16,12 @@ from dataclasses import dataclass
 import aiohttp
 import msgspec
 
+from core import tracing
 from core.pool import Endpoint
 from core.types import Timeouts
+from core.wire import decode_json
 
-__all__ = ["MAX_EVENT_BYTES", "UpstreamClient", "UpstreamFailure", "UpstreamResponse"]
+__all__ = ["MAX_EVENT_BYTES", "UpstreamClient", "UpstreamFailure", "UpstreamResponse", "opens_answer"]
 
 # One SSE line longer than this is a broken backend, not a chunk of an answer: refuse it rather than buffer it.
 MAX_EVENT_BYTES = 8 * 1024 * 1024
@@ -76,22 +78,30 @@ class UpstreamResponse:
 
         A batch is what one read of the socket completed, so a fast backend's events go on to the client in
         one write rather than one each. The stream's last batch ends with the payload `[DONE]`; a stream that
-        closes without it raises UpstreamFailure. The first batch may take up to the first-byte timeout,
-        each later one the between-chunks timeout. Each deadline wraps only the socket read, never a `yield`:
-        the consumer may be another task, and its own pace (a slow client) is not the backend's silence.
+        closes without it raises UpstreamFailure.
+
+        The first batch is the first one that carries a token (`opens_answer`): frames with nothing generated
+        yet (the role-only `{"delta": {"role": "assistant", "content": ""}}` that vLLM and llama.cpp servers
+        send as soon as they accept a request, before it has a slot or its prefill) are held and come with it.
+        Until then the first-byte timeout runs from the first read, however many empty frames arrive, and an
+        error event is a failure of this backend before anything reached the client: the request may be
+        retried elsewhere. Each later batch may take up to the between-chunks timeout. Each deadline wraps
+        only the socket read, never a `yield`: the consumer may be another task, and its own pace (a slow
+        client) is not the backend's silence.
         """
         loop = asyncio.get_running_loop()
         between = self._timeouts.between_chunks_s
         content = self._resp.content
         buf = bytearray()
         deadline = loop.time() + self._timeouts.first_byte_s
+        held: list[bytes] | None = []  # None once the answer has begun
         while True:
             try:
                 async with asyncio.timeout_at(deadline):
                     chunk = await content.readany()
             except TimeoutError:
-                raise UpstreamFailure(f"{self.endpoint.id} went silent mid-stream", kind="timeout",
-                                      status=504) from None
+                when = "mid-stream" if held is None else f"before its first token ({self._timeouts.first_byte_s:g}s)"
+                raise UpstreamFailure(f"{self.endpoint.id} went silent {when}", kind="timeout", status=504) from None
             except aiohttp.ClientError as exc:
                 raise UpstreamFailure(f"{self.endpoint.id} broke off the stream: {exc}", kind="stream") from None
             if not chunk:
@@ -111,11 +121,21 @@ class UpstreamResponse:
                     payload = line[5:].strip()
                     batch.append(payload)
                     if payload == b"[DONE]":
+                        if held is not None:  # the whole answer in one read: an error first is still a failure
+                            _first_token(self.endpoint, batch)
+                            batch = held + batch
                         yield batch
                         return
-            if batch:
-                deadline = loop.time() + between
-                yield batch
+            if not batch:
+                continue
+            if held is not None:
+                opened = _first_token(self.endpoint, batch)
+                if opened is None:
+                    held += batch  # nothing generated yet: the first-token deadline still runs
+                    continue
+                batch, held = held + batch, None
+            deadline = loop.time() + between
+            yield batch
 
     def close(self) -> None:
         self._resp.close()
@@ -123,6 +143,74 @@ class UpstreamResponse:
     def release(self) -> None:
         """Return a fully read connection to the pool."""
         self._resp.release()
+
+
+_ABSENT = msgspec.Raw(b"null")  # msgspec.Raw cannot be optional: a field left out reads as JSON null
+
+
+def _given(raw: msgspec.Raw) -> bool:
+    return bytes(raw) != b"null"
+
+
+class _Delta(msgspec.Struct):
+    content: str | None = None
+    refusal: str | None = None
+    reasoning_content: str | None = None  # vLLM's reasoning parsers
+    reasoning: str | None = None
+    tool_calls: msgspec.Raw = _ABSENT  # any JSON value but null counts
+    function_call: msgspec.Raw = _ABSENT
+
+
+class _Choice(msgspec.Struct):
+    delta: _Delta | None = None
+    text: str | None = None
+    finish_reason: str | None = None
+
+
+class _Frame(msgspec.Struct):
+    choices: list[_Choice] | None = None
+    usage: msgspec.Raw = _ABSENT
+    error: msgspec.Raw = _ABSENT
+
+
+_frame = msgspec.json.Decoder(_Frame)
+
+
+def opens_answer(payload: bytes) -> bool | None:
+    """Whether one SSE payload shows that the answer has begun: True for generated content (text, a tool call, a
+    refusal or reasoning), a finish reason, usage, `[DONE]` or anything that is not an OpenAI chunk at all (relayed
+    as the backend's own); False for an error event; None for a chunk with nothing generated yet (a role-only or
+    empty delta)."""
+    if payload == b"[DONE]":
+        return True
+    try:
+        f = decode_json(_frame, payload)
+    except msgspec.DecodeError:
+        return True
+    if _given(f.error):
+        return False
+    if _given(f.usage) or f.choices is None:
+        return True
+    for c in f.choices:
+        d = c.delta
+        if c.finish_reason or c.text or d is not None and (d.content or _given(d.tool_calls) or d.refusal
+                                                           or _given(d.function_call) or d.reasoning_content
+                                                           or d.reasoning):
+            return True
+    return None
+
+
+def _first_token(endpoint: Endpoint, batch: list[bytes]) -> bool | None:
+    """True when `batch` opens the answer, None when it holds nothing generated yet; an error event before any
+    token is this backend's failure (an engine that died, a node shutting down with the request in its queue)."""
+    for payload in batch:
+        opened = opens_answer(payload)
+        if opened is False:
+            raise UpstreamFailure(f"{endpoint.id} failed before its first token: "
+                                  f"{payload[:300].decode('utf-8', 'replace')}", kind="stream", body=payload)
+        if opened:
+            return True
+    return None
 
 
 class UpstreamClient:
@@ -158,6 +246,7 @@ class UpstreamClient:
         url = endpoint.base_url + path
         timeout = aiohttp.ClientTimeout(total=timeouts.total_s, sock_connect=timeouts.connect_s)
         headers = {"content-type": "application/json", "x-request-id": request_id}
+        tracing.inject(headers)  # W3C traceparent: the backend's spans join the request's trace (when tracing is on)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeouts.total_s
         wait_s = timeouts.connect_s + timeouts.first_byte_s if stream else timeouts.total_s
@@ -223,8 +312,8 @@ def _failure_for_status(endpoint: Endpoint, status: int, body: bytes) -> Upstrea
 def _is_capability(body: bytes) -> bool:
     """Whether a 400/422 body says the backend cannot serve the request, rather than that the request is wrong."""
     try:
-        err = _error_body.decode(body).get("error")
-    except (msgspec.DecodeError, AttributeError, RecursionError):
+        err = decode_json(_error_body, body).get("error")
+    except (msgspec.DecodeError, AttributeError):
         return False
     if not isinstance(err, dict):
         return False

@@ -19,6 +19,7 @@ from typing import Protocol
 
 from complexity.model import DEFAULT_MODEL_FILE, MAX_CHARS, ComplexityModel, Featurizer
 from complexity.tokens import TokenCounter
+from core import tracing
 from core.errors import bad_request
 from core.types import Features, Priority
 from core.wire import ParsedRequest
@@ -136,6 +137,15 @@ class Classifier:
     def features(self, req: ParsedRequest, tenant: str, tenant_priority: Priority,
                  headers: Mapping[str, str]) -> Features:
         """Features of one request. An unparseable x-tiergate-priority header is a client error (400)."""
+        with tracing.span("classify") as span:
+            f = self._features(req, tenant, tenant_priority, headers)
+            if span is not tracing.NULL:
+                span.set_attributes({"tiergate.prompt_tokens": f.prompt_tokens, "tiergate.complexity": f.complexity,
+                                     "tiergate.priority": f.priority.name.lower()})
+            return f
+
+    def _features(self, req: ParsedRequest, tenant: str, tenant_priority: Priority,
+                  headers: Mapping[str, str]) -> Features:
         headers = _lower_keys(headers)
         try:
             priority = lowered_priority(tenant_priority, headers.get(PRIORITY_HEADER))

@@ -31,6 +31,7 @@ from policies.classify import Classifier
 from policies.engine import PolicyEngine
 from policies.loader import DEFAULT_POLICY, PolicyError, check_policy, load_policy
 from policies.model import Policy
+from policies.servers import read_contexts
 from policies.store import policy_version
 
 __all__ = ["SCHEMA_FILE", "classify", "policy_app", "schema_text"]
@@ -170,21 +171,34 @@ def _emit(obj: dict[str, Any], out: TextIO) -> None:
 def check(
     file: Annotated[Path, typer.Argument(help="Policy YAML file.")],
     as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
+    servers: Annotated[bool, typer.Option(help="Read each tier's real context from its endpoints' /v1/models and "
+                                               "warn when `max_context` is larger.")] = True,
+    timeout: Annotated[float, typer.Option(help="Seconds to wait for each endpoint.")] = 3.0,
 ) -> None:
-    """Validate a policy; exit 0 when it would load (warnings are printed), 2 with every problem when not."""
+    """Validate a policy; exit 0 when it would load (warnings are printed), 2 with every problem when not.
+
+    With `--servers` (the default), each tier's static endpoints are asked for their context (`max_model_len`);
+    a tier promising more than a server serves is a warning, an endpoint that does not answer a note.
+    """
     try:
         data = file.read_bytes()
         text = data.decode("utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise _fail(f"cannot read {file}: {getattr(exc, 'strerror', None) or exc}") from None
     policy, problems = check_policy(text, str(file), file.resolve().parent)
+    contexts = read_contexts(policy, timeout) if policy is not None and servers else []
     if as_json:
         typer.echo(json.dumps({"ok": policy is not None, "version": policy_version(data) if policy else None,
                                "problems": [{"line": p.line, "column": p.column, "field": p.field,
-                                             "message": p.message, "severity": p.severity} for p in problems]}))
+                                             "message": p.message, "severity": p.severity} for p in problems],
+                               "servers": [{"tier": c.tier, "endpoint": c.endpoint, "max_context": c.max_context,
+                                            "context": c.context, "error": c.error, "too_small": c.too_small}
+                                           for c in contexts]}))
         raise typer.Exit(0 if policy is not None else 2)
     for p in problems:
         typer.echo(str(p), err=p.severity == "error")
+    for c in contexts:
+        typer.echo(c.describe())
     if policy is None:
         n = sum(p.severity == "error" for p in problems)
         raise _fail(f"{file} is invalid: {n} problem{'s' if n > 1 else ''}; the gateway would keep its last good policy")

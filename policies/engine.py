@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
+from core import tracing
 from core.types import CacheRule, Cascade, Decision, Features, Reject, Timeouts
 from policies.model import CacheOverride, Policy, Rule, TimeoutsOverride, When
 
@@ -209,6 +210,13 @@ class PolicyEngine:
 
     def decide(self, features: Features) -> Decision:
         """The decision of the first rule whose conditions all hold (the last rule always holds)."""
+        with tracing.span("policy") as span:
+            decision = self._decide(features)
+            if span is not tracing.NULL:
+                span.set_attributes({"tiergate.rule": decision.rule, "tiergate.tier": decision.tier or "reject"})
+            return decision
+
+    def _decide(self, features: Features) -> Decision:
         for preds, decision in self._fast:
             for pred in preds:
                 if not pred(features):

@@ -13,6 +13,9 @@ Each client (started evenly over --ramp seconds) loops until the end of the run:
 is an explicit refusal: the client waits its Retry-After, then goes on. When the run ends, requests in flight
 are allowed to finish (each is bounded by --timeout) rather than cut, so nothing is counted lost by the harness.
 
+Time to first token is measured to the first chunk with generated content (a role-only opening frame does not
+count), and tokens are the answers' own usage counts (`stream_options.include_usage`), not chunks.
+
 Verdict per request: complete (all chunks then [DONE]), error by kind (HTTP status + OpenAI `code`, or an SSE
 error event + [DONE]), or lost (neither [DONE] nor an error: a hang past --timeout, a cut connection).
 Reported: counts, p50/p99 time to first token and total latency, gateway RSS every --sample seconds (start,
@@ -111,9 +114,9 @@ class Result:
     started: float
     kind: str = "lost"  # complete | error | lost
     detail: str = ""
-    ttft: float | None = None
+    ttft: float | None = None  # to the first chunk with generated content (not a role-only frame)
     total: float | None = None
-    chunks: int = 0
+    tokens: int = 0  # completion tokens, from the stream's usage chunk
 
 
 @dataclass
@@ -127,6 +130,15 @@ class Run:
 
 def prompt(rng: random.Random) -> str:
     return "Write about " + " ".join(rng.choice(WORDS) for _ in range(8)) + "."
+
+
+def _has_content(chunk: dict) -> bool:
+    """Generated text or a tool call in any choice: what a time to first token is measured to."""
+    for c in chunk.get("choices") or ():
+        d = c.get("delta") or {}
+        if c.get("text") or d.get("content") or d.get("tool_calls"):
+            return True
+    return False
 
 
 async def one_request(session: aiohttp.ClientSession, url: str, body: dict, timeout_s: float, run: Run) -> Result:
@@ -157,14 +169,16 @@ async def one_request(session: aiohttp.ClientSession, url: str, body: dict, time
                     if payload.startswith(b'{"error"'):
                         error = json.loads(payload)["error"]
                         continue
-                    if res.ttft is None:
+                    chunk = json.loads(payload)
+                    if res.ttft is None and _has_content(chunk):
                         res.ttft = time.perf_counter() - res.started
-                    res.chunks += 1
+                    if chunk.get("usage"):
+                        res.tokens = int(chunk["usage"].get("completion_tokens") or 0)
                 if not done:
                     res.kind, res.detail = "lost", "stream_cut_without_done"
                 elif error is not None:
                     res.kind, res.detail = "error", f"sse:{error.get('code') or error.get('type')}"
-                elif res.chunks:
+                elif res.ttft is not None or res.tokens:
                     res.kind = "complete"
                 else:
                     res.kind, res.detail = "lost", "empty_stream"
@@ -183,7 +197,8 @@ async def client(i: int, session: aiohttp.ClientSession, url: str, args, run: Ru
     await asyncio.sleep(max(0.0, start_at - time.perf_counter()))
     rng = random.Random(i)
     while time.perf_counter() < stop_at:
-        body = {"model": "auto", "stream": True, "max_tokens": args.max_tokens, "temperature": 1,
+        body = {"model": "auto", "stream": True, "stream_options": {"include_usage": True},
+                "max_tokens": args.max_tokens, "temperature": 1,
                 "messages": [{"role": "user", "content": prompt(rng)}]}
         res = await one_request(session, url, body, args.timeout, run)
         run.results.append(res)
@@ -251,7 +266,7 @@ def report(args, run: Run, wall: float, procs: dict[str, Server], gen_cpu_s: flo
     peaks["load generator"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
     cpu = {name: round(cpu_seconds(s.pid), 1) for name, s in procs.items()}
     cpu["load generator"] = round(gen_cpu_s, 1)
-    tokens = sum(r.chunks for r in ok)
+    tokens = sum(r.tokens for r in ok)
     return {
         "command": cmd,
         "args": vars(args),
@@ -261,7 +276,8 @@ def report(args, run: Run, wall: float, procs: dict[str, Server], gen_cpu_s: flo
         "requests": {"sent": len(res), "completed": kinds["complete"], "errored": kinds["error"],
                      "errors_by_kind": dict(errors), "lost": kinds["lost"], "lost_by_reason": dict(lost)},
         "throughput": {"completed_per_s": round(kinds["complete"] / wall, 1),
-                       "chunks_per_s": round(tokens / wall, 1)},
+                       "tokens_per_s": round(tokens / wall, 1),
+                       "tokens_per_answer": round(tokens / len(ok), 2) if ok else None},
         "ttft_ms": {"p50": ms(pct(ttft, 50)), "p99": ms(pct(ttft, 99)), "max": ms(max(ttft) if ttft else None)},
         "latency_ms": {"p50": ms(pct(total, 50)), "p99": ms(pct(total, 99)), "max": ms(max(total) if total else None)},
         "peak_in_flight": run.peak_in_flight,
@@ -297,15 +313,15 @@ registered with one `tiergate serve` process (uvicorn + uvloop; policy: one edge
 (`max_tokens: {a['max_tokens']}`, temperature 1, distinct prompts) back to back for {a['duration']:g} s after the ramp; requests in
 flight at the end were allowed to finish (client timeout {a['timeout']:g} s). Machine: {r['machine']}.
 
-| requests sent | completed | errored | lost | completed/s | content chunks/s (~tokens) | peak in flight |
-|---:|---:|---:|---:|---:|---:|---:|
-| {q['sent']} | {q['completed']} | {q['errored']} | **{q['lost']}** | {r['throughput']['completed_per_s']} | {r['throughput']['chunks_per_s']} | {r['peak_in_flight']} |
+| requests sent | completed | errored | lost | completed/s | tokens/s (usage) | tokens per answer | peak in flight |
+|---:|---:|---:|---:|---:|---:|---:|---:|
+| {q['sent']} | {q['completed']} | {q['errored']} | **{q['lost']}** | {r['throughput']['completed_per_s']} | {r['throughput']['tokens_per_s']} | {r['throughput']['tokens_per_answer']} | {r['peak_in_flight']} |
 
 Errors by kind: {errs}. Lost by reason: {lost}.
 
 | | p50 | p99 | max |
 |---|---:|---:|---:|
-| time to first token (ms) | {r['ttft_ms']['p50']} | {r['ttft_ms']['p99']} | {r['ttft_ms']['max']} |
+| time to first content token (ms) | {r['ttft_ms']['p50']} | {r['ttft_ms']['p99']} | {r['ttft_ms']['max']} |
 | total latency (ms) | {r['latency_ms']['p50']} | {r['latency_ms']['p99']} | {r['latency_ms']['max']} |
 
 Both include the wait in the gateway's admission queue and in the nodes' queues: with {a['clients']} clients and

@@ -1,8 +1,12 @@
 import json
+import logging
+import warnings
 
+import pytest
 from typer.testing import CliRunner
 
 from cache.cli import cache_app
+from cache.export import known_noise_to
 
 runner = CliRunner()
 
@@ -51,3 +55,22 @@ def test_export_is_skipped_when_already_there(embedder_dir) -> None:
     res = runner.invoke(cache_app, ["export-embedder", "--out", str(embedder_dir)])
     assert res.exit_code == 0 and res.stdout.strip() == str(embedder_dir)
     assert "skipping" in res.output
+
+
+def test_the_known_noise_of_an_export_goes_to_its_log_and_nothing_else_does(tmp_path, capsys) -> None:
+    """Set-up prints its own progress: torch's tracer warnings, the ONNX exporter's advice and onnxruntime's
+    pre-processing hint (what an export of all-MiniLM-L6-v2 printed) land in the log; other warnings still show."""
+    log = tmp_path / "export.log"
+    with pytest.warns(RuntimeWarning, match="something new"):
+        with known_noise_to(log):
+            warnings.warn("Converting a tensor to a Python boolean might cause the trace to be incorrect.",
+                          UserWarning)
+            warnings.warn("Exporting aten::index operator of advanced indexing in opset 17 is achieved by ...",
+                          UserWarning)
+            logging.getLogger().warning("Please consider to run pre-processing before quantization. Refer to ...")
+            warnings.warn("something new", RuntimeWarning)
+    text = log.read_text()
+    assert "Converting a tensor" in text and "advanced indexing" in text and "pre-processing" in text
+    assert "something new" not in text
+    err = capsys.readouterr().err
+    assert "Converting a tensor" not in err and "pre-processing" not in err

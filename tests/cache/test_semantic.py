@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import time
 
 import pytest
 
@@ -192,23 +191,38 @@ async def test_exact_only_cache_without_embedder() -> None:
         await cache.stop()
 
 
+async def _never(gave_up: list[str], what: str) -> None:
+    """Wait for ever (for a result that never comes); record being given up on."""
+    try:
+        await asyncio.Event().wait()
+    except asyncio.CancelledError:
+        gave_up.append(what)
+        raise
+
+
 class _SlowStore(_BrokenStore):
-    """A store that answers, but slower than the lookup may wait (Redis under a slow command)."""
+    """A store that never answers (Redis stuck behind a slow command): only the lookup's own timeout ends it."""
+
+    def __init__(self, *args, **kw) -> None:
+        super().__init__(*args, **kw)
+        self.gave_up: list[str] = []
 
     async def get_many(self, ids):
-        await asyncio.sleep(5)
-        return [None for _ in ids]
+        await _never(self.gave_up, "get_many")
 
 
 class _SlowBatcher:
-    """An embedder stuck behind a long batch."""
+    """An embedder stuck behind a batch that never ends."""
+
+    def __init__(self) -> None:
+        self.gave_up: list[str] = []
 
     async def start(self) -> None: ...
 
     async def stop(self) -> None: ...
 
     async def embed(self, text):
-        await asyncio.sleep(5)
+        await _never(self.gave_up, "embed")
 
 
 async def test_a_slow_lookup_is_bypassed_within_the_lookup_timeout(onnx_embedder) -> None:
@@ -216,16 +230,17 @@ async def test_a_slow_lookup_is_bypassed_within_the_lookup_timeout(onnx_embedder
     from cache.index import VectorIndex
     from cache.store import MemoryStore
 
+    # The slow parts never answer, so a lookup that returns at all was ended by its own timeout (were the bound
+    # gone, the test would wait until pytest-timeout fails it); no wall-clock threshold needed.
     settings = dataclasses.replace(SETTINGS, lookup_timeout_s=0.1)
-    slow_store = SemanticCache(_SlowStore(VectorIndex(onnx_embedder.dim)), None, settings=settings,
-                               metrics=fresh_metrics()[0])
-    slow_embedder = SemanticCache(MemoryStore(VectorIndex(onnx_embedder.dim), max_entries=10), _SlowBatcher(),
+    store, batcher = _SlowStore(VectorIndex(onnx_embedder.dim)), _SlowBatcher()
+    slow_store = SemanticCache(store, None, settings=settings, metrics=fresh_metrics()[0])
+    slow_embedder = SemanticCache(MemoryStore(VectorIndex(onnx_embedder.dim), max_entries=10), batcher,
                                   settings=settings, metrics=fresh_metrics()[0])
-    for cache in (slow_store, slow_embedder):
-        started = time.monotonic()
+    for cache, part in ((slow_store, store), (slow_embedder, batcher)):
         res = await cache.check(chat("How do I invest my money wisely?"), "t", RULE)
         assert (res.status, res.reason) == ("bypass", "timeout")
-        assert time.monotonic() - started < 2
+        assert part.gave_up  # the lookup stopped waiting for it
     exact_only = await slow_embedder.check(chat("How do I invest my money wisely?"), "t",
                                            dataclasses.replace(RULE, semantic=False))
     assert exact_only.status == "miss"

@@ -160,9 +160,13 @@ def test_redis_restart_does_not_unregister_live_edge_nodes(tmp_path: Path, redis
             r = httpx.post(gw.url + "/edge/v1/heartbeat", timeout=5, json={
                 "node_id": "node-a", "url": edge.url, "model": "edge-model", "slots": 4})
             assert r.status_code == 200
+            pool = gw.gateway.tiers["edge"].pool
             redis_server.stop()
             redis_server.start()  # empty: no persistence, like a crash
-            time.sleep(2.5)  # the registry refreshes every second; the node's last heartbeat is < 3 s old (TTL 10 s)
+            # Two refreshes from the empty Redis (the first may have begun before the restart), while the node's
+            # last heartbeat is still well within the TTL (10 s): it must still be registered.
+            after = pool.refreshes
+            wait_until(lambda: pool.refreshes >= after + 2, timeout_s=8, what="the registry refreshed from empty Redis")
             r = httpx.post(gw.url + "/v1/chat/completions", headers={"Authorization": "Bearer chaos-key-123"},
                            json={"model": "auto", "messages": [{"role": "user", "content": "x"}], "max_tokens": 2},
                            timeout=10)

@@ -24,6 +24,7 @@ class FakeVllm:
     """Serves /health, /metrics and /v1/models like vLLM, from mutable fields."""
 
     model: str = MODEL
+    max_model_len: int | None = None
     health_status: int = 200
     delay_s: float = 0.0
     running: int = 0
@@ -56,7 +57,10 @@ class FakeVllm:
         return web.Response(text="\n".join(lines) + "\n", content_type="text/plain")
 
     async def models(self, _r: web.Request) -> web.Response:
-        return web.json_response({"object": "list", "data": [{"id": self.model, "object": "model"}]})
+        entry = {"id": self.model, "object": "model"}
+        if self.max_model_len is not None:
+            entry["max_model_len"] = self.max_model_len
+        return web.json_response({"object": "list", "data": [entry]})
 
 
 class Clock:
@@ -329,3 +333,20 @@ def test_spec_decode_and_prefix_cache_rates_over_the_window() -> None:
 def test_a_pool_needs_endpoints_or_a_dns_name() -> None:
     with pytest.raises(ValueError, match="static endpoints, a DNS name, or both"):
         CloudPool("cloud", MODEL, [])
+
+
+def test_a_server_serving_less_context_than_the_tier_promises_is_warned_about() -> None:
+    small, big = FakeVllm(max_model_len=2048), FakeVllm(max_model_len=8192)
+    with aiohttp_server(small.app()) as ss, aiohttp_server(big.app()) as sb:
+        async def scenario():
+            pool = pool_for(ss.url, sb.url, max_context=4096)
+            with capture_logs() as logs:
+                await pool.start()
+                await pool.refresh()  # the context is read with the model check, and warned about once
+                await pool.stop()
+            return {e.base_url: e for e in pool.endpoints()}, logs
+
+        eps, logs = asyncio.run(scenario())
+    assert eps[ss.url].extra["ctx"] == 2048 and eps[sb.url].extra["ctx"] == 8192
+    warned = [e for e in logs if e["event"] == "tier_context_larger_than_server"]
+    assert [(e["endpoint"], e["server_context"], e["max_context"]) for e in warned] == [(eps[ss.url].id, 2048, 4096)]

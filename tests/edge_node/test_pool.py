@@ -6,6 +6,7 @@ import asyncio
 
 import pytest
 from aiohttp import web
+from structlog.testing import capture_logs
 
 from core.pool import Pool
 from edge_node.pool import EdgePool, HeartbeatError, parse_heartbeat
@@ -255,3 +256,13 @@ def test_redis_outage_keeps_the_local_view(clock):
         return ids(pool.candidates())
 
     assert asyncio.run(scenario()) == ["a"]
+
+
+def test_a_node_serving_less_context_than_the_tier_promises_is_warned_about_when_it_registers(clock):
+    pool = EdgePool("edge", [], "m", clock=clock, max_context=4096)
+    with capture_logs() as logs:
+        run(pool.heartbeat(hb("small") | {"ctx": 1024}))
+        run(pool.heartbeat(hb("small") | {"ctx": 1024}))  # once per value, not per heartbeat
+        run(pool.heartbeat(hb("big") | {"ctx": 8192}))
+    warned = [e for e in logs if e["event"] == "tier_context_larger_than_server"]
+    assert [(e["endpoint"], e["server_context"], e["max_context"]) for e in warned] == [("small", 1024, 4096)]

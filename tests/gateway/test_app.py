@@ -452,3 +452,10 @@ def test_openai_sdk_sees_mid_stream_error(tmp_path):
     with stack(tmp_path, edge_modes=("cut",), policy={"fallback": False}) as s, pytest.raises(openai.APIError):
         list(client(s).chat.completions.create(model="auto", messages=[{"role": "user", "content": "x"}],
                                                max_tokens=8, temperature=1, stream=True))
+
+
+def test_the_gateway_under_test_runs_as_in_production(basic):
+    """uvloop and httptools, as `tiergate serve` runs it (tests/support/servers.py)."""
+    gw = basic["gw"]
+    assert type(gw.gateway.upstream.session._loop).__module__.startswith("uvloop")
+    assert gw.server.config.http == "httptools"

@@ -7,6 +7,7 @@ import asyncio
 import httpx
 import pytest
 
+from bench.instant_upstream import GATE
 from gateway.auth import KeyRing
 from tests.gateway.conftest import stack
 from tests.support.servers import wait_until
@@ -127,36 +128,51 @@ def test_client_leaving_the_queue_gives_up_its_place(tmp_path):
         async def main() -> None:
             async with httpx.AsyncClient(timeout=30) as c:
                 holder = asyncio.create_task(c.post(url, json=CHAT, headers={"Authorization": "Bearer key-alpha-1"}))
-                await asyncio.sleep(0.3)
+                await _until(lambda: admission.inflight == 1, "the holder has the tier's one slot")
                 with pytest.raises(httpx.ReadTimeout):
                     await c.post(url, json=CHAT, headers={"Authorization": "Bearer key-gold-1"}, timeout=0.5)
-                for _ in range(40):  # well before its 30 s queue time is up
-                    if admission.waiting == 0:
-                        break
-                    await asyncio.sleep(0.05)
-                assert admission.waiting == 0 and admission.inflight == 1  # the holder still has its slot
+                await _until(lambda: admission.waiting == 0, "the leaver out of the queue")  # long before 30 s
+                assert admission.inflight == 1  # the holder still has its slot
                 holder.cancel()
 
         asyncio.run(main())
         wait_until(lambda: admission.inflight == 0, timeout_s=3, what="the holder's slot freed")
 
 
+async def _until(predicate, what: str, timeout_s: float = 30.0) -> None:
+    """Wait for a condition on the gateway's state (checked every 10 ms), from the test's own event loop."""
+    for _ in range(int(timeout_s / 0.01)):
+        if predicate():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+
+
 def test_saturated_tier_serves_high_priority_first_and_sheds_with_retry_after(tmp_path):
-    with stack(tmp_path, edge_modes=("slow",), chunks=10,
-               policy={"fallback": False, "max_concurrency": 1, "queue_s": 3.0}) as s:
-        url = s["gw"].url + "/v1/chat/completions"
+    # The backend holds every request until the test opens its gate, so the queue is built step by step, each
+    # step waited for on the admission queue itself: first (normal) runs, low (beta) queues, high (gold)
+    # queues after it. Once the gate opens, the slot goes to high before low, whatever the timing.
+    with stack(tmp_path, edge_modes=("gated",), chunks=10,
+               policy={"fallback": False, "max_concurrency": 1, "queue_s": 30.0}) as s:
+        url, gate = s["gw"].url + "/v1/chat/completions", s["edges"][0].app[GATE]
+        admission = s["gw"].gateway.tiers["edge"].admission
         done: list[str] = []
 
-        async def one(client: httpx.AsyncClient, key: str, name: str, delay: float) -> int:
-            await asyncio.sleep(delay)
+        async def one(client: httpx.AsyncClient, key: str, name: str) -> int:
             r = await client.post(url, json={**CHAT, "max_tokens": 10}, headers={"Authorization": f"Bearer {key}"})
             done.append(name)
             return r.status_code
 
         async def main() -> list[int]:
-            async with httpx.AsyncClient(timeout=30) as c:
-                return await asyncio.gather(one(c, "key-alpha-1", "first", 0), one(c, "key-beta-1", "low", 0.1),
-                                            one(c, "key-gold-1", "high", 0.2))
+            async with httpx.AsyncClient(timeout=60) as c:
+                first = asyncio.create_task(one(c, "key-alpha-1", "first"))
+                await _until(lambda: admission.inflight == 1, "first running")
+                low = asyncio.create_task(one(c, "key-beta-1", "low"))
+                await _until(lambda: admission.waiting == 1, "low queued")
+                high = asyncio.create_task(one(c, "key-gold-1", "high"))
+                await _until(lambda: admission.waiting == 2, "high queued behind low")
+                gate.set()
+                return list(await asyncio.gather(first, low, high))
 
         codes = asyncio.run(main())
         assert codes == [200, 200, 200]
@@ -165,11 +181,12 @@ def test_saturated_tier_serves_high_priority_first_and_sheds_with_retry_after(tm
     with stack(tmp_path, edge_modes=("hang",), policy={"fallback": False, "max_concurrency": 1, "queue_s": 0.3,
                                                         "first_byte_s": 5}) as s:
         url = s["gw"].url + "/v1/chat/completions"
+        admission = s["gw"].gateway.tiers["edge"].admission
 
         async def shed() -> httpx.Response:
             async with httpx.AsyncClient(timeout=30) as c:
                 hold = asyncio.create_task(c.post(url, json=CHAT, headers={"Authorization": "Bearer key-alpha-1"}))
-                await asyncio.sleep(0.3)
+                await _until(lambda: admission.inflight == 1, "the holder has the tier's one slot")
                 r = await c.post(url, json=CHAT, headers={"Authorization": "Bearer key-alpha-1"})
                 hold.cancel()
                 return r
@@ -181,22 +198,30 @@ def test_saturated_tier_serves_high_priority_first_and_sheds_with_retry_after(tm
 
 def test_the_policys_queue_bound_sheds_at_once_beyond_max_waiting(tmp_path):
     """One request runs, `max_waiting` (2) wait, the rest are shed at once instead of waiting `queue_s`."""
-    with stack(tmp_path, edge_modes=("slow",), chunks=10,
+    with stack(tmp_path, edge_modes=("gated",), chunks=10,
                policy={"fallback": False, "max_concurrency": 1, "queue_s": 20.0, "max_waiting": 2}) as s:
-        url = s["gw"].url + "/v1/chat/completions"
+        url, gate = s["gw"].url + "/v1/chat/completions", s["edges"][0].app[GATE]
+        admission = s["gw"].gateway.tiers["edge"].admission
 
-        async def one(client: httpx.AsyncClient, delay: float) -> tuple[int, str | None]:
-            await asyncio.sleep(delay)
+        async def one(client: httpx.AsyncClient) -> tuple[int, str | None]:
             r = await client.post(url, json={**CHAT, "max_tokens": 10}, headers={"Authorization": "Bearer key-alpha-1"})
             return r.status_code, (r.json().get("error") or {}).get("code") if r.status_code != 200 else None
 
         async def main() -> list[tuple[int, str | None]]:
-            async with httpx.AsyncClient(timeout=30) as c:
-                return await asyncio.gather(*(one(c, 0.05 * i) for i in range(5)))
+            async with httpx.AsyncClient(timeout=60) as c:
+                held = [asyncio.create_task(one(c))]
+                await _until(lambda: admission.inflight == 1, "one running")
+                held += [asyncio.create_task(one(c)) for _ in range(2)]
+                await _until(lambda: admission.waiting == 2, "two waiting")
+                shed = await asyncio.gather(one(c), one(c))  # answered while the gate is still shut
+                gate.set()
+                return list(await asyncio.gather(*held)) + list(shed)
 
         results = asyncio.run(main())
         assert sorted(code for code, _ in results) == [200, 200, 200, 429, 429], results
         assert {err for code, err in results if code == 429} == {"tier_saturated"}
+
+
 
 
 def test_priority_header_can_only_lower(tmp_path):

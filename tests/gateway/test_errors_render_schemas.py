@@ -100,3 +100,14 @@ def test_only_complete_single_choice_answers_are_cacheable_from_json_and_from_a_
             assert (got.kind, got.text, got.finish_reason, got.model, got.tier) == (
                 "chat", "answer 0", finish_reasons[0], "m", "edge")
             assert (got.prompt_tokens, got.completion_tokens) == (3, 4) and got.created > 0
+
+
+@pytest.mark.parametrize("body", [b'{"choices":[{"index":0,"text":"\xff\xfe"}]}', b'{"model":"m\xed\xa0\x80"}',
+                                  b'{"choices":' + b"[" * 100_000 + b"]" * 100_000 + b"}"])
+def test_a_backend_answer_that_is_not_utf8_or_too_deep_is_a_decode_error(body):
+    """A backend's bytes go through the same decoding as a client's: only msgspec's errors, which relay and dispatch
+    turn into `upstream_protocol` (a JSON answer) or relay as the backend's own chunk (a stream), never a 500."""
+    with pytest.raises(msgspec.DecodeError):
+        summarize(body)
+    with pytest.raises(msgspec.DecodeError):
+        StreamAccumulator().feed(body)

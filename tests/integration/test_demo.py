@@ -1,4 +1,10 @@
-"""README command 1: `tiergate demo` serves the whole product, and stopping it stops everything it started."""
+"""README command 1: `tiergate demo` serves the whole product, and stopping it stops everything it started.
+
+The demo listens on fixed ports; when another process holds one, the test skips on a developer's machine and
+fails under CI (tests/support/require.py). A long prompt goes through the demo's `long-prompt` rule to its cloud
+stand-in, which must serve the context its policy promises (the issue-25 bug: a 1,700-word prompt got 400
+context_length_exceeded from a stand-in running 2,048 tokens per slot under a policy promising 8,192).
+"""
 
 from __future__ import annotations
 
@@ -16,6 +22,8 @@ import psutil
 import pytest
 
 from gateway.auth import DEMO_KEY
+from gateway.demo import contexts
+from tests.support.require import skip_or_fail
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 PORTS = (8080, 8081, 8090)  # gateway, edge node, cloud stand-in: fixed by the demo and the default policy
@@ -26,9 +34,18 @@ def _busy(port: int) -> bool:
         return s.connect_ex(("127.0.0.1", port)) == 0
 
 
-@pytest.mark.skipif(any(_busy(p) for p in PORTS), reason="the demo's ports 8080/8081/8090 are in use")
+WORDS = ("the river carried stone and cloud past the lantern of the harbor while a meadow signal rang copper "
+         "over the garden in winter and an orbit of canyon violet engines crossed the forest ladder").split()
+
+
+def _long_prompt(n_words: int) -> str:
+    return "Summarise this text. " + " ".join(WORDS[i % len(WORDS)] for i in range(n_words))
+
+
 @pytest.mark.parametrize("stop_signal", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
 def test_demo_serves_and_stops_everything_it_started(tmp_path: Path, stop_signal: int) -> None:
+    if busy := [p for p in PORTS if _busy(p)]:
+        skip_or_fail(f"the demo's ports {busy} are in use by another process", "demo")
     log = (tmp_path / "demo.log").open("wb")
     demo = subprocess.Popen([str(Path(sys.executable).parent / "tiergate"), "demo"], stdout=log,
                             stderr=subprocess.STDOUT, env=os.environ | {"NO_COLOR": "1"}, start_new_session=True)
@@ -50,11 +67,26 @@ def test_demo_serves_and_stops_everything_it_started(tmp_path: Path, stop_signal
         models = httpx.get("http://127.0.0.1:8080/v1/models", headers={"Authorization": f"Bearer {DEMO_KEY}"}).json()
         assert "LOCAL STAND-IN" in str(models)
 
+        # The demo's policy and its servers agree: the stand-in serves what the cloud tier promises, and a
+        # 1,700-word prompt goes through the long-prompt rule to it and is answered.
+        promised = contexts()["cloud"]
+        served = httpx.get("http://127.0.0.1:8090/v1/models", timeout=10).json()["data"][0]["max_model_len"]
+        assert served >= promised, (served, promised)
+        r = httpx.post("http://127.0.0.1:8080/v1/chat/completions", timeout=120,
+                       headers={"Authorization": f"Bearer {DEMO_KEY}"},
+                       json={"model": "auto", "messages": [{"role": "user", "content": _long_prompt(1700)}],
+                             "max_tokens": 16, "temperature": 0})
+        assert r.status_code == 200, r.text[:500]
+        assert r.headers["x-tiergate-rule"] == "long-prompt" and r.headers["x-tiergate-tier"] == "cloud"
+        assert 1500 <= r.json()["usage"]["prompt_tokens"] <= promised
+
         demo.send_signal(stop_signal)
         assert demo.wait(timeout=60) == 0
         _, alive = psutil.wait_procs(children, timeout=30)
         assert not alive, f"left running after the demo stopped: {[p.cmdline() for p in alive]}"
         assert not any(_busy(p) for p in PORTS)
+        output = (tmp_path / "demo.log").read_text(errors="replace")
+        assert "Traceback" not in output, output[-3000:]  # every process stopped cleanly on the signal
     finally:
         if demo.poll() is None:
             demo.kill()

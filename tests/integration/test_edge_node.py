@@ -6,6 +6,7 @@ import asyncio
 import json
 import signal
 import threading
+from collections import Counter
 
 import httpx
 import pytest
@@ -353,3 +354,50 @@ def test_request_ids_are_echoed_and_name_the_log_line(edge_node):
                            for e in lines()), timeout_s=10, what="the stream's end logged")
     done = [e for e in lines() if e.get("request_id") == "req-abc-123" and e.get("event") == "request"]
     assert done and done[0]["status"] == 200
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["sigterm", "sigint"])
+def test_what_outlives_the_drain_timeout_ends_with_an_explicit_error_and_no_traceback(edge_node_factory, sig):
+    """One slot, four long requests (three streams, one JSON) and a 2 s drain: whatever is not done when the
+    drain runs out ends with an explicit error (an SSE error event then [DONE], or an OpenAI error object), not
+    a cut connection; the node exits 0 without a traceback."""
+    node = edge_node_factory("--parallel", "1", "--ctx", "4096", "--drain-timeout", "2")
+    streams: list[list] = [[] for _ in range(3)]
+    answers: dict[str, httpx.Response] = {}
+    began = threading.Event()
+
+    def stream(i: int) -> None:
+        body = chat_body(f"long answer {i}", stream=True, max_tokens=LONG, temperature=0.0)
+        with httpx.stream("POST", node.url + "/v1/chat/completions", json=body, timeout=120) as r:
+            for line in r.iter_lines():
+                streams[i].extend(sse_events([line]))
+                if '"content":"' in line and '"content":""' not in line:
+                    began.set()
+
+    def whole() -> None:
+        answers["json"] = httpx.post(node.url + "/v1/chat/completions", timeout=120,
+                                     json=chat_body("long json", max_tokens=LONG, temperature=0.0))
+
+    threads = [threading.Thread(target=stream, args=(i,)) for i in range(3)] + [threading.Thread(target=whole)]
+    for t in threads:
+        t.start()
+    assert began.wait(60)
+    wait_until(lambda: node.health()["queued"] >= 1, timeout_s=30, what="requests queued behind the slot")
+    node.proc.send_signal(sig)
+    for t in threads:
+        t.join(120)
+    assert node.proc.wait(60) == 0
+    ended = Counter()
+    for events in streams:
+        assert events and events[-1] == "[DONE]", events[-3:]
+        last = events[-2]
+        if "error" in last:
+            ended["error"] += 1
+            assert last["error"]["type"] == "server_error" and "shutting down" in last["error"]["message"]
+        else:
+            ended["complete"] += 1
+            assert last["choices"][0]["finish_reason"] == "length"
+    r = answers["json"]
+    assert r.status_code == 200 or ("error" in r.json() and r.status_code >= 500), r.text[:300]
+    assert ended["error"] >= 1 or r.status_code != 200  # the drain did run out on something
+    assert "Traceback" not in node.log(), node.log()[-3000:]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import signal
 from pathlib import Path
 
@@ -119,24 +120,33 @@ def test_explicit_cloud_model_reaches_the_stand_in(llama_stack):
 
 
 def test_requests_land_on_the_least_loaded_node(llama_stack):
+    """A node with a backlog (one slot, two dozen long requests sent to it directly) reports it in its heartbeats;
+    requests through the gateway then all go to the idle node. Round robin would send half of them to the busy
+    one; so would balancing by request count without the nodes' own readings."""
     gw = llama_stack["gw"]
-    n1 = llama_stack["add_edge"]()
-    n2 = llama_stack["add_edge"]()
-    url = gw.url + "/v1/chat/completions"
-    body = {"model": "auto", "messages": [{"role": "user", "content": "tell a long story"}], "max_tokens": 200,
-            "temperature": 1, "stream": True}
+    busy = llama_stack["add_edge"]("--parallel", "1", "--ctx", "1100", "--model-name", "edge-busy")
+    llama_stack["add_edge"]("--model-name", "edge-idle")
+    pool = gw.gateway.tiers["edge"].pool
+    busy_ep = next(e for e in pool.endpoints() if e.base_url == busy.url)
+    backlog = {"model": "x", "messages": [{"role": "user", "content": "go on"}], "max_tokens": 1000, "temperature": 1}
 
-    async def main() -> None:
-        async with httpx.AsyncClient(timeout=60, headers={"Authorization": "Bearer int-key-1"}) as h:
-            async def stream() -> None:
-                async with h.stream("POST", url, json=body) as r:
-                    async for _ in r.aiter_lines():
-                        pass
-            await asyncio.gather(*[stream() for _ in range(4)])
+    async def main() -> list[str]:
+        async with httpx.AsyncClient(timeout=300) as direct, \
+                httpx.AsyncClient(timeout=60, headers={"Authorization": "Bearer int-key-1"}) as h:
+            queued = [asyncio.create_task(direct.post(busy.url + "/v1/chat/completions", json=backlog))
+                      for _ in range(24)]
+            for _ in range(2000):  # until a heartbeat has told the gateway (every 2 s), well before the backlog ends
+                if busy_ep.reported_load >= 4:
+                    break
+                await asyncio.sleep(0.01)
+            assert busy_ep.reported_load >= 4, busy_ep.reported_load
+            answers = [await h.post(gw.url + "/v1/chat/completions", json={
+                "model": "auto", "messages": [{"role": "user", "content": f"hi {i}"}], "max_tokens": 4,
+                "temperature": 1}) for i in range(4)]
+            await asyncio.gather(*queued)
+            return [r.json()["model"] for r in answers]
 
-    asyncio.run(main())
-    served = [n.metric("tiergate_edge_generation_tokens_total") / 200 for n in (n1, n2)]
-    assert sum(served) == 4 and min(served) >= 1, served  # spread, not piled on one node
+    assert asyncio.run(main()) == ["edge-idle"] * 4
 
 
 def test_drained_node_deregisters_and_traffic_moves(llama_stack):
@@ -152,23 +162,36 @@ def test_drained_node_deregisters_and_traffic_moves(llama_stack):
     assert n2.metric("tiergate_edge_generation_tokens_total") >= 3
 
 
-def test_edge_node_killed_mid_stream_ends_cleanly_and_the_next_request_is_served(llama_stack):
+def test_edge_node_killed_mid_stream_ends_cleanly_and_stops_getting_traffic(llama_stack):
     gw = llama_stack["gw"]
-    node = llama_stack["add_edge"]()
+    nodes = {name: llama_stack["add_edge"]("--model-name", name) for name in ("edge-1", "edge-2")}
+    pool = gw.gateway.tiers["edge"].pool
     with httpx.stream("POST", gw.url + "/v1/chat/completions", headers={"Authorization": "Bearer int-key-1"},
                       timeout=60, json={"model": "auto", "max_tokens": 400, "temperature": 1, "stream": True,
                                         "messages": [{"role": "user", "content": "go on and on"}]}) as r:
         lines = r.iter_lines()
         first = next(line for line in lines if line.startswith("data: "))
-        assert first
-        node.proc.send_signal(signal.SIGKILL)
+        dead = json.loads(first[6:])["model"]  # the node streaming this answer
+        nodes[dead].proc.send_signal(signal.SIGKILL)
         rest = [line for line in lines if line.startswith("data: ")]
     assert rest[-1] == "data: [DONE]"
     assert '"error"' in rest[-2]  # an explicit SSE error event, not a silent truncation
-    # The dead node stops getting traffic; the cloud (fallback) answers meanwhile.
-    r = _client(gw).chat.completions.with_raw_response.create(model="auto", max_tokens=3, temperature=1,
-                                                              messages=[{"role": "user", "content": "x"}])
-    assert r.headers["x-tiergate-tier"] in ("edge", "cloud") and r.parse().choices
+    alive = next(name for name in nodes if name != dead)
+    # The gateway stops offering the dead node (its health checks fail), and then stops trying it at all.
+    wait_until(lambda: all(e.base_url != nodes[dead].url for e in pool.candidates()), timeout_s=30,
+               what="the dead node out of the candidates")
+    tried = _connect_failures(gw)
+    for i in range(5):
+        r = _client(gw).chat.completions.with_raw_response.create(model="auto", max_tokens=3, temperature=1,
+                                                                  messages=[{"role": "user", "content": f"x {i}"}])
+        assert r.headers["x-tiergate-tier"] == "edge" and r.parse().model == alive  # the other node, not the cloud
+    assert _connect_failures(gw) == tried  # no request was sent to the dead node any more
+
+
+def _connect_failures(gw) -> float:
+    text = httpx.get(gw.url + "/metrics", timeout=10).text
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("tiergate_upstream_errors_total{") and 'tier="edge"' in line)
 
 
 def test_prompt_longer_than_the_edge_context_is_a_clear_400(llama_stack):

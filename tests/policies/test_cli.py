@@ -6,11 +6,13 @@ import json
 from pathlib import Path
 
 import pytest
+from aiohttp import web
 from typer.testing import CliRunner
 
 from complexity.model import FEATURES
 from policies.cli import SCHEMA_FILE, classify, policy_app, schema_text
 from policies.loader import DEFAULT_POLICY
+from tests.support.servers import aiohttp_server
 
 from .conftest import BASE
 
@@ -183,3 +185,38 @@ def test_explain_and_simulate_show_a_cascade_and_estimate_what_it_keeps(write, t
     assert totals["rules"]["default"] == {"requests": 4, "with_confidence": 3, "kept": 1, "escalated": 2,
                                           "kept_share": round(1 / 3, 4)}
     assert totals["escalated_edge_tokens"] == 90 and totals["escalated_share_of_all"] == 0.5
+
+
+def _models_server(max_model_len: int):
+    """A server answering /v1/models the way vLLM and edge-node serve do."""
+    async def models(_request):
+        return web.json_response({"object": "list", "data": [{"id": "served", "object": "model",
+                                                              "max_model_len": max_model_len}]})
+
+    app = web.Application()
+    app.router.add_get("/v1/models", models)
+    return aiohttp_server(app)
+
+
+def test_check_warns_when_a_tier_promises_more_context_than_its_servers_serve(write):
+    with _models_server(2048) as small, _models_server(8192) as big:
+        policy = write(f"""\
+version: 1
+tiers:
+  edge: {{kind: edge, model: m-edge, max_context: 2048, endpoints: ["{big.url}"]}}
+  cloud: {{kind: cloud, model: m-cloud, served_model: served, max_context: 8192, endpoints: ["{small.url}", "http://127.0.0.1:1"]}}
+rules:
+  - {{name: default, tier: edge, fallbacks: [cloud]}}
+""")
+        r = runner.invoke(policy_app, ["check", str(policy)])
+        assert r.exit_code == 0, r.output  # a warning: the policy still loads
+        assert (f"warning: tier `cloud`: max_context 8192 is larger than the 2048 tokens {small.url} serves"
+                in r.output), r.output
+        assert f"ok: tier `edge`: {big.url} serves 8192 tokens" in r.output
+        assert "note: tier `cloud`: could not read the context of http://127.0.0.1:1" in r.output
+        r = runner.invoke(policy_app, ["check", "--json", str(policy)])
+        servers = {s["endpoint"]: s for s in json.loads(r.output)["servers"]}
+        assert servers[small.url]["too_small"] and servers[small.url]["context"] == 2048
+        assert not servers[big.url]["too_small"] and servers["http://127.0.0.1:1"]["error"]
+        r = runner.invoke(policy_app, ["check", "--no-servers", str(policy)])
+        assert "tier `cloud`" not in r.output

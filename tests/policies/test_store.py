@@ -44,6 +44,22 @@ def _value(reg: CollectorRegistry, name: str, labels: dict[str, str] | None = No
     return reg.get_sample_value(name, labels or {})
 
 
+def _reloads(reg: CollectorRegistry, result: str) -> float:
+    return _value(reg, "tiergate_policy_reloads_total", {"result": result}) or 0.0
+
+
+async def _armed(path: Path, text: str, noticed) -> None:
+    """Until the file watch is armed: save the same text again and again until the store notices a save (its
+    reload finds nothing changed). A watcher starts on its own thread; a change made before it is ready is lost."""
+    for _ in range(400):
+        path.write_text(text)
+        for _ in range(4):
+            if noticed():
+                return
+            await asyncio.sleep(0.05)
+    raise AssertionError("the file watch never noticed a save")
+
+
 @pytest.fixture
 def reg() -> CollectorRegistry:
     return CollectorRegistry()
@@ -127,13 +143,12 @@ async def test_file_watch_rejects_bad_files_while_traffic_keeps_flowing(write, r
     await store.start()
     runner = asyncio.get_running_loop().create_task(traffic())
     try:
-        await asyncio.sleep(0.3)  # let the watcher arm
+        await _armed(path, BASE, lambda: _reloads(reg, "unchanged") > 0)
         path.write_text(BAD)
-        await _until(lambda: _value(reg, "tiergate_policy_reloads_total", {"result": "invalid"}) is not None,
-                     "the bad file to be rejected")
+        await _until(lambda: _reloads(reg, "invalid") == 1, "the bad file to be rejected")
         assert store.current.version == v1
         path.write_text(BASE[: len(BASE) // 2])  # an editor's half-written save
-        await asyncio.sleep(0.5)
+        await _until(lambda: _reloads(reg, "invalid") == 2, "the half-written file to be rejected")
         assert store.current.version == v1
         path.write_text(GOOD2)
         await _until(lambda: store.current.version == policy_version(GOOD2.encode()), "the fix to be adopted")
@@ -151,7 +166,7 @@ async def test_write_and_rename_is_seen(write, reg, tmp_path):
     store = PolicyStore(path, metrics=PolicyMetrics(reg))
     await store.start()
     try:
-        await asyncio.sleep(0.3)
+        await _armed(path, BASE, lambda: _reloads(reg, "unchanged") > 0)
         tmp = tmp_path / ".policy.yaml.swp"
         tmp.write_text(GOOD2)
         os.replace(tmp, path)  # how most editors and `kubectl cp` save
@@ -178,17 +193,23 @@ async def test_sighup_reloads(write, reg):
 WATCHER = textwrap.dedent("""
     import asyncio, sys
     from pathlib import Path
-    from policies.store import PolicyStore
+    from prometheus_client import CollectorRegistry
+    from policies.store import PolicyMetrics, PolicyStore
 
     async def main(path, stop):
-        store = PolicyStore(path)
+        reg = CollectorRegistry()
+        store = PolicyStore(path, metrics=PolicyMetrics(reg))
         await store.start()
-        last = None
+        last, said = None, set()
         while not Path(stop).exists():
             v = store.current.version
             if v != last:
                 print(v, flush=True)
                 last = v
+            for result in ("unchanged", "invalid"):  # a save noticed (the watch is armed); a bad file refused
+                if result not in said and reg.get_sample_value("tiergate_policy_reloads_total", {"result": result}):
+                    print("reload:" + result, flush=True)
+                    said.add(result)
             await asyncio.sleep(0.05)
         await store.stop()
 
@@ -210,12 +231,15 @@ async def test_processes_watching_one_file_converge(write, tmp_path):
     def versions(i: int) -> list[str]:  # the lines the watcher printed (structlog's lines are interleaved)
         return [w for w in logs[i].read_text().split() if re.fullmatch(r"[0-9a-f]{12}", w)]
 
+    def said(i: int, what: str) -> bool:
+        return what in logs[i].read_text().split()
+
     try:
         v1, v2 = policy_version(BASE.encode()), policy_version(GOOD2.encode())
         await _until(lambda: all(versions(i) == [v1] for i in range(2)), "both processes to start", 60)
-        await asyncio.sleep(0.5)  # watchers armed
+        await _armed(path, BASE, lambda: all(said(i, "reload:unchanged") for i in range(2)))
         path.write_text(BAD)
-        await asyncio.sleep(1.0)
+        await _until(lambda: all(said(i, "reload:invalid") for i in range(2)), "both processes to refuse it", 30)
         path.write_text(GOOD2)
         await _until(lambda: all(versions(i)[-1:] == [v2] for i in range(2)), "both processes to converge", 30)
         assert all(versions(i) == [v1, v2] for i in range(2)), f"a process served the bad file: {[versions(i) for i in range(2)]} (v1={v1}, v2={v2})"

@@ -4,7 +4,8 @@
 session tmp dir. `edge_node_factory(...)` starts `python -m edge_node serve` as a real subprocess on a
 free 127.0.0.1 port, waits for /health, and stops every node it started at the end of the test
 (SIGTERM, then SIGKILL). `start_edge_node()` is the same as a context manager, for other fixtures
-(e.g. a gateway test that needs two nodes). Without llama-cpp-python these fixtures skip.
+(e.g. a gateway test that needs two nodes). Without llama-cpp-python these fixtures skip, and fail under CI
+or TIERGATE_REQUIRE_LLAMA=1 (tests/support/require.py).
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ from pathlib import Path
 
 import httpx
 import pytest
+
+from tests.support.require import skip_or_fail
 
 __all__ = [
     "EdgeProcess",
@@ -96,9 +99,9 @@ class EdgeProcess:
 
 def _require_llama() -> None:
     try:
-        import llama_cpp  # noqa: F401
+        import llama_cpp  # noqa: F401  # optional dependency: the edge extra
     except ImportError:
-        pytest.skip("llama-cpp-python is not installed (pip install -e '.[edge]')")
+        skip_or_fail("llama-cpp-python is not installed (pip install -e '.[edge]')", "llama")
 
 
 @contextmanager

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
+
+from tests.support.require import skip_or_fail
 
 __all__ = ["embedder_dir", "onnx_embedder"]
 
@@ -19,10 +20,8 @@ def embedder_dir() -> Path:
         try:
             import torch  # noqa: F401
         except ImportError:
-            msg = "the embedder is not exported and torch is missing: pip install -e '.[export]'"
-            if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
-                pytest.fail(msg)
-            pytest.skip(msg)
+            skip_or_fail("the embedder is not exported and torch is missing: pip install -e '.[export]'",
+                         "embedder")
         export_embedder(path)
     return path
 

@@ -94,8 +94,9 @@ def gateway_server(settings, keyring=None, ready: bool = True) -> Iterator[Threa
     port = free_port()
     settings = settings.model_copy(update={"port": port, "log_format": "console", "log_level": "warning"})
     app = create_app(settings, keyring=keyring)
-    config = uvicorn.Config(app, host="127.0.0.1", port=port, loop="asyncio", log_level="warning", lifespan="on",
-                            timeout_graceful_shutdown=5)
+    # As `tiergate serve` runs it: uvloop and httptools (the event loop and HTTP parser of production).
+    config = uvicorn.Config(app, host="127.0.0.1", port=port, loop="uvloop", http="httptools", log_level="warning",
+                            lifespan="on", timeout_graceful_shutdown=5)
     server = uvicorn.Server(config)
     t = threading.Thread(target=server.run, daemon=True)
     t.start()

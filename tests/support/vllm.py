@@ -8,12 +8,11 @@ end. Tests marked `vllm_destructive` (they crash a server) run after all others;
 is restarted only if a later test asks for it.
 
 Without the vLLM virtualenv (TIERGATE_VLLM_PYTHON or <repo>/.venv-vllm) these fixtures skip,
-unless TIERGATE_REQUIRE_VLLM=1 (CI), where they fail instead.
+unless TIERGATE_REQUIRE_VLLM=1 or CI=true, where they fail instead (tests/support/require.py).
 """
 
 from __future__ import annotations
 
-import os
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,6 +24,7 @@ from cloud_pool.spec import CpuOptions, Ngram, NoSpeculation, VllmSpec
 from cloud_pool.vllm_env import missing_reason, vllm_python
 from core.paths import tiergate_home
 from edge_node.packaged import packaged_path
+from tests.support.require import skip_or_fail
 
 __all__ = ["BLOCK_SIZE", "MODEL_NAME", "VllmServers", "real_vllm_model", "require_vllm_python", "server_spec"]
 
@@ -46,10 +46,7 @@ def require_vllm_python() -> Path:
     """The vLLM venv's python, or skip (fail under TIERGATE_REQUIRE_VLLM=1)."""
     python = vllm_python()
     if python is None:
-        reason = missing_reason()
-        if os.environ.get("TIERGATE_REQUIRE_VLLM") == "1":
-            pytest.fail(f"{reason} (TIERGATE_REQUIRE_VLLM=1)", pytrace=False)
-        pytest.skip(reason)
+        skip_or_fail(missing_reason(), "vllm")
     return python
 
 

@@ -26,7 +26,7 @@ import typer
 
 from core.types import Priority
 from core.wire import ChatRequest, CompletionRequest
-from policies.classify import Classifier
+from policies.classify import Classifier, messages_of
 from policies.engine import PolicyEngine
 from policies.loader import DEFAULT_POLICY, PolicyError, check_policy, load_policy
 from policies.model import Policy
@@ -220,7 +220,7 @@ def explain(
         raise _fail(str(exc)) from None
     ex = loaded.engine.explain(features)
     counter = clf.counter_for(loaded.policy, model)
-    detail = clf.complexity_model(loaded.policy).explain(req.prompt_text())
+    detail = clf.complexity_model(loaded.policy).explain(messages_of(req))
     if as_json:
         d = ex.to_dict()
         d["features"]["tokenizer"] = counter.spec_used
@@ -231,7 +231,7 @@ def explain(
     typer.echo(f"policy {file} (version {loaded.version})")
     typer.echo("features:")
     typer.echo(f"  prompt_tokens  {f.prompt_tokens}  (tokenizer {counter.spec_used})")
-    typer.echo(f"  complexity     {f.complexity:.3f}  (expected gain of escalating {detail['expected_gain']:+.3f})")
+    typer.echo(f"  complexity     {f.complexity:.3f}  ({_complexity_detail(detail)})")
     typer.echo(f"  priority       {f.priority.name.lower()}")
     typer.echo(f"  model          {f.requested_model}    tenant {f.tenant}    stream {str(f.stream).lower()}")
     typer.echo("rules:")
@@ -250,6 +250,21 @@ def explain(
         cache = "off" if not d.cache.enabled else (
             f"on (semantic {'on' if d.cache.semantic else 'off'}, threshold {d.cache.threshold}, ttl {d.cache.ttl_s}s)")
         typer.echo(f"decision: {chain} (rule {d.rule}); cache {cache}; max_tokens cap {d.max_tokens_cap}")
+
+
+def _complexity_detail(d: dict[str, Any]) -> str:
+    """How the score came about, in one line: who scored it, how far from the training prompts, the prior."""
+    scorer = f"{d['scored_by']} z {d['model_z']:+.2f}"
+    if d["trust"] >= 1.0:
+        trust = f"trusted: distance {d['distance']:.1f} <= {d['trusted_up_to']:.1f}"
+    elif d["trust"] <= 0.0:
+        trust = f"unlike the training prompts: distance {d['distance']:.1f} >= {d['untrusted_from']:.1f}, " \
+                "scored by length alone"
+    else:
+        trust = f"trust {d['trust']:.2f}: distance {d['distance']:.1f} between {d['trusted_up_to']:.1f} and " \
+                f"{d['untrusted_from']:.1f}"
+    top = ", ".join(f"{k} {v:+.2f}" for k, v in list(d["top_contributions"].items())[:3])
+    return f"{scorer}, length z {d['length_z']:+.2f}; {trust}; largest head terms: {top}"
 
 
 @policy_app.command("simulate")

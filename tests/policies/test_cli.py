@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from complexity.model import FEATURES
+from complexity.features import FEATURES
 from policies.cli import SCHEMA_FILE, classify, policy_app, schema_text
 from policies.loader import DEFAULT_POLICY
 
@@ -73,6 +73,18 @@ def test_explain_json_and_headers(write):
     assert out["decision"]["rule"] == "complex" and out["decision"]["tier"] == "cloud"
     assert [t["outcome"] for t in out["rules"]] == ["no match", "matched", "not reached"]
     assert 0.0 <= out["complexity"]["score"] <= 1.0 and len(out["complexity"]["features"]) == len(FEATURES)
+    assert out["complexity"]["scored_by"] == "head" and 0.0 <= out["complexity"]["trust"] <= 1.0
+
+
+def test_explain_says_how_the_complexity_came_about(write):
+    r = runner.invoke(policy_app, ["explain", str(write(BASE)), "--prompt", "Compare two sorting algorithms."])
+    assert r.exit_code == 0, r.output
+    line = next(x for x in r.output.splitlines() if x.strip().startswith("complexity"))
+    assert "head z" in line and "length z" in line and "largest head terms" in line
+    far = runner.invoke(policy_app, ["explain", str(write(BASE)), "--prompt", "日本語の文章です。" * 40])
+    line = next(x for x in far.output.splitlines() if x.strip().startswith("complexity"))
+    assert "unlike the training prompts" in line and "scored by length alone" in line
+
 
 
 def test_explain_rejects_bad_priority(write):

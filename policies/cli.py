@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import logging
 import sys
-from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,12 +23,14 @@ import msgspec
 import structlog
 import typer
 
+from complexity.model import DEFAULT_MODEL_FILE, ComplexityModel
 from core.types import Priority
 from core.wire import ChatRequest, CompletionRequest
 from policies.classify import Classifier, messages_of
 from policies.engine import PolicyEngine
 from policies.loader import DEFAULT_POLICY, PolicyError, check_policy, load_policy
 from policies.model import Policy
+from policies.simulate import Simulation
 from policies.store import policy_version
 
 __all__ = ["SCHEMA_FILE", "classify", "policy_app", "schema_text"]
@@ -177,10 +178,12 @@ def check(
     except (OSError, UnicodeDecodeError) as exc:
         raise _fail(f"cannot read {file}: {getattr(exc, 'strerror', None) or exc}") from None
     policy, problems = check_policy(text, str(file), file.resolve().parent)
+    model = _model_provenance(policy) if policy is not None else None
     if as_json:
         typer.echo(json.dumps({"ok": policy is not None, "version": policy_version(data) if policy else None,
                                "problems": [{"line": p.line, "column": p.column, "field": p.field,
-                                             "message": p.message, "severity": p.severity} for p in problems]}))
+                                             "message": p.message, "severity": p.severity} for p in problems],
+                               "complexity_model": model}))
         raise typer.Exit(0 if policy is not None else 2)
     for p in problems:
         typer.echo(str(p), err=p.severity == "error")
@@ -189,6 +192,33 @@ def check(
         raise _fail(f"{file} is invalid: {n} problem{'s' if n > 1 else ''}; the gateway would keep its last good policy")
     rules = len(policy.effective_rules())
     typer.echo(f"ok: {file} (version {policy_version(data)}, {len(policy.tiers)} tiers, {rules} rules)")
+    if model is not None:
+        for line in _describe_model(model):
+            typer.echo(line)
+
+
+def _model_provenance(policy: Policy) -> dict[str, Any]:
+    """Which complexity model the policy uses and what it was trained on (the file's own record)."""
+    own = policy.complexity_model is not None
+    path = policy.resolve_path(policy.complexity_model) if own else DEFAULT_MODEL_FILE
+    try:
+        info = ComplexityModel.provenance(path)
+    except ValueError as exc:
+        return {"path": str(path), "shipped": not own, "error": str(exc)}
+    return {**info, "shipped": not own}
+
+
+def _describe_model(m: dict[str, Any]) -> list[str]:
+    which = "the shipped default" if m["shipped"] else "set by complexity_model"
+    if "error" in m:
+        return [f"complexity model: {m['path']} ({which}): {m['error']}"]
+    sources = ", ".join(f"{k} {n}" for k, n in m["sources"].items()) or "not recorded"
+    files = ", ".join(f"{f['name']} (sha256 {str(f['sha256'])[:12]})" for f in m["files"]) or "not recorded"
+    expert = "; with the multiple-choice expert" if m["multiple_choice_expert"] else ""
+    return [f"complexity model: {m['path']} ({which}, {m['format']}{expert})",
+            f"  trained on {m['rows']} prompts from {len(m['sources'])} sources: {sources}",
+            f"  files: {files}",
+            f"  license: {m['license']}"]
 
 
 @policy_app.command("explain")
@@ -270,70 +300,28 @@ def _complexity_detail(d: dict[str, Any]) -> str:
 @policy_app.command("simulate")
 def simulate(
     file: Annotated[Path, typer.Argument(help="Policy YAML file.")],
-    traffic: Annotated[str, typer.Argument(help="Traffic as JSON lines (- for stdin).")],
+    traffic: Annotated[str, typer.Argument(help="Traffic as JSON lines (- for stdin); a line may name its "
+                                                "`source` (kind of traffic) for per-source totals.")],
 ) -> None:
     """Decide every request of a traffic file: one JSON line per request, then a {"totals": ...} line."""
     loaded = _load(file)
     clf = _classifier(loaded)
-    out = sys.stdout
-    tiers: Counter[str] = Counter()
-    rules: Counter[str] = Counter()
-    rejects: Counter[int] = Counter()
-    kinds: Counter[str] = Counter()
-    errors = ok = eligible = semantic = repeats = 0
-    seen: set[tuple[str, str, str]] = set()
+    sim = Simulation(loaded.policy)
     source = _open(traffic)
     try:
         for n, obj in _lines(source):
             try:
                 _, f, d = _classify_line(clf, loaded.engine, obj)
             except ValueError as exc:
-                errors += 1
-                _emit({"line": n, "error": str(exc)}, out)
+                sim.error()
+                _emit({"line": n, "error": str(exc)}, sys.stdout)
                 continue
-            ok += 1
-            rules[d.rule] += 1
-            row: dict[str, Any] = {"line": n, "tier": d.tier, "rule": d.rule, "fallbacks": list(d.fallbacks),
-                                   "complexity": round(f.complexity, 4), "prompt_tokens": f.prompt_tokens,
-                                   "priority": f.priority.name.lower()}
-            if d.reject is not None:
-                rejects[d.reject.status] += 1
-                row["reject"] = d.reject.status
-                row["cache"] = "none"
-            else:
-                tiers[d.tier] += 1
-                kinds[loaded.policy.tiers[d.tier].kind] += 1
-                if not d.cache.enabled:
-                    row["cache"] = "off"
-                elif f.temperature is not None and f.temperature > d.cache.max_temperature:
-                    row["cache"] = "too hot"
-                else:
-                    eligible += 1
-                    semantic += d.cache.semantic
-                    key = (f.tenant, loaded.policy.tiers[d.tier].model, f.text)
-                    if key in seen:
-                        repeats += 1
-                        row["cache"] = "repeat"
-                    else:
-                        seen.add(key)
-                        row["cache"] = "eligible"
-            _emit(row, out)
+            label = obj.get("source")
+            _emit({"line": n, **sim.row(f, d, str(label) if label is not None else None)}, sys.stdout)
     finally:
         if source is not sys.stdin:
             source.close()
-    share = (lambda c: round(c / ok, 4)) if ok else (lambda c: 0.0)
-    _emit({"totals": {
-        "requests": ok + errors, "decided": ok, "errors": errors,
-        "tiers": {t: {"count": c, "share": share(c)} for t, c in sorted(tiers.items())},
-        "kinds": {k: {"count": c, "share": share(c)} for k, c in sorted(kinds.items())},
-        "rejected": {"count": sum(rejects.values()), "share": share(sum(rejects.values())),
-                     "by_status": {str(s): c for s, c in sorted(rejects.items())}},
-        "rules": dict(rules.most_common()),
-        "cache": {"eligible": eligible, "eligible_share": share(eligible), "semantic_lookups": semantic,
-                  "exact_repeats": repeats, "exact_repeat_share": share(repeats),
-                  "note": "exact_repeats are requests a warm cache answers for sure (TTL permitting); "
-                          "semantic hits come on top"},
-    }}, out)
+    _emit({"totals": sim.totals()}, sys.stdout)
 
 
 def schema_text() -> str:

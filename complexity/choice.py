@@ -33,8 +33,7 @@ import numpy as np
 from complexity.encoder import MAX_CHARS, Encoder
 from complexity.trees import PercentileMap, TreeEnsemble, calibration, fit_trees, negate_and_join
 
-__all__ = ["CHOICE_FEATURES", "DEFAULT_VECTORS_FILE", "MIN_ROWS", "ChoiceExpert", "ChoiceFeaturizer", "Member",
-           "has_options"]
+__all__ = ["CHOICE_FEATURES", "DEFAULT_VECTORS_FILE", "MIN_ROWS", "ChoiceExpert", "ChoiceFeaturizer", "Member"]
 
 DEFAULT_VECTORS_FILE = Path(__file__).resolve().parent / "word_vectors.npy"
 MIN_ROWS = 300  # fewer multiple-choice training prompts than this: no expert
@@ -84,12 +83,6 @@ _NEGATION = re.compile(r"\b(NOT|EXCEPT|LEAST|least|not)\b")
 _VERDICT = re.compile(r"\b(True|False|Wrong|Not wrong|Correct|Incorrect|Valid|Invalid|Yes|No|Right|Both|Neither)\b")
 _CALC = re.compile(r"\b(calculate|compute|find|how many|how much|what is the value|solve|estimate|determine)\b",
                    re.IGNORECASE)
-
-
-def has_options(text: str) -> bool:
-    """Whether `text` has at least two lettered answer options: the expert's (and only its) kind of prompt."""
-    it = _OPTION.finditer(text[:MAX_CHARS])
-    return next(it, None) is not None and next(it, None) is not None
 
 
 class ChoiceFeaturizer:

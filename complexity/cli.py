@@ -90,12 +90,15 @@ def evaluate_classifier(
         raise _fail("no usable rows")
     scores = np.array([m.score(c) for c in labelled.conversations])
 
-    def summary(rows: np.ndarray) -> dict[str, float | int]:
+    def summary(rows: np.ndarray) -> dict[str, float | int | None]:
         w, s, x = labelled.weak[rows], labelled.strong[rows], scores[rows]
-        return {"rows": int(rows.sum()), "apgr": round(apgr(x, w, s), 4),
+        out: dict[str, float | int | None] = {"rows": int(rows.sum()),
+                                              "share_complexity_ge_0.7": round(float(np.mean(x >= 0.7)), 4)}
+        if s.mean() == w.mean():  # no gap between the models: PGR is undefined
+            return {**out, "apgr": None, "escalated_for_pgr50": None, "escalated_for_pgr80": None}
+        return {**out, "apgr": round(apgr(x, w, s), 4),
                 "escalated_for_pgr50": round(share_for_pgr(x, w, s, 0.5), 4),
-                "escalated_for_pgr80": round(share_for_pgr(x, w, s, 0.8), 4),
-                "share_complexity_ge_0.7": round(float(np.mean(x >= 0.7)), 4)}
+                "escalated_for_pgr80": round(share_for_pgr(x, w, s, 0.8), 4)}
 
     every = np.ones(len(scores), bool)
     by_source = {k: summary(labelled.source == k) for k in sorted(set(labelled.source.tolist()))}

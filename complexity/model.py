@@ -177,12 +177,6 @@ class ComplexityModel:
     def trust_batch(self, h: np.ndarray) -> np.ndarray:
         return self.guard.trust(self.guard.distance(h[:, _CONTENT]))
 
-    def expert_rows(self, h: np.ndarray) -> np.ndarray:
-        """Which FEATURES rows the multiple-choice expert scores (none without an expert)."""
-        if self.expert is None:
-            return np.zeros(len(h), bool)
-        return h[:, OPTIONS] >= MIN_OPTIONS
-
     def explain(self, messages: Messages | str, top: int = 5) -> dict[str, Any]:
         """The score and its parts, the features and the head's largest contributions, for `policy explain`."""
         f = self.featurize(messages)

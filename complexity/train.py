@@ -227,12 +227,13 @@ def fit(h: np.ndarray, weak: np.ndarray, strong: np.ndarray, src: np.ndarray, de
 def train(data: Labelled, design: Design | None = None, *, select: bool = False, expert: bool = True,
           license_note: str = "", featurizer: Featurizer | None = None) -> ComplexityModel:
     """Train on all of `data`; the model records what it was trained on, how, and under which license."""
-    from complexity.select import select_design  # import cycle otherwise: design selection builds on `fit`
+    # an import cycle otherwise: design selection builds on `fit`
+    from complexity.select import MIN_SOURCES, select_design
 
     feats = featurizer or Featurizer()
     h = feats.matrix(data.conversations)
     selection: dict[str, Any] = {}
-    if select and len(set(data.source.tolist())) >= 3:
+    if select and len(set(data.source.tolist())) >= MIN_SOURCES:
         design, selection = select_design(h, data.weak, data.strong, data.source)
     design = design or Design()
     x_choice = choice_matrix(ChoiceFeaturizer.for_encoder(feats.encoder), data.conversations, h) if expert else None
@@ -250,7 +251,7 @@ def train(data: Labelled, design: Design | None = None, *, select: bool = False,
             "license": license_note or "not stated (tiergate classifier train --license)",
         },
         "design": asdict(design),
-        "selection": selection or "default design (no --select, or fewer than 3 sources)",
+        "selection": selection or f"default design (no --select, or fewer than {MIN_SOURCES} sources)",
         "choice_expert_rows": int(np.sum(~np.isnan(x_choice[:, 0]))) if model.expert is not None and
         x_choice is not None else 0,
     }

@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from complexity.choice import CHOICE_FEATURES, DEFAULT_VECTORS_FILE, ChoiceFeaturizer, has_options
+from complexity.choice import CHOICE_FEATURES, DEFAULT_VECTORS_FILE, ChoiceFeaturizer
 from complexity.encoder import Encoder
 
 MC = ("Statement 1 | Every group of order 4 is cyclic. Statement 2 | Z_4 is cyclic.\n"
@@ -21,11 +21,6 @@ def featurizer() -> ChoiceFeaturizer:
 
 def named(f: ChoiceFeaturizer, text: str) -> dict[str, float]:
     return dict(zip(CHOICE_FEATURES, f.values(text), strict=True))
-
-
-def test_options_are_what_the_expert_takes():
-    assert has_options(MC) and has_options("Q?\n(A) x\n(B) y")
-    assert not has_options("Q?\nA. only one") and not has_options("a. lower\nb. case")
 
 
 def test_features_describe_the_question_and_its_options(featurizer):

@@ -55,6 +55,14 @@ def test_train_refuses_too_little_data(tmp_path):
     assert r.exit_code == 2 and "need at least 50" in r.output and not (tmp_path / "m.json").exists()
 
 
+def test_evaluate_says_when_apgr_is_undefined(tmp_path):
+    rows = [dict(r, weak_correct=0.5, strong_correct=0.5) for r in synthetic("chat", 20)]
+    r = runner.invoke(classifier_app, ["evaluate", "--data", str(write_jsonl(tmp_path / "flat.jsonl", rows))])
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out["apgr"] is None and out["rows"] == 20  # both models equally good: nothing to recover
+
+
 def test_evaluate_refuses_a_model_it_cannot_read(tmp_path):
     bad = tmp_path / "m.json"
     bad.write_text(json.dumps({"format": "tiergate-complexity/2"}))

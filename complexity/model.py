@@ -8,8 +8,9 @@ of a kind it never saw at least as well as prompt length does. So:
    ridge regression in which every training source weighs the same (without that, one large source decides)
    and which is penalised for predicting different mean gains for different sources (`Design.invariance`):
    the head then ranks prompts against others of their kind, and a threshold cuts every kind of traffic
-   it was trained on at about the same share (without it: 41 % of arena and 21 % of selfinstruct at
-   complexity >= 0.7). It costs about 0.004 of mean leave-one-source-out APGR (bench/router's ablations).
+   it was trained on at about the same share (the prototype without it put 41 % of arena and 21 % of
+   selfinstruct at complexity >= 0.7). It costs about 0.004 of mean leave-one-source-out APGR (bench/router's
+   ablations).
 2. The length prior is z(log tokens of the whole conversation): where the system prompt and earlier turns
    enter (no training data has them, so nothing could learn what they mean).
 3. Shift guard: the Mahalanobis distance of the content features to the training prompts says how unlike
@@ -21,7 +22,7 @@ of a kind it never saw at least as well as prompt length does. So:
 5. The result is mapped through its distribution on a mixed reference set (the training prompts, every source
    weighing the same), so `complexity >= 0.7` selects about 30 % of that mix.
 
-Scoring is a few numpy operations on 34 numbers (the featurizer dominates: ~0.1-0.3 ms a prompt); no
+Scoring is a few numpy operations on 28 numbers (the featurizer dominates: ~0.1-0.3 ms a prompt); no
 scikit-learn, no torch. Instances are immutable after loading and safe to share between threads.
 """
 

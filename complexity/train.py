@@ -14,10 +14,11 @@ scikit-learn (the `dev` extra). The gateway scores the result with numpy alone.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -28,7 +29,7 @@ from complexity.choice import CHOICE_FEATURES, MIN_ROWS, ChoiceExpert, ChoiceFea
 from complexity.features import CONTENT, LENGTH, OPTIONS, Featurizer, Messages, as_messages, last_user_text
 from complexity.model import MIN_OPTIONS, ComplexityModel, Design, Guard, Head
 
-__all__ = ["Labelled", "choice_matrix", "expert_scores", "fit", "read_labelled", "ridge", "source_weights", "train"]
+__all__ = ["Labelled", "choice_matrix", "expert_scores", "fit", "one_blas_thread", "read_labelled", "ridge", "source_weights", "train"]
 
 _CONTENT = np.array(CONTENT)
 _FLOOR_SD = 0.1  # a feature that never varied in training: a change in it is a shift, not a division by zero
@@ -224,9 +225,28 @@ def fit(h: np.ndarray, weak: np.ndarray, strong: np.ndarray, src: np.ndarray, de
                            model.choice_featurizer)
 
 
+@contextlib.contextmanager
+def one_blas_thread() -> Iterator[None]:
+    """BLAS on one thread: products summed in another order by more threads differ in the last bits, and the
+    same data would not give the same model file on every machine setting."""
+    try:
+        from threadpoolctl import threadpool_limits  # optional dependency: installed with scikit-learn
+    except ImportError:
+        yield
+        return
+    with threadpool_limits(1):
+        yield
+
+
 def train(data: Labelled, design: Design | None = None, *, select: bool = False, expert: bool = True,
           license_note: str = "", featurizer: Featurizer | None = None) -> ComplexityModel:
     """Train on all of `data`; the model records what it was trained on, how, and under which license."""
+    with one_blas_thread():
+        return _train(data, design, select, expert, license_note, featurizer)
+
+
+def _train(data: Labelled, design: Design | None, select: bool, expert: bool, license_note: str,
+           featurizer: Featurizer | None) -> ComplexityModel:
     # an import cycle otherwise: design selection builds on `fit`
     from complexity.select import MIN_SOURCES, select_design
 

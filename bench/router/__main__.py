@@ -39,6 +39,7 @@ from bench.versions import LITELLM_SPEC, LITELLM_VERSION
 from complexity.features import last_user_text
 from complexity.model import DEFAULT_MODEL_FILE, ComplexityModel
 from complexity.select import GRID
+from complexity.train import one_blas_thread
 
 REPO = Path(__file__).resolve().parents[2]
 def _shared_routing_data() -> Path:
@@ -149,7 +150,9 @@ def main() -> None:
     if args.from_json:
         r, source = json.loads(args.from_json.read_text()), args.from_json
     else:
-        r, source = run(args), args.json
+        with one_blas_thread():  # the numbers of `tiergate classifier train`, whatever OMP_NUM_THREADS says
+            r = run(args)
+        source = args.json
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(r, indent=1) + "\n")
     section = markdown(r, source.resolve().relative_to(REPO) if source.resolve().is_relative_to(REPO) else source)

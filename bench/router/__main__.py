@@ -124,6 +124,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     result["latency"] = {
         "prompts": len(lat["features_ms"]), "features_p50_ms": _pct(lat["features_ms"], 50),
         "features_p90_ms": _pct(lat["features_ms"], 90), "features_p99_ms": _pct(lat["features_ms"], 99),
+        "features_cpu_p50_ms": _pct(lat["features_cpu_ms"], 50), "features_cpu_p99_ms": _pct(lat["features_cpu_ms"], 99),
         "complexity_p50_ms": _pct(lat["complexity_ms"], 50), "complexity_p99_ms": _pct(lat["complexity_ms"], 99),
         "peak_rss_mib": round(lat["peak_rss_mib"], 1), "torch_imported": lat["torch_imported"],
         "sklearn_imported": lat["sklearn_imported"]}

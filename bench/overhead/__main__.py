@@ -42,6 +42,7 @@ from pathlib import Path
 import aiohttp
 
 from bench.procs import Server, cpu_seconds, free_port, peak_rss_mib
+from bench.versions import LITELLM_SPEC
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "bench" / "results"
@@ -74,9 +75,9 @@ end
 def ensure_litellm() -> Path | None:
     py = LITELLM_VENV / "bin" / "python"
     if not (LITELLM_VENV / "bin" / "litellm").exists():
-        print("==> creating .venv-litellm with litellm[proxy] (once)", file=sys.stderr)
+        print(f"==> creating .venv-litellm with {LITELLM_SPEC} (once)", file=sys.stderr)
         subprocess.run([sys.executable, "-m", "venv", str(LITELLM_VENV)], check=True)
-        r = subprocess.run([str(py), "-m", "pip", "install", "-q", "litellm[proxy]"], check=False)
+        r = subprocess.run([str(py), "-m", "pip", "install", "-q", LITELLM_SPEC], check=False)
         if r.returncode != 0:
             return None
     return LITELLM_VENV / "bin" / "litellm"

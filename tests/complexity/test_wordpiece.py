@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tokenizers import Tokenizer
 
-from complexity.model import Featurizer
+from complexity.encoder import Encoder
 from complexity.wordpiece import AsciiWordPiece
 
 TOKENIZER_FILE = Path(__file__).resolve().parents[2] / "complexity" / "tokenizer_default.json"
@@ -86,8 +86,8 @@ def test_awkward_ascii_matches_the_library(fast, library, text):
 ])
 def test_declines_what_it_does_not_reproduce(fast, library, text):
     assert fast.encode(text) is None
-    featurizer = Featurizer()
-    assert featurizer.encode(text) == _library_ids(library, text)  # ... and the featurizer falls back
+    encoder = Encoder.default()
+    assert encoder.encode(text) == _library_ids(library, text)  # ... and the encoder falls back
 
 
 def test_declines_configurations_it_does_not_reproduce(config):

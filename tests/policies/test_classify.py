@@ -15,7 +15,7 @@ from complexity.tokens import TokenCounter
 from core.errors import OpenAIError
 from core.types import Priority
 from core.wire import ChatRequest, CompletionRequest
-from policies.classify import PRIORITY_HEADER, Classifier, lowered_priority
+from policies.classify import PRIORITY_HEADER, Classifier, lowered_priority, messages_of
 from policies.loader import load_policy
 
 POLICY = """\
@@ -100,7 +100,7 @@ def test_features_carry_the_request(clf):
     f = clf.features(req, "acme", Priority.NORMAL, {"X-Custom": "v"})
     assert f.tenant == "acme" and f.stream is True and f.max_tokens == 7 and f.temperature == 0.2
     assert f.text == req.prompt_text() and f.headers["x-custom"] == "v"
-    assert f.complexity == ComplexityModel.load_default().score(req.prompt_text())
+    assert f.complexity == ComplexityModel.load_default().score(messages_of(req))
     comp = msgspec.convert({"model": "auto", "prompt": "hello"}, CompletionRequest)
     assert clf.features(comp, "t", Priority.NORMAL, {}).requested_model == "auto"
 
@@ -108,7 +108,7 @@ def test_features_carry_the_request(clf):
 def test_policy_can_name_its_own_complexity_model(tmp_path):
     _bpe(tmp_path / "bpe.json")
     d = json.loads(DEFAULT_MODEL_FILE.read_text())
-    d["calibration"] = {"raw": [-100.0, 100.0], "score": [0.25, 0.25]}  # a model that always says 0.25
+    d["calibration"] = {"raw": [-1e9, 1e9], "score": [0.25, 0.25]}  # a model that always says 0.25
     (tmp_path / "flat.json").write_text(json.dumps(d))
     (tmp_path / "policy.yaml").write_text("complexity_model: flat.json\n" + POLICY)
     clf = Classifier(_Store(load_policy(tmp_path / "policy.yaml")))
@@ -142,8 +142,8 @@ def test_one_wordpiece_pass_gives_the_same_features_as_two(clf, monkeypatch):
     reqs += [msgspec.convert({"model": "tiergate-cloud", "prompt": p}, CompletionRequest) for p in _AWKWARD]
     counter = clf.counter_for(clf._store.current.policy, "tiergate-cloud")
     model = clf.complexity_model(clf._store.current.policy)
-    assert counter.builtin and model.featurizer.builtin_tokenizer
-    expected = [(counter.count(r), model.score(r.prompt_text())) for r in reqs]
+    assert counter.builtin and model.featurizer.encoder.builtin
+    expected = [(counter.count(r), model.score(messages_of(r))) for r in reqs]
     monkeypatch.setattr(type(counter), "count", lambda *_: pytest.fail("counted with a second encode"))
     got = [clf.features(r, "t", Priority.NORMAL, {}) for r in reqs]
     assert [(f.prompt_tokens, f.complexity) for f in got] == expected
@@ -154,3 +154,21 @@ def test_a_prompt_longer_than_the_analysed_prefix_is_still_counted_in_full(clf):
     f = clf.features(chat(text, model="tiergate-cloud"), "t", Priority.NORMAL, {})
     assert f.prompt_tokens == 5000 + 4 + 3
     assert f.complexity == ComplexityModel.load_default().score(text)
+
+
+def test_the_whole_conversation_is_classified(clf):
+    """Earlier turns and the system prompt count as tokens; what is asked for comes from the last user turn."""
+    ask = "Write a Python function that parses a CSV file with quoted fields; do not use the csv module."
+    alone = clf.features(chat(ask, model="tiergate-cloud"), "t", Priority.NORMAL, {})
+    msgs = [{"role": "system", "content": "You are a terse assistant. " * 30},
+            {"role": "user", "content": "hi"}, {"role": "assistant", "content": "Hello! How can I help?"},
+            {"role": "user", "content": ask}]
+    f = clf.features(msgspec.convert({"model": "tiergate-cloud", "messages": msgs}, ChatRequest), "t",
+                     Priority.NORMAL, {})
+    assert f.prompt_tokens > alone.prompt_tokens + 150
+    # a familiar kind of request: the head is trusted, and it reads the last user message only
+    assert f.complexity == alone.complexity
+    later = [*msgs, {"role": "assistant", "content": "def parse(s): ..."}, {"role": "user", "content": "thanks!"}]
+    g = clf.features(msgspec.convert({"model": "tiergate-cloud", "messages": later}, ChatRequest), "t",
+                     Priority.NORMAL, {})
+    assert g.complexity != f.complexity and g.prompt_tokens > f.prompt_tokens

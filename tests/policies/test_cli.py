@@ -9,7 +9,8 @@ import pytest
 from aiohttp import web
 from typer.testing import CliRunner
 
-from complexity.model import FEATURES
+from complexity.features import FEATURES
+from complexity.model import DEFAULT_MODEL_FILE
 from policies.cli import SCHEMA_FILE, classify, policy_app, schema_text
 from policies.loader import DEFAULT_POLICY
 from tests.support.servers import aiohttp_server
@@ -38,6 +39,30 @@ def test_check_ok_and_warnings(write):
     assert "ok:" in r.output and "3 rules" in r.output
     r = runner.invoke(policy_app, ["check", str(DEFAULT_POLICY)])
     assert r.exit_code == 0, r.output
+
+
+def test_check_says_which_complexity_model_and_what_it_was_trained_on(write, tmp_path):
+    r = runner.invoke(policy_app, ["check", str(DEFAULT_POLICY)])
+    assert r.exit_code == 0, r.output
+    assert f"complexity model: {DEFAULT_MODEL_FILE} (the shipped default" in r.output
+    assert "trained on 10278 prompts from 6 sources" in r.output and "mmlu_dev 9261" in r.output
+    assert "license:" in r.output and "CC BY-NC 4.0" in r.output
+
+    d = json.loads(DEFAULT_MODEL_FILE.read_text())
+    d["meta"]["trained_on"] = {"sources": {"support": {"rows": 120}, "sales": {"rows": 80}},
+                               "files": [{"name": "ours.jsonl", "sha256": "ab" * 32, "rows": 200}],
+                               "license": "our own traffic"}
+    (tmp_path / "ours.json").write_text(json.dumps(d))
+    path = write("complexity_model: ours.json\n" + BASE)
+    r = runner.invoke(policy_app, ["check", str(path)])
+    assert r.exit_code == 0, r.output
+    assert f"complexity model: {tmp_path / 'ours.json'} (set by complexity_model" in r.output
+    assert "trained on 200 prompts from 2 sources: support 120, sales 80" in r.output
+    assert "ours.jsonl (sha256 abababababab)" in r.output and "license: our own traffic" in r.output
+    r = runner.invoke(policy_app, ["check", "--json", str(path)])
+    model = json.loads(r.output)["complexity_model"]
+    assert model["shipped"] is False and model["sources"] == {"support": 120, "sales": 80}
+    assert model["license"] == "our own traffic" and model["format"] == "tiergate-complexity/3"
 
 
 def test_check_invalid_lists_every_problem_and_exits_2(write):
@@ -75,6 +100,17 @@ def test_explain_json_and_headers(write):
     assert out["decision"]["rule"] == "complex" and out["decision"]["tier"] == "cloud"
     assert [t["outcome"] for t in out["rules"]] == ["no match", "matched", "not reached"]
     assert 0.0 <= out["complexity"]["score"] <= 1.0 and len(out["complexity"]["features"]) == len(FEATURES)
+    assert out["complexity"]["scored_by"] == "head" and 0.0 <= out["complexity"]["trust"] <= 1.0
+
+
+def test_explain_says_how_the_complexity_came_about(write):
+    r = runner.invoke(policy_app, ["explain", str(write(BASE)), "--prompt", "Compare two sorting algorithms."])
+    assert r.exit_code == 0, r.output
+    line = next(x for x in r.output.splitlines() if x.strip().startswith("complexity"))
+    assert "head z" in line and "length z" in line and "largest head terms" in line
+    far = runner.invoke(policy_app, ["explain", str(write(BASE)), "--prompt", "日本語の文章です。" * 40])
+    line = next(x for x in far.output.splitlines() if x.strip().startswith("complexity"))
+    assert "unlike the training prompts" in line and "scored by length alone" in line
 
 
 def test_explain_rejects_bad_priority(write):
@@ -114,6 +150,26 @@ def test_simulate_per_request_lines_and_totals(write, tmp_path):
     assert totals["requests"] == 9 and totals["decided"] == 4 and totals["errors"] == 5
     assert totals["tiers"] == {"cloud": {"count": 1, "share": 0.25}, "edge": {"count": 3, "share": 0.75}}
     assert totals["cache"]["eligible"] == 3 and totals["cache"]["exact_repeats"] == 1
+
+
+def test_simulate_reports_the_cloud_share_of_each_source(write, tmp_path):
+    traffic = tmp_path / "traffic.jsonl"
+    lines = [{"prompt": "hello", "source": "chat"}, {"prompt": "x " * 2500, "source": "batch"},
+             {"prompt": "hi there", "source": "chat"}, {"prompt": "no source here"},
+             {"prompt": "p", "source": "chat", "headers": {"x-tiergate-priority": "urgent"}}]
+    traffic.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    r = runner.invoke(policy_app, ["simulate", str(write(BASE)), str(traffic)])
+    assert r.exit_code == 0, r.output
+    rows = _json_lines(r.stdout)
+    assert rows[0]["source"] == "chat" and "source" not in rows[3]
+    sources = rows[-1]["totals"]["sources"]
+    assert sources["batch"] == {"decided": 1, "cloud_share": 1.0, "edge_share": 0.0, "rejected_share": 0.0}
+    assert sources["chat"]["decided"] == 2 and sources["(no source)"]["decided"] == 1
+    assert sources["chat"]["cloud_share"] + sources["chat"]["edge_share"] == 1.0
+    plain = tmp_path / "plain.jsonl"
+    plain.write_text(json.dumps({"prompt": "hello"}) + "\n")
+    r = runner.invoke(policy_app, ["simulate", str(write(BASE)), str(plain)])
+    assert "sources" not in _json_lines(r.stdout)[-1]["totals"]  # no labels, no per-source totals
 
 
 def test_classify_reads_stdin_in_order_with_per_line_errors():
@@ -166,7 +222,7 @@ CASCADE_POLICY = BASE.replace("  - name: default\n    tier: edge\n",
 
 def test_explain_and_simulate_show_a_cascade_and_estimate_what_it_keeps(write, tmp_path):
     policy = write(CASCADE_POLICY)
-    r = runner.invoke(policy_app, ["explain", str(policy), "--prompt", "What is 2+2?"])
+    r = runner.invoke(policy_app, ["explain", str(policy), "--prompt", "Hi, how are you?"])
     assert r.exit_code == 0, r.output
     assert "cascade: answer from edge first; keep it if mean log-probability >= -0.5 over the first 8 tokens, " \
            "else escalate to cloud" in r.output

@@ -300,6 +300,11 @@ class CacheOverride(_Model):
     threshold: float | None = Field(None, ge=0.0, le=1.0, description="minimum cosine similarity for a hit")
     ttl_s: int | None = Field(None, ge=0, description="seconds an answer stays in the cache")
     max_temperature: float | None = Field(None, ge=0.0, le=2.0)
+    max_false_hit_rate: float | None = Field(
+        None, gt=0.0, lt=1.0, description="error-bounded semantic hits: the largest share of wrong semantic hits "
+        "to allow (e.g. 0.05); `threshold` then no longer decides (docs/cache.md)")
+    verify_rate: float | None = Field(None, ge=0.0, le=1.0, description="with max_false_hit_rate: the share of "
+                                      "would-be semantic hits sent to the tier to check them")
 
 
 class TimeoutsOverride(_Model):

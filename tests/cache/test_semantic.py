@@ -144,9 +144,13 @@ class _BrokenStore:
     """A store whose every call fails, as a down Redis does."""
 
     in_process = False
+    kind = "broken"
 
     def __init__(self, index) -> None:
         self.index = index
+
+    def describe(self) -> dict:
+        return {"store": self.kind}
 
     async def start(self) -> None: ...
 
@@ -155,13 +159,16 @@ class _BrokenStore:
     def available(self) -> bool:
         return True
 
-    async def get_many(self, ids):
+    async def get_many(self, namespace, ids):
+        raise StoreUnavailable("down")
+
+    async def nearest(self, namespace, vector, k, min_sim):
         raise StoreUnavailable("down")
 
     async def put(self, entry, vector):
         raise RuntimeError("a bug")
 
-    async def delete(self, entry_id):
+    async def delete(self, entry_id, namespace=None):
         raise StoreUnavailable("down")
 
     delete_tenant = delete_all = delete
@@ -195,7 +202,7 @@ async def test_exact_only_cache_without_embedder() -> None:
 class _SlowStore(_BrokenStore):
     """A store that answers, but slower than the lookup may wait (Redis under a slow command)."""
 
-    async def get_many(self, ids):
+    async def get_many(self, namespace, ids):
         await asyncio.sleep(5)
         return [None for _ in ids]
 

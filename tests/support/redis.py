@@ -15,6 +15,7 @@ gives its `redis+cluster://` URL.
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import time
@@ -26,7 +27,7 @@ import pytest
 from tests.support.servers import free_port
 from tests.support.tools import require_tool
 
-__all__ = ["RedisCluster", "RedisServer", "redis7_server", "redis8_binary", "redis8_server", "redis_cluster",
+__all__ = ["RedisCluster", "RedisServer", "flushed", "redis7_server", "redis8_binary", "redis8_server", "redis_cluster",
            "redis_cluster_url", "redis_server", "redis_url"]
 
 
@@ -79,11 +80,24 @@ class RedisServer:
         self.stop()
         raise RuntimeError("redis-server did not answer PING within 15 s")
 
+    def pause(self) -> None:
+        """Freeze it (SIGSTOP): it keeps its port and accepts connections but answers nothing, like a hung
+        server, until `resume`. Returns once the kernel reports it stopped."""
+        assert self._proc is not None and self._proc.poll() is None
+        self._proc.send_signal(signal.SIGSTOP)
+        while _state(self._proc.pid) not in ("T", "t"):
+            time.sleep(0.005)
+
+    def resume(self) -> None:
+        if self._proc is not None and self._proc.poll() is None:
+            self._proc.send_signal(signal.SIGCONT)
+
     def stop(self) -> None:
         """Kill it (SIGKILL: like a crash; nothing is saved anyway)."""
         if self._proc is None:
             return
         if self._proc.poll() is None:
+            self._proc.send_signal(signal.SIGCONT)  # a paused server dies as well, but its state is clearer
             self._proc.kill()
             self._proc.wait(10)
         self._proc = None
@@ -95,6 +109,12 @@ class RedisServer:
                 return s.recv(16).startswith(b"+PONG")
         except OSError:
             return False
+
+
+def _state(pid: int) -> str:
+    """The process state letter from /proc (R, S, T...)."""
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0]
 
 
 class RedisCluster:
@@ -193,19 +213,31 @@ def redis8_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisSer
         server.stop()
 
 
-@pytest.fixture(scope="session", params=["redis7", "redis8"])
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """Every test whose fixtures include `redis_server` (or `redis_url`) runs against Redis 7 and Redis 8."""
+    if "redis_server" in metafunc.fixturenames:
+        metafunc.parametrize("redis_server", ["redis7", "redis8"], indirect=True, scope="session")
+
+
+@pytest.fixture(scope="session")
 def redis_server(request: pytest.FixtureRequest) -> RedisServer:
-    return request.getfixturevalue(f"{request.param}_server")
+    """Redis 7 or Redis 8 (see `pytest_generate_tests`); Redis 7 when asked for by name at run time."""
+    return request.getfixturevalue(f"{getattr(request, 'param', 'redis7')}_server")
 
 
-@pytest.fixture
-def redis_url(redis_server: RedisServer) -> str:
+def flushed(server: RedisServer) -> str:
+    """Make sure `server` runs, empty it, and give its URL."""
     import redis
 
-    redis_server.start()  # a previous test may have left it stopped
-    client = redis.Redis.from_url(redis_server.url)
+    server.start()  # a previous test may have left it stopped
+    client = redis.Redis.from_url(server.url)
     try:
         client.flushall()
     finally:
         client.close()
-    return redis_server.url
+    return server.url
+
+
+@pytest.fixture
+def redis_url(redis_server: RedisServer) -> str:
+    return flushed(redis_server)

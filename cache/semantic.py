@@ -73,6 +73,7 @@ class SemanticCache:
                                  judge or (EmbeddingJudge(batcher, self.settings.judge_threshold) if batcher else None),
                                  self.settings, self.metrics)
         self.errbound = self.verifier.errbound
+        self.shared = self.verifier.shared
         self._stash: OrderedDict[str, Vector] = OrderedDict()
         self._sweeper: asyncio.Task[None] | None = None
 

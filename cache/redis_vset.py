@@ -43,7 +43,7 @@ from cache.redis_codec import decode_entry, entry_fields, glob_escape
 from cache.redis_layout import FAILURES, Conn
 from cache.types import CacheEntry
 
-__all__ = ["VectorSetLayout"]
+__all__ = ["VectorSetLayout", "entry_key", "vset_key", "zset_key"]
 
 log = structlog.get_logger("tiergate.cache.redis")
 
@@ -111,14 +111,27 @@ return n
 """
 
 
+def vset_key(prefix: str, ns: str) -> str:
+    return f"{prefix}:vs:{{{ns}}}:v"
+
+
+def entry_key(prefix: str, ns: str, entry_id: str) -> str:
+    return f"{prefix}:vs:{{{ns}}}:e:{entry_id}"
+
+
+def zset_key(prefix: str) -> str:
+    return f"{prefix}:vs:z"
+
+
 class VectorSetLayout:
     kind = "redis-vectorset"
 
     def __init__(self, conn: Conn) -> None:
         self._c = conn
         s = conn.settings
+        self._prefix = s.prefix
         self._p = f"{s.prefix}:vs:"
-        self._zset = f"{self._p}z"
+        self._zset = zset_key(s.prefix)
         self._dim = conn.index.dim
         self._put_script = conn.r.register_script(_PUT)
         self._forget_script = conn.bg.register_script(_FORGET)
@@ -135,10 +148,10 @@ class VectorSetLayout:
 
     # -- keys --------------------------------------------------------------------------------------------
     def _vset(self, ns: str) -> str:
-        return f"{self._p}{{{ns}}}:v"
+        return vset_key(self._prefix, ns)
 
     def _hash(self, ns: str, entry_id: str) -> str:
-        return f"{self._p}{{{ns}}}:e:{entry_id}"
+        return entry_key(self._prefix, ns, entry_id)
 
     # -- request path -----------------------------------------------------------------------------------
     async def get_many(self, namespace: str, entry_ids: list[str]) -> list[CacheEntry | None]:

@@ -167,8 +167,10 @@ class VectorSetLayout:
         try:
             found = await self._c.r.execute_command("VSIM", self._vset(namespace), "FP32", blob, "WITHSCORES",
                                                     "COUNT", k, *self._vsim_opts)
-        except ResponseError as exc:  # another dimension (a new embedder), a key of another type
-            self._unusable_namespace(namespace, exc)
+        except ResponseError as exc:
+            if not _unusable(exc):
+                raise
+            self._unusable_namespace(namespace, exc)  # another dimension (a new embedder), a key of another type
             return []
         # VSIM's score is (1 + cosine) / 2 of the int8 vectors: approximate, re-scored exactly by the caller.
         cands = [(eid.decode(), 2.0 * float(score) - 1.0) for eid, score in _pairs(found)]
@@ -195,8 +197,10 @@ class VectorSetLayout:
             blob = np.asarray(vector, "<f4").tobytes()
             try:
                 await self._c.r.execute_command("VADD", self._vset(ns), "FP32", blob, eid, *self._vadd_opts)
-            except ResponseError as exc:  # the set holds another dimension: this entry stays exact-only
-                self._unusable_namespace(ns, exc)
+            except ResponseError as exc:
+                if not _unusable(exc):
+                    raise
+                self._unusable_namespace(ns, exc)  # the set holds another dimension: this entry stays exact-only
         return int(evicted)
 
     def _unusable_namespace(self, ns: str, exc: Exception) -> None:
@@ -288,6 +292,12 @@ class VectorSetLayout:
             self._entries = int(await bg.zcard(self._zset))
             self._c.metrics.entries.set(self._entries)
             await self._c.pause(self._c.settings.sweep_every_s)
+
+
+def _unusable(exc: ResponseError) -> bool:
+    """A vector set this gateway cannot use (not a failing server): another dimension, or not a vector set."""
+    text = str(exc).lower()
+    return "dimension" in text or "wrongtype" in text
 
 
 def _pairs(found: Any) -> list[tuple[bytes, float]]:

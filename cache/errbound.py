@@ -118,7 +118,8 @@ class ErrorBound:
         self._local: dict[str, np.ndarray] = {}  # this process's counts not yet added to the shared state
         self._cutoffs: dict[tuple[str, float], float] = {}
         self._bounds: dict[str, set[float]] = {}  # the δs asked for per tenant (for the gauges)
-        self._fresh: dict[str, int] = {}  # lookups counted per tenant since its cutoffs were last computed
+        self._fresh: dict[str, int] = {}
+        self._known: set[str] = set()  # tenants whose shared counts this process has read  # lookups counted per tenant since its cutoffs were last computed
         self._task: asyncio.Task[None] | None = None
 
     # -- lifecycle ---------------------------------------------------------------------------------------
@@ -137,6 +138,17 @@ class ErrorBound:
                 await self.sync()  # hand over what this process learnt
 
     # -- decisions ---------------------------------------------------------------------------------------
+    async def ensure(self, tenant: str) -> None:
+        """Read a tenant's shared counts the first time this process decides for it (then every sync), so a
+        gateway that just started uses the evidence the others gathered from its first request."""
+        if tenant in self._known:
+            return
+        got = await self.shared.counts([tenant])
+        self._known.add(tenant)
+        if tenant in got:
+            self._totals[tenant] = got[tenant]
+            self._changed(tenant)
+
     def cutoff(self, tenant: str, delta: float) -> float:
         key = (tenant, delta)
         c = self._cutoffs.get(key)
@@ -228,6 +240,7 @@ class ErrorBound:
             new = totals.get(t)
             if new is None:
                 continue
+            self._known.add(t)
             old = self._totals.get(t)
             if old is None or not np.array_equal(old, new):
                 self._totals[t] = new

@@ -165,7 +165,8 @@ class RedisShared:
                 return await pipe.execute()
 
         out: dict[str, np.ndarray] = {}
-        for tenant, row in zip(tenants, await self._s.admin(run), strict=True):
+        # The request path's timeout: a gateway reads a tenant's counts on its first bounded lookup (`ensure`).
+        for tenant, row in zip(tenants, await self._s.call(run), strict=True):
             if not row:
                 continue
             counts = np.zeros((_ROWS, len(EDGES) + 1), np.int64)

@@ -91,6 +91,7 @@ class Verifier:
                      hit: LookupResult) -> LookupResult:
         """The error bound's verdict about the best candidate that passed the guards, at cosine `sim`."""
         delta = float(rule.max_false_hit_rate)  # type: ignore[arg-type]
+        await self.errbound.ensure(key.tenant)
         own = None
         if sim >= self.errbound.cutoff(key.tenant, delta):  # only a would-be hit needs the entry's own threshold
             own = await self.shared.entry_threshold(e.id)

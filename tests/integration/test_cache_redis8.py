@@ -212,3 +212,42 @@ async def test_an_invalidation_on_redis_8_also_reaches_entries_of_the_stream_lay
 
 async def _status(cache, text: str, status: str) -> bool:
     return (await cache.check(chat(text), "acme", RULE)).status == status
+
+
+def test_seed_bound_lets_a_bounded_rule_serve_from_the_start(redis_url, onnx_embedder, tmp_path):
+    """`tiergate cache seed-bound`: labelled pairs become shared evidence; a gateway's bounded rule uses it."""
+    import asyncio
+    import json
+
+    from typer.testing import CliRunner
+
+    from cache.cli import cache_app
+
+    pairs = tmp_path / "pairs.jsonl"
+    with pairs.open("w") as f:
+        for i in range(400):
+            f.write(json.dumps({"a": f"How do I cook dish number {i}?", "b": f"How can I cook dish number {i}?",
+                                "duplicate": True}) + "\n")
+    res = CliRunner().invoke(cache_app, ["seed-bound", str(pairs), "--tenant", "acme", "--redis", redis_url])
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.stdout.strip().splitlines()[-1])
+    assert out["ok"] and out["seeded"] == 400 and out["cutoffs"]["0.1"] is not None
+
+    bounded = dataclasses.replace(RULE, max_false_hit_rate=0.10, verify_rate=0.0)
+
+    async def serve() -> tuple[str, str]:
+        metrics, _ = fresh_metrics()
+        cache = build_cache(redis_url, None, embedder=onnx_embedder, metrics=metrics, settings=SETTINGS)
+        await cache.start()
+        try:
+            await cache.errbound.sync()  # what every gateway does each second
+            await cache.store(chat(Q), "acme", bounded, answer("Diversify."))
+            await cache.store(chat(Q), "globex", bounded, answer("Diversify."))
+            return ((await cache.check(chat(PARA), "acme", bounded)).status,
+                    (await cache.check(chat(PARA), "globex", bounded)).status)
+        finally:
+            await cache.stop()
+
+    acme, globex = asyncio.run(serve())
+    assert acme == "hit-semantic"  # the seeded tenant: certified from the start
+    assert globex == "miss"  # another tenant: no evidence, no semantic hit yet

@@ -29,11 +29,6 @@ __all__ = ["HitRecord", "MemoryShared", "RedisShared", "SharedState", "request_k
 
 _ROWS = 3
 
-_ADD = """
-for i = 1, #ARGV, 2 do redis.call('HINCRBY', KEYS[1], ARGV[i], ARGV[i + 1]) end
-return 1
-"""
-
 _TAKE = """
 local r = redis.call('HGET', KEYS[1], 'r')
 if not r then return false end
@@ -137,7 +132,6 @@ class RedisShared:
         self._s = store
         p = store.settings.prefix
         self._p = p
-        self._add = store.bg.register_script(_ADD)
         self._raise = store.bg.register_script(_RAISE)
         self._take = store.bg.register_script(_TAKE)
 
@@ -147,12 +141,10 @@ class RedisShared:
     async def add_counts(self, deltas: dict[str, np.ndarray]) -> None:
         async def run() -> None:
             async with self._s.bg.pipeline(transaction=False) as pipe:
-                for tenant, d in deltas.items():
+                for tenant, d in deltas.items():  # plain commands: a Cluster pipeline cannot carry scripts
                     rows, cols = np.nonzero(d)
-                    args: list[object] = []
                     for r, c in zip(rows.tolist(), cols.tolist(), strict=True):
-                        args += [f"{r}:{c}", int(d[r, c])]
-                    await self._add(keys=[self._cells_key(tenant)], args=args, client=pipe)
+                        pipe.hincrby(self._cells_key(tenant), f"{r}:{c}", int(d[r, c]))
                 await pipe.execute()
 
         await self._s.admin(run)

@@ -251,3 +251,21 @@ def test_seed_bound_lets_a_bounded_rule_serve_from_the_start(redis_url, onnx_emb
     acme, globex = asyncio.run(serve())
     assert acme == "hit-semantic"  # the seeded tenant: certified from the start
     assert globex == "miss"  # another tenant: no evidence, no semantic hit yet
+
+
+async def test_error_bound_counts_are_shared_through_a_cluster_too(make_cache, redis_cluster_url):
+    import numpy as np
+
+    a, _ = await make_cache(redis_cluster_url)
+    b, _ = await make_cache(redis_cluster_url)
+    try:
+        sims = np.linspace(0.95, 0.999, 500)
+        a.errbound.seed("acme", sims, np.zeros(500, bool))
+        await a.errbound.sync()
+        await b.errbound.ensure("acme")
+        assert b.errbound.cutoff("acme", 0.10) == a.errbound.cutoff("acme", 0.10) <= 0.95
+        assert await a.shared.raise_entry_threshold("acme-x", 0.97) == 0.97
+        assert await b.shared.entry_threshold("acme-x") == 0.97
+    finally:
+        await a.stop()
+        await b.stop()

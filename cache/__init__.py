@@ -5,6 +5,8 @@
     result = await cache.check(req, tenant, decision.cache)      # hit + header status, never raises
     ...
     await cache.store(req, tenant, decision.cache, answer)       # after a complete answer, never raises
+    await cache.served(request_id, tenant, hit)                  # after a hit: it can be reported wrong later
+    await cache.feedback(tenant, request_id)                     # "that hit was wrong": invalidate, tighten
     await cache.invalidate(tenant="acme")                        # admin; raises StoreUnavailable if Redis is down
     await cache.stop()
 """
@@ -19,10 +21,12 @@ import structlog
 from cache.batcher import EmbeddingBatcher
 from cache.embedder import EmbedderError, OnnxEmbedder
 from cache.index import VectorIndex
+from cache.judge import HttpJudge, Judge
 from cache.metrics import CacheMetrics, default_metrics
 from cache.redis_store import RedisStore
-from cache.semantic import LookupResult, PairScore, SemanticCache
+from cache.semantic import Feedback, LookupResult, PairScore, SemanticCache
 from cache.settings import DEFAULT_GUARDS, DEFAULT_THRESHOLD, CacheSettings
+from cache.shared import RedisShared
 from cache.store import MemoryStore, StoreUnavailable
 from cache.types import CachedAnswer, CacheEntry, CacheHit, CacheStatus
 
@@ -36,6 +40,8 @@ __all__ = [
     "CacheStatus",
     "CachedAnswer",
     "EmbedderError",
+    "Feedback",
+    "HttpJudge",
     "LookupResult",
     "PairScore",
     "SemanticCache",
@@ -53,13 +59,15 @@ def build_cache(
     settings: CacheSettings | None = None,
     metrics: CacheMetrics | None = None,
     embedder: OnnxEmbedder | None = None,
+    judge: Judge | None = None,
 ) -> SemanticCache:
     """A cache on Redis (shared by replicas) or in process (redis_url None).
 
     `embedder_path` is the folder written by `tiergate cache export-embedder` (or a sentence-transformers
     folder / Hugging Face name with an ONNX model). None gives an exact-match-only cache; a path that cannot
     be loaded raises `EmbedderError` with what to do, so a misconfigured gateway fails at start-up, not later.
-    Pass `embedder` to share one loaded model between caches (tests, benchmarks).
+    Pass `embedder` to share one loaded model between caches (tests, benchmarks), and `judge` to compare answers
+    for error-bounded rules with something else than the embedder (`HttpJudge`: an operator's model).
     """
     settings = settings or CacheSettings()
     metrics = metrics or default_metrics()
@@ -74,6 +82,7 @@ def build_cache(
     index = VectorIndex(embedder.dim if embedder is not None else 384, hnsw_at=settings.hnsw_at)
     if redis_url:
         store = RedisStore(redis_url, index, settings, metrics)
-    else:
-        store = MemoryStore(index, max_entries=settings.max_entries)
-    return SemanticCache(store, batcher, settings=settings, metrics=metrics)
+        return SemanticCache(store, batcher, settings=settings, metrics=metrics, shared=RedisShared(store),
+                             judge=judge)
+    memory = MemoryStore(index, max_entries=settings.max_entries)
+    return SemanticCache(memory, batcher, settings=settings, metrics=metrics, judge=judge)

@@ -1,4 +1,4 @@
-"""`tiergate cache ...`: score question pairs, invalidate entries, export the embedder."""
+"""`tiergate cache ...`: score question pairs, invalidate entries, seed an error bound, export the embedder."""
 
 from __future__ import annotations
 
@@ -30,7 +30,8 @@ from policies.loader import DEFAULT_POLICY, load_policy
 __all__ = ["cache_app"]
 
 cache_app = typer.Typer(no_args_is_help=True, add_completion=False,
-                        help="Semantic cache tools: score pairs, invalidate, export the embedder.")
+                        help="Semantic cache tools: score pairs, invalidate, seed an error bound, export the "
+                             "embedder.")
 
 _CHUNK = 256  # pairs embedded together
 
@@ -197,3 +198,70 @@ def export_embedder_cmd(
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
     typer.echo(str(res.path))
+
+
+@cache_app.command("seed-bound")
+def seed_bound(
+    file: Annotated[Path, typer.Argument(help='JSON lines {"a": ..., "b": ..., "duplicate": true|false}: '
+                                              'labelled pairs of your own traffic.')],
+    tenant: Annotated[str, typer.Option(help="The tenant whose error bound they count for.")],
+    redis: Annotated[str | None, typer.Option(help="Redis URL (default: TIERGATE_REDIS_URL).")] = None,
+    embedder: Annotated[Path | None, typer.Option(help="ONNX embedder dir (default: TIERGATE_EMBEDDER or "
+                                                       ".tiergate/embedder).")] = None,
+) -> None:
+    """Count labelled pairs as evidence for a tenant's error-bounded hits (`max_false_hit_rate`): each pair the
+    guards let through is one lookup at its cosine, right when `duplicate`. A bounded rule then serves semantic
+    hits from the start, at the cutoff this evidence certifies (docs/cache.md)."""
+    from cache.errbound import FLOOR, ErrorBound  # start-up time: the other commands need none of it
+    from cache.shared import RedisShared  # start-up time, as above
+
+    url = redis or os.environ.get("TIERGATE_REDIS_URL")
+    if not url:
+        typer.echo("error: no Redis configured (--redis or TIERGATE_REDIS_URL): the evidence is shared there",
+                   err=True)
+        raise typer.Exit(2)
+    pairs, labels = [], []
+    with file.open(encoding="utf-8", errors="replace") as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+                pairs.append((str(obj["a"]), str(obj["b"])))
+                labels.append(bool(obj["duplicate"]))
+            except (ValueError, KeyError, TypeError):
+                typer.echo(f"error: {file}:{n}: expected {{\"a\": ..., \"b\": ..., \"duplicate\": true|false}}",
+                           err=True)
+                raise typer.Exit(2) from None
+
+    async def run() -> dict[str, Any]:
+        scorer = build_cache(None, _embedder_dir(embedder))
+        await scorer.start()
+        try:
+            scores = await scorer.score_many(pairs, CacheRule(threshold=FLOOR))
+        finally:
+            await scorer.stop()
+        keep = [i for i, s in enumerate(scores) if s.hit]  # at or above the floor, and no guard vetoes
+        metrics = CacheMetrics(CollectorRegistry())
+        settings = CacheSettings()
+        store = RedisStore(url, VectorIndex(384), settings, metrics)
+        await store.start_admin()
+        try:
+            bound = ErrorBound(RedisShared(store), settings, metrics)
+            bound.seed(tenant, [scores[i].similarity for i in keep], [not labels[i] for i in keep])
+            await bound.sync()
+            cutoffs = {f"{d:g}": bound.cutoff(tenant, d) for d in (0.02, 0.05, 0.10, 0.15, 0.20)}
+        finally:
+            await store.stop()
+        return {"ok": True, "tenant": tenant, "pairs": len(pairs), "seeded": len(keep),
+                "cutoffs": {d: (None if c == float("inf") else c) for d, c in cutoffs.items()}}
+
+    try:
+        result = asyncio.run(run())
+    except EmbedderError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
+    except StoreUnavailable as exc:
+        typer.echo(f"error: Redis at {url} is unavailable: {exc}", err=True)
+        raise typer.Exit(1) from None
+    typer.echo(json.dumps(result))

@@ -38,8 +38,25 @@ class CacheMetrics:
                                          buckets=(1, 2, 4, 8, 16, 32, 64), registry=r)
         self.lookup_seconds = Histogram(p + "lookup_seconds", "Whole lookup time, embedding included",
                                         ["result"], buckets=_LATENCY_BUCKETS, registry=r)
-        self.entries = Gauge(p + "entries", "Entries in this process's nearest-neighbour index", registry=r)
+        self.entries = Gauge(p + "entries", "Entries in this process's index (redis-vectorset: in Redis)", registry=r)
         self.redis_up = Gauge(p + "redis_up", "1 when the cache's Redis answered its last command", registry=r)
+        self.store_kind = Gauge(p + "store", "1 for the Redis layout serving (redis-vectorset, redis-stream)",
+                                ["store"], registry=r)
+        # Error-bounded hits (cache.errbound).
+        self.verifications = Counter(p + "verifications", "Labels for semantic candidates: source verify (a "
+                                     "sampled would-be hit sent to the tier), judge (a near miss), feedback "
+                                     "(reported by a client); result right or wrong", ["tenant", "source", "result"],
+                                     registry=r)
+        self.cutoff = Gauge(p + "semantic_cutoff", "Certified cosine cutoff per tenant and false-hit bound "
+                            "(+Inf: not enough evidence yet, no semantic hits)", ["tenant", "bound"], registry=r)
+        self.false_hit_rate = Gauge(p + "false_hit_rate", "Estimated false-hit rate of the semantic hits served "
+                                    "at the cutoff (point and 95% upper bound)", ["tenant", "bound", "estimate"],
+                                    registry=r)
+        self.semantic_threshold = Histogram(p + "semantic_threshold", "Threshold a bounded semantic candidate had "
+                                            "to reach (the cutoff, or its entry's own)",
+                                            buckets=(0.8, 0.85, 0.9, 0.92, 0.94, 0.95, 0.96, 0.97, 0.98, 0.99, 1.0),
+                                            registry=r)
+        self.feedback = Counter(p + "feedback", "POST /v1/cache/feedback calls by result", ["result"], registry=r)
         self._by_result: dict[str, tuple[Counter, Histogram]] = {}
 
     def looked_up(self, result: str, seconds: float) -> None:

@@ -12,13 +12,19 @@ The cache and the rate limiter both open Redis through `open_redis`. Their keys 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from redis.asyncio import Redis
 from redis.asyncio.cluster import ClusterNode, RedisCluster
+from redis.exceptions import NoPermissionError, ResponseError
 
-__all__ = ["AnyRedis", "is_cluster", "open_redis", "safe_url"]
+__all__ = ["VECTOR_SET_COMMANDS", "AnyRedis", "Capabilities", "is_cluster", "open_redis", "safe_url", "vector_sets"]
+
+# What the Redis 8 layout runs. They belong to no ACL category in Redis 8.2 (`+@read +@write` does not grant
+# them), so a restricted user needs each one by name.
+VECTOR_SET_COMMANDS = ("vadd", "vsim", "vrem", "vcard", "vdim", "vinfo")
 
 AnyRedis = Redis | RedisCluster
 
@@ -56,3 +62,39 @@ def safe_url(url: str) -> str:
         scheme, rest = url.split("://", 1) if "://" in url else ("redis", url)
         return f"{scheme}://***@{rest.rsplit('@', 1)[1]}"  # the last @: a password may hold one unencoded"
     return url
+
+
+@dataclass(frozen=True, slots=True)
+class Capabilities:
+    vector_sets: bool  # Redis 8's VADD/VSIM are there and this user may run them
+    note: str = ""  # why not (or a caveat), for the log and /readyz
+
+
+async def vector_sets(client: Redis, probe_key: str) -> Capabilities:
+    """Whether this server offers vector sets to this user.
+
+    `COMMAND LIST FILTERBY PATTERN` (Redis 7.0+, allowed to ordinary users) says whether the commands exist;
+    then a harmless `VCARD` of a key that does not exist says whether this user may run them. Neither
+    `MODULE LIST` (an admin command: denied to ordinary users) nor `COMMAND INFO` (redis-py 8.1's parser raises
+    TypeError on Redis 7's reply for an unknown command) is used.
+    """
+    grants = " ".join(f"+{c}" for c in VECTOR_SET_COMMANDS)
+    denied = Capabilities(False, f"this Redis user may not run the vector-set commands; grant them by name "
+                                 f"(ACL SETUSER <user> {grants}): no ACL category covers them")
+    try:
+        if not await client.command_list(pattern="VADD"):
+            return Capabilities(False, "this server has no vector sets (VADD): Redis 8 has them built in")
+    except ResponseError:
+        pass  # COMMAND LIST not allowed to this user: the probe below tells
+    try:
+        await client.execute_command("VCARD", probe_key)
+    except NoPermissionError:
+        return denied
+    except ResponseError as exc:
+        text = str(exc)
+        if "NOPERM" in text.upper() or "no permissions" in text:
+            return denied
+        if "unknown command" in text.lower():
+            return Capabilities(False, "this server has no vector sets (VADD): Redis 8 has them built in")
+        return Capabilities(False, f"VCARD failed: {text}")
+    return Capabilities(True)

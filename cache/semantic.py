@@ -1,11 +1,14 @@
-"""The semantic cache the gateway talks to: exact, then semantic lookup; store; invalidate.
+"""The semantic cache the gateway talks to: exact, then semantic lookup; store; invalidate; feedback.
 
 Lookup order for a cacheable request (see `cache.keys` for what is cacheable and how keys are made):
 1. exact: the entry whose id is the hash of (namespace, normalised text): one store read;
 2. semantic: embed the text (batched, off the event loop), take the nearest entries *in the same
-   namespace* from the in-process index, re-score them exactly with their stored vectors, and accept the
-   best one that reaches the rule's threshold, passes every guard (`cache.guards`) and whose answer fits
-   the request's token budget.
+   namespace* from the store (the in-process index, or Redis 8's VSIM), re-score them exactly with their
+   stored vectors, and take the best one that passes every guard (`cache.guards`) and whose answer fits the
+   request's token budget. It is a hit when it reaches the rule's threshold; or, for a rule with
+   `max_false_hit_rate`, when the error bound says so (`cache.errbound`: the cutoff the evidence certifies
+   for that bound, and the entry's own threshold), and then a sampled share of such would-be hits, and the
+   near misses, have their answers compared with the tier's (`cache.judge`) once the tier has answered.
 
 Nothing here raises on the request path: a down or slow store, a timeout or a bug becomes a bypass (the
 request goes upstream) and a metric. Invalidation is an admin operation and does raise
@@ -26,31 +29,27 @@ import numpy as np
 import structlog
 
 from cache.batcher import EmbeddingBatcher, Vector
+from cache.errbound import FLOOR
 from cache.guards import signature, veto
+from cache.judge import EmbeddingJudge, Judge
 from cache.keys import RequestKey, answer_fits, normalize_text, request_key, tenant_tag, uncacheable_reason
 from cache.metrics import CacheMetrics, default_metrics
 from cache.settings import CacheSettings
+from cache.shared import MemoryShared, SharedState
 from cache.store import Store, StoreUnavailable
-from cache.types import CachedAnswer, CacheEntry, CacheHit, CacheStatus
+from cache.types import CachedAnswer, CacheEntry, CacheHit
+from cache.verify import Feedback, LookupResult, Verifier
 
 if TYPE_CHECKING:
     from core.types import CacheRule
     from core.wire import ParsedRequest
 
-__all__ = ["LookupResult", "PairScore", "SemanticCache"]
+__all__ = ["Feedback", "LookupResult", "PairScore", "SemanticCache"]
 
 log = structlog.get_logger("tiergate.cache")
 
 _STORABLE_FINISH = ("stop", "length")
 _STASH = 4096  # recent lookup embeddings kept for the store() that follows a miss
-
-
-@dataclass(frozen=True, slots=True)
-class LookupResult:
-    hit: CacheHit | None
-    status: CacheStatus  # what the x-tiergate-cache header says
-    reason: str | None = None  # why it bypassed (not cacheable, store down, ...)
-    key: RequestKey | None = None  # hand it back to `store` so the request is not hashed twice
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,12 +61,19 @@ class PairScore:
 
 class SemanticCache:
     def __init__(self, store: Store, batcher: EmbeddingBatcher | None, *,
-                 settings: CacheSettings | None = None, metrics: CacheMetrics | None = None) -> None:
+                 settings: CacheSettings | None = None, metrics: CacheMetrics | None = None,
+                 shared: SharedState | None = None, judge: Judge | None = None) -> None:
         self.backend = store
         self.index = store.index
         self.batcher = batcher
         self.settings = settings or CacheSettings()
         self.metrics = metrics or default_metrics()
+        self.verifier = Verifier(store, shared or MemoryShared(self.settings.entry_memory_s,
+                                                               self.settings.feedback_ttl_s),
+                                 judge or (EmbeddingJudge(batcher, self.settings.judge_threshold) if batcher else None),
+                                 self.settings, self.metrics)
+        self.errbound = self.verifier.errbound
+        self.shared = self.verifier.shared
         self._stash: OrderedDict[str, Vector] = OrderedDict()
         self._sweeper: asyncio.Task[None] | None = None
 
@@ -76,7 +82,8 @@ class SemanticCache:
         if self.batcher is not None:
             await self.batcher.start()
         await self.backend.start()
-        if self._sweeper is None:
+        await self.verifier.start()
+        if self._sweeper is None:  # the in-process index's expiry (empty on Redis 8: nothing to do)
             self._sweeper = asyncio.create_task(self._sweep(), name="tiergate-cache-sweeper")
 
     async def stop(self) -> None:
@@ -85,6 +92,7 @@ class SemanticCache:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._sweeper
             self._sweeper = None
+        await self.verifier.stop()
         await self.backend.stop()
         if self.batcher is not None:
             await self.batcher.stop()
@@ -129,31 +137,45 @@ class SemanticCache:
                     key: RequestKey | None = None) -> bool:
         """Offer a complete answer; True when it was stored. Never raises.
 
-        `key` is the one `check` returned for this request (computed again when not given)."""
+        `key` is the one `check` returned for this request (computed again when not given). When the lookup
+        left a candidate to compare with (error-bounded rules: verify, judge), the comparison runs here too."""
+        stored = False
         try:
             reason = uncacheable_reason(req, rule)
-            if reason is None and (answer.finish_reason not in _STORABLE_FINISH or not answer.text):
+            complete = answer.finish_reason in _STORABLE_FINISH and bool(answer.text)
+            if reason is None and not complete:
                 reason = "incomplete"
             if reason is None and rule.ttl_s <= 0:
                 reason = "ttl"
-            if reason is not None:
-                self.metrics.stores.labels("skipped").inc()
-                return False
-            if not self.backend.available():
-                self.metrics.stores.labels("bypass").inc()
-                return False
             if key is None or key.tenant != tenant:
                 key = request_key(req, tenant)
-            async with asyncio.timeout(self.settings.lookup_timeout_s):
-                stored = await self._store(key, answer, rule)
-            self.metrics.stores.labels("stored" if stored else "skipped").inc()
-            return stored
+            if reason is not None:
+                self.metrics.stores.labels("skipped").inc()
+            elif not self.backend.available():
+                self.metrics.stores.labels("bypass").inc()
+            else:
+                async with asyncio.timeout(self.settings.lookup_timeout_s):
+                    stored = await self._store(key, answer, rule)
+                self.metrics.stores.labels("stored" if stored else "skipped").inc()
+            if complete:
+                await self.verifier.settle(key, answer)  # a verified or judged candidate: compare the answers
         except (StoreUnavailable, TimeoutError):
             self.metrics.stores.labels("bypass").inc()
         except Exception as exc:
             self.metrics.errors.labels("store").inc()
             log.exception("cache_store_error", error=repr(exc))
-        return False
+        return stored
+
+    async def served(self, request_id: str, tenant: str, hit: CacheHit) -> None:
+        """Remember which entry answered a request, for `feedback` (after the response; never raises)."""
+        await self.verifier.served(request_id, tenant, hit)
+
+    async def feedback(self, tenant: str, request_id: str) -> Feedback | None:
+        """A client reports that the answer to `request_id` (a cache hit it got) was wrong: see `Verifier.feedback`."""
+        result = await self.verifier.feedback(tenant, request_id)
+        if result is not None and not result.already_reported:
+            self._stash.clear()
+        return result
 
     # -- admin ----------------------------------------------------------------------------------------------
     async def invalidate(self, tenant: str | None = None, entry_id: str | None = None) -> int:
@@ -167,6 +189,7 @@ class SemanticCache:
         else:
             n, scope = await self.backend.delete_all(), "all"
         self._stash.clear()
+        self.verifier.forget()
         self.metrics.invalidations.labels(scope).inc(n)
         self.metrics.entries.set(len(self.index))
         log.info("cache_invalidated", scope=scope, entries=n)
@@ -205,10 +228,11 @@ class SemanticCache:
     async def _lookup(self, key: RequestKey, rule: CacheRule) -> LookupResult:
         if not self.backend.available():
             raise StoreUnavailable("store down")
-        (exact,) = await self.backend.get_many([key.entry_id])
+        (exact,) = await self.backend.get_many(key.namespace, [key.entry_id])
         if exact is not None and self._owned(exact, key) and exact.text == key.text and answer_fits(
                 exact.answer, exact.max_tokens, key.max_tokens):
-            return LookupResult(CacheHit(exact.answer, "hit-exact", 1.0, exact.id), "hit-exact", key=key)
+            return LookupResult(CacheHit(exact.answer, "hit-exact", 1.0, exact.id, exact.namespace), "hit-exact",
+                                key=key)
         miss = LookupResult(None, "miss", key=key)
         if not rule.semantic or self.batcher is None:
             return miss
@@ -223,26 +247,31 @@ class SemanticCache:
             self.metrics.semantic_skipped.labels("too_long").inc()
             return miss
         self._remember(key.entry_id, vec)
-        margin = 0.02  # HNSW similarities are int8 approximations: re-scored exactly below
-        cands = [(eid, s) for eid, s in self.index.search(key.namespace, vec.values, self.settings.candidates)
-                 if s >= rule.threshold - margin and eid != key.entry_id]
-        if not cands:
-            return miss
-        entries = await self.backend.get_many([eid for eid, _ in cands])
+        bounded = rule.max_false_hit_rate is not None
+        floor = FLOOR if bounded else rule.threshold
+        margin = 0.02  # approximate (int8) similarities from the index: re-scored exactly below
+        found = await self.backend.nearest(key.namespace, vec.values, self.settings.candidates, floor - margin)
         scored = []
-        for (_, approx), e in zip(cands, entries, strict=True):
-            if e is None or not self._owned(e, key):
+        for e, approx in found:
+            if e.id == key.entry_id or not self._owned(e, key):
                 continue
-            sim = approx
-            if len(e.embedding) == 4 * vec.values.shape[0]:
+            if e.embedding:
+                if len(e.embedding) != 4 * vec.values.shape[0]:
+                    continue  # another embedder's vector: not comparable, never a hit
                 sim = float(np.dot(np.frombuffer(e.embedding, "<f4"), vec.values))
+            else:
+                sim = approx
             scored.append((sim, e))
         scored.sort(key=lambda se: -se[0])
         for sim, e in scored:
-            reason = self._judge(sim, e.text, key.text, rule.threshold)
-            if reason is None and answer_fits(e.answer, e.max_tokens, key.max_tokens):
-                return LookupResult(CacheHit(e.answer, "hit-semantic", round(sim, 4), e.id), "hit-semantic",
-                                    key=key)
+            if self._judge(sim, e.text, key.text, floor) is not None or not answer_fits(
+                    e.answer, e.max_tokens, key.max_tokens):
+                continue
+            hit = LookupResult(CacheHit(e.answer, "hit-semantic", round(sim, 4), e.id, e.namespace), "hit-semantic",
+                               key=key)
+            if not bounded:
+                return hit
+            return await self.verifier.decide(key, e, sim, rule, hit)  # the best candidate the guards let through
         return miss
 
     def _judge(self, sim: float, stored: str, asked: str, threshold: float) -> str | None:

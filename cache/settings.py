@@ -20,6 +20,9 @@ DEFAULT_GUARDS: tuple[str, ...] = GUARDS  # all four: numbers, negation, keyword
 @dataclass(frozen=True, slots=True)
 class CacheSettings:
     prefix: str = "tiergate:cache"  # Redis key prefix: several deployments may share one Redis
+    # Which Redis layout (cache.redis_store): "auto" = vector sets when the server has them (Redis 8), else the
+    # stream layout (Redis 7); "vectorset" = vector sets or a bypassed cache; "stream" = the Redis 7 layout.
+    store: str = "auto"
     max_entries: int = 200_000  # across all tenants; the entries closest to expiry are evicted first
     cluster_shards: int = 16  # on a Redis Cluster: hash-tagged shards the entries spread over (see redis_store)
     guards: tuple[str, ...] = DEFAULT_GUARDS
@@ -36,4 +39,15 @@ class CacheSettings:
     embed_linger_ms: float = 0.0
     embed_max_batch: int = 32
     hnsw_at: int = 20_000  # a namespace with more entries than this gets an HNSW graph (usearch)
-    sweep_every_s: float = 5.0  # expired entries leave the in-process index at least this often
+    # Redis 8 vector sets (measured in docs/benchmarks.md): build effort 100 keeps recall@1 ~0.98 at 1M entries
+    # for half the insert CPU of Redis's default 200; search effort 100 answers in ~1 ms of server CPU at 1M.
+    vset_build_ef: int = 100
+    vset_search_ef: int = 100
+    vset_m: int = 16
+    sweep_every_s: float = 5.0  # expired entries leave the index (in process, or Redis 8's) at least this often
+    # Error-bounded hits (cache.errbound), for rules with `max_false_hit_rate`:
+    judge_band: float = 0.05  # misses this far (cosine) below the cutoff have their answer judged too
+    judge_threshold: float = 0.90  # the embedding judge: answers at least this similar are equivalent
+    errbound_sync_s: float = 1.0  # how often each gateway adds its counts to Redis and reads everyone's
+    entry_memory_s: float = 30 * 86_400  # how long an entry's own (raised) threshold is kept
+    feedback_ttl_s: float = 86_400  # how long after a hit `POST /v1/cache/feedback` can still report it

@@ -1,8 +1,10 @@
 """Where entries live, and the in-process store used when no Redis is configured.
 
-A store owns the entries *and* keeps a `VectorIndex` in step with them: the in-process store directly,
-the Redis store by following a change stream that every gateway process shares. Both evict the entries
-closest to expiry first when `max_entries` is exceeded (with one TTL for all, that is oldest first).
+A store owns the entries and answers nearest-neighbour searches over them, one namespace at a time. The
+in-process store and the Redis 7 ("stream") layout keep a `VectorIndex` in this process (the Redis 7 one kept
+in step by following a change stream every gateway shares); the Redis 8 ("vectorset") layout searches inside
+Redis (`VSIM`) and keeps nothing here. All of them evict the entries closest to expiry first when
+`max_entries` is exceeded (with one TTL for all, that is oldest first).
 """
 
 from __future__ import annotations
@@ -25,8 +27,17 @@ class StoreUnavailable(Exception):
 
 
 class Store(Protocol):
-    index: VectorIndex
+    index: VectorIndex  # this process's index (empty for a store that searches server-side)
     in_process: bool  # True when reads never wait on I/O (the lookup then needs no timeout)
+
+    @property
+    def kind(self) -> str:
+        """Which store serves: "memory", "redis-stream" (Redis 7 path) or "redis-vectorset" (Redis 8)."""
+        ...
+
+    def describe(self) -> dict[str, object]:
+        """What /readyz shows about the store: its kind, whether it is up, why it is not the expected one."""
+        ...
 
     async def start(self) -> None: ...
 
@@ -36,13 +47,21 @@ class Store(Protocol):
         """False while the store is known to be down (requests bypass without trying)."""
         ...
 
-    async def get_many(self, entry_ids: list[str]) -> list[CacheEntry | None]: ...
+    async def get_many(self, namespace: str, entry_ids: list[str]) -> list[CacheEntry | None]:
+        """The entries (of one namespace) with these ids; None for one that is gone, expired or unreadable."""
+        ...
+
+    async def nearest(self, namespace: str, vector: np.ndarray, k: int,
+                      min_sim: float) -> list[tuple[CacheEntry, float]]:
+        """Up to k live entries of the namespace nearest to `vector` whose approximate cosine is at least
+        `min_sim`, with that cosine, best first (the caller re-scores exactly with the entry's own vector)."""
+        ...
 
     async def put(self, entry: CacheEntry, vector: np.ndarray | None) -> int:
         """Store (replace) an entry; returns how many entries were evicted to make room."""
         ...
 
-    async def delete(self, entry_id: str) -> int: ...
+    async def delete(self, entry_id: str, namespace: str | None = None) -> int: ...
 
     async def delete_tenant(self, tenant: str) -> int: ...
 
@@ -53,6 +72,7 @@ class MemoryStore:
     """Entries in a dict; for a single gateway process (the embedded default)."""
 
     in_process = True
+    kind = "memory"
 
     def __init__(self, index: VectorIndex, *, max_entries: int) -> None:
         self.index = index
@@ -69,10 +89,19 @@ class MemoryStore:
     def available(self) -> bool:
         return True
 
+    def describe(self) -> dict[str, object]:
+        return {"store": self.kind, "up": True, "entries": len(self._entries)}
+
     def __len__(self) -> int:
         return len(self._entries)
 
-    async def get_many(self, entry_ids: list[str]) -> list[CacheEntry | None]:
+    async def nearest(self, namespace: str, vector: np.ndarray, k: int,
+                      min_sim: float) -> list[tuple[CacheEntry, float]]:
+        found = [(eid, s) for eid, s in self.index.search(namespace, vector, k) if s >= min_sim]
+        entries = await self.get_many(namespace, [eid for eid, _ in found])
+        return [(e, s) for (_, s), e in zip(found, entries, strict=True) if e is not None]
+
+    async def get_many(self, namespace: str, entry_ids: list[str]) -> list[CacheEntry | None]:
         now = time.time()
         out: list[CacheEntry | None] = []
         for eid in entry_ids:
@@ -102,7 +131,7 @@ class MemoryStore:
             heapq.heapify(self._order)
         return evicted
 
-    async def delete(self, entry_id: str) -> int:
+    async def delete(self, entry_id: str, namespace: str | None = None) -> int:
         return 1 if self._drop(entry_id) else 0
 
     async def delete_tenant(self, tenant: str) -> int:

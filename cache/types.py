@@ -33,6 +33,7 @@ class CacheHit(msgspec.Struct, frozen=True):
     kind: Literal["hit-exact", "hit-semantic"]
     similarity: float = 1.0
     entry_id: str = ""
+    namespace: str = ""
 
 
 class CacheEntry(msgspec.Struct, frozen=True):

@@ -57,6 +57,10 @@ class CacheRule:
     threshold: float = 0.94  # minimum cosine similarity for a semantic hit (guards apply on top)
     ttl_s: int = 3600
     max_temperature: float = 0.3  # requests sampled hotter than this are neither looked up nor stored
+    # Error-bounded semantic hits (cache.errbound): None = `threshold` decides; else the largest share of wrong
+    # semantic hits to allow, and the share of would-be hits sent to the tier to check them.
+    max_false_hit_rate: float | None = None
+    verify_rate: float = 0.03
 
 
 @dataclass(frozen=True, slots=True)

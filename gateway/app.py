@@ -4,6 +4,7 @@ Where each route's work lives:
 - `/v1/chat/completions`, `/v1/completions`: `gateway.pipeline.Completions` (the request path), answered
   through `gateway.relay.Relay`, accounted by `gateway.accounting.Accounting`;
 - `/v1/models`, `/healthz`, `/readyz`, `/metrics`, `/openapi.json`: here;
+- `/v1/cache/feedback`: `gateway.feedback.CacheFeedback`;
 - `/admin/...` and `/edge/v1/...`: `gateway.admin`; `/dashboard...`: `gateway.status`;
 - state and lifecycle: `gateway.lifecycle.Gateway`.
 """
@@ -28,6 +29,7 @@ from core.logs import configure_logging
 from core.tracing import TracingMiddleware
 from gateway.admin import AdminEndpoints, EdgeEndpoints
 from gateway.auth import KeyRing
+from gateway.feedback import CacheFeedback
 from gateway.lifecycle import Gateway
 from gateway.openapi import openapi_document
 from gateway.pipeline import Completions
@@ -50,6 +52,7 @@ def create_app(settings: Settings | None = None, *, keyring: KeyRing | None = No
     gw = Gateway(settings, keyring=keyring)
     completions = Completions(gw)
     admin, edge, status = AdminEndpoints(gw), EdgeEndpoints(gw), StatusPage(gw)
+    feedback = CacheFeedback(gw)
 
     async def chat(request: Request) -> Response:
         return await completions.handle(request, "chat")
@@ -75,6 +78,8 @@ def create_app(settings: Settings | None = None, *, keyring: KeyRing | None = No
 
     async def readyz(request: Request) -> Response:
         ok, detail = gw.ready()
+        if gw.cache is not None:  # informational: a cache that is down is bypassed, the gateway stays ready
+            detail["cache"] = gw.cache.backend.describe()
         return JSONResponse(detail, status_code=200 if ok else 503)
 
     async def metrics(request: Request) -> Response:
@@ -96,6 +101,7 @@ def create_app(settings: Settings | None = None, *, keyring: KeyRing | None = No
         Route("/v1/chat/completions", chat, methods=["POST"]),
         Route("/v1/completions", text, methods=["POST"]),
         Route("/v1/models", _guarded(models), methods=["GET"]),
+        Route("/v1/cache/feedback", _guarded(feedback.handle), methods=["POST"]),
         Route("/healthz", healthz, methods=["GET"]),
         Route("/readyz", readyz, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),

@@ -72,8 +72,8 @@ def answer_headers(ctx: RequestContext, outcome: Outcome, tier: str, overhead_s:
     """The headers of an answer: where it came from, the rule that sent it there, the gateway's own time."""
     h = {"x-request-id": ctx.request_id, "x-tiergate-tier": tier, "x-tiergate-cache": outcome.cache,
          "x-tiergate-rule": ctx.decision.rule}
-    if outcome.similarity is not None:
-        h["x-tiergate-similarity"] = f"{outcome.similarity:.4f}"
+    if outcome.similarity is not None:  # x-tiergate-similarity: the older name, kept for existing clients
+        h["x-tiergate-cache-similarity"] = h["x-tiergate-similarity"] = f"{outcome.similarity:.4f}"
     if outcome.cascade is not None:
         v = outcome.cascade
         h["x-tiergate-cascade"] = "kept" if v.keep else "escalated"

@@ -24,7 +24,7 @@ from redis.exceptions import RedisError
 
 from core.wire import ChatRequest
 from gateway.context import Outcome, RequestContext
-from policies.model import DistillConfig
+from policies.distill_config import DistillConfig
 
 if TYPE_CHECKING:
     from cache.redis_conn import AnyRedis

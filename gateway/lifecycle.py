@@ -19,7 +19,7 @@ from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector,
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
-from cache import CacheMetrics, SemanticCache, build_cache
+from cache import CacheMetrics, CacheSettings, HttpJudge, SemanticCache, build_cache
 from cache.redis_conn import AnyRedis, open_redis
 from cloud_pool.metrics import CloudMetrics
 from gateway.accounting import Accounting
@@ -78,8 +78,11 @@ class Gateway:
         self.policy_store.on_change(self._sync_tiers)
         await self._sync_tiers()
         if self.settings.cache:
-            self.cache = build_cache(self.settings.redis_url, self.settings.embedder,
-                                     metrics=CacheMetrics(self.registry))
+            s = self.settings
+            judge = HttpJudge(s.cache_judge_url, s.cache_judge_model or "auto", s.cache_judge_key) \
+                if s.cache_judge_url else None
+            self.cache = build_cache(s.redis_url, s.embedder, settings=CacheSettings(store=s.cache_store),
+                                     metrics=CacheMetrics(self.registry), judge=judge)
             await self.cache.start()
         with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
             asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, self._on_sighup)

@@ -120,7 +120,17 @@ _ANSWERS: dict[str, Schema] = {
     "ModelList": _obj(["object", "data"], object={"const": "list"}, data={"type": "array", "items": _obj(
         ["id", "object", "created", "owned_by"], id=_STR, object={"const": "model"}, created=_INT, owned_by=_STR)}),
     "Readiness": _obj(["ready", "draining", "policy", "tiers"], ready=_BOOL, draining=_BOOL, policy=_STR,
-                      tiers={"type": "object", "additionalProperties": _BOOL, "description": "Tier -> healthy."}),
+                      tiers={"type": "object", "additionalProperties": _BOOL, "description": "Tier -> healthy."},
+                      cache={"type": "object", "description": "The cache's store (informational: a cache that is "
+                             "down is bypassed): `store` memory, redis-vectorset (Redis 8) or redis-stream "
+                             "(Redis 7), `up`, and why not the one asked for (`note`, `problem`)."}),
+    "CacheFeedback": {**_obj(["request_id"], request_id={"type": "string", "minLength": 1, "maxLength": 256,
+                                                         "description": "The `x-request-id` of the answer."}),
+                      "description": "The cache answered this request wrongly."},
+    "CacheFeedbackResult": _obj(["ok", "request_id", "entry", "kind", "invalidated", "entry_threshold",
+                                 "already_reported"], ok={"const": True}, request_id=_STR, entry=_STR, kind=_STR,
+                                invalidated=_INT, entry_threshold={"type": ["number", "null"]},
+                                already_reported=_BOOL),
     "ReloadResult": _obj(["ok", "version", "error"], ok=_BOOL, version=_STR, error={"type": "null"}),
     "ReloadRejected": _obj(["ok", "version", "error"], ok=_BOOL, version=_STR,
                            error=_obj(["message", "type", "code", "param"], message=_STR, type=_STR,
@@ -146,7 +156,8 @@ _HEADERS = {
     "x-tiergate-rule": (True, "Name of the policy rule that routed the request."),
     "x-tiergate-overhead-ms": (True, "Time spent in the gateway itself, in milliseconds."),
     "x-tiergate-fallback-from": (False, "The tier the decision named first, when a fallback tier answered."),
-    "x-tiergate-similarity": (False, "Similarity of the cached request, on a semantic hit."),
+    "x-tiergate-cache-similarity": (False, "Cosine similarity of the cached request, on a semantic hit."),
+    "x-tiergate-similarity": (False, "The same as `x-tiergate-cache-similarity` (its older name)."),
     "x-tiergate-cascade": (False, "A cascade rule's outcome: kept (the first tier's answer) or escalated."),
     "x-tiergate-cascade-reason": (False, "Why: confident, low_mean_logprob, low_token_logprob, low_margin, length, "
                                          "empty, first_tier_failed or timeout."),
@@ -215,6 +226,19 @@ def _paths() -> dict[str, Schema]:
         "/v1/completions": _completion("CompletionRequest", "Create a text completion."),
         "/v1/models": {"get": _op("List models: `auto` and one per tier.", security=["apiKey"], responses={
             "200": _json("The models.", _ref("ModelList")), "401": _error("Missing or invalid API key.")})},
+        "/v1/cache/feedback": {"post": _op(
+            "Report that a cache hit's answer was wrong: its entry is invalidated and, for a semantic hit, no longer "
+            "served at that similarity. Only the tenant that got the answer can report it, within a day.",
+            security=["apiKey"], requestBody=_body(_ref("CacheFeedback")), responses={
+                "200": _json("Applied (or reported before: `already_reported`, nothing changed).",
+                             _ref("CacheFeedbackResult")),
+                "400": _error("Not `{\"request_id\": \"...\"}`."),
+                "401": _error("Missing or invalid API key."),
+                "404": _error("No cache hit with this request id for this key (`unknown_request_id`): unknown, "
+                              "expired, not a hit, or another tenant's. Nothing changed."),
+                "409": _error("The cache is disabled (`cache_disabled`)."),
+                "413": _TOO_LARGE,
+                "503": _error("The cache store is unreachable (`cache_unavailable`).")})},
         "/healthz": {"get": _op("Liveness.", {"200": _json("Alive.", _obj(["ok"], **ok))})},
         "/readyz": {"get": _op("Readiness: not draining, and a tier has a healthy backend.", {
             "200": _json("Ready.", _ref("Readiness")), "503": _json("Not ready.", _ref("Readiness"))})},

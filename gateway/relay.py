@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 import msgspec
 import structlog
-from starlette.background import BackgroundTask
+from starlette.background import BackgroundTask, BackgroundTasks
 from starlette.responses import Response, StreamingResponse
 
 from cache.types import CachedAnswer, CacheHit
@@ -48,8 +48,12 @@ class Relay:
     def cached(self, ctx: RequestContext, outcome: Outcome, hit: CacheHit) -> Response:
         overhead = time.perf_counter() - ctx.arrival.started
         headers = answer_headers(ctx, outcome, "cache", overhead)
-        # Accounting runs after the answer has gone out (a background task), so the client does not wait for it.
-        task = BackgroundTask(self._gw.accounting.answered, ctx, outcome, "cache", 200, overhead, elapsed=overhead)
+        # Accounting runs after the answer has gone out (a background task), so the client does not wait for it;
+        # so does the record of which entry answered (for POST /v1/cache/feedback).
+        task = BackgroundTasks()
+        task.add_task(self._gw.accounting.answered, ctx, outcome, "cache", 200, overhead, elapsed=overhead)
+        if self._gw.cache is not None:
+            task.add_task(self._gw.cache.served, ctx.request_id, ctx.tenant.id, hit)
         self._gw.metrics.tokens.labels("cache", "completion").inc(hit.answer.completion_tokens)
         if ctx.req.stream:
             include_usage = bool(ctx.req.stream_options and ctx.req.stream_options.include_usage)

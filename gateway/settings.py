@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -30,6 +31,10 @@ class Settings(BaseSettings):
     embedder: Path | None = None  # ONNX embedder dir; None disables the semantic half of the cache
     distill_file: Path = Field(default_factory=lambda: tiergate_home() / "distill.jsonl")  # records without Redis
     cache: bool = True
+    cache_store: Literal["auto", "vectorset", "stream"] = "auto"  # Redis layout: auto (vector sets on Redis 8, else stream) | vectorset | stream
+    cache_judge_url: str | None = None  # error-bounded rules: an OpenAI-compatible model judging answers
+    cache_judge_model: str | None = None  # (default judge: the cache's embedder); see docs/cache.md
+    cache_judge_key: str | None = None
     max_body_bytes: int = 1 << 20
     max_prompt_chars: int = 400_000
     log_format: str = "json"  # json | console
@@ -38,7 +43,8 @@ class Settings(BaseSettings):
     graceful_shutdown_s: float = 30.0  # how long in-flight streams may run on after SIGTERM
     drain_delay_s: float = 2.0  # after SIGTERM: /readyz says 503 this long (load balancers notice) before the listener closes
 
-    @field_validator("redis_url", "api_keys_file", "api_keys", "admin_key", "edge_token", "embedder", mode="before")
+    @field_validator("redis_url", "api_keys_file", "api_keys", "admin_key", "edge_token", "embedder",
+                     "cache_judge_url", "cache_judge_model", "cache_judge_key", mode="before")
     @classmethod
     def _empty_is_unset(cls, v: object) -> object:
         """`TIERGATE_EMBEDDER=` (empty) means "not set", not the current directory."""

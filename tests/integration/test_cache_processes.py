@@ -1,4 +1,5 @@
-"""Two OS processes sharing one Redis cache: what one stores, the other hits (exact and semantic)."""
+"""Two OS processes sharing one Redis cache (Redis 7 and Redis 8): what one stores, the other hits (exact and
+semantic)."""
 
 from __future__ import annotations
 
@@ -43,9 +44,15 @@ async def test_an_entry_stored_by_another_process_is_hit_here(redis_url, embedde
         assert child.returncode == 0 and child.stdout.strip().splitlines()[-1] == "stored", child.stderr[-2000:]
         exact = await here.check(chat("How do I invest my money wisely?"), "acme", RULE)
         assert exact.status == "hit-exact" and exact.hit.answer.text == "From the child."
-        await eventually(lambda: exact.hit.entry_id in here.index, "the stream to bring the child's entry")
+        # Redis 8: VSIM finds it at once; Redis 7: once this process's index has followed the stream.
+        await eventually(lambda: _status(here, "How can I invest my money wisely?", "hit-semantic"),
+                         "a semantic hit on the child's entry")
         para = await here.check(chat("How can I invest my money wisely?"), "acme", RULE)
-        assert para.status == "hit-semantic" and para.hit.answer.text == "From the child."
+        assert para.hit.answer.text == "From the child."
         assert (await here.check(chat("How can I invest my money wisely?"), "other", RULE)).status == "miss"
     finally:
         await here.stop()
+
+
+async def _status(cache, text: str, status: str) -> bool:
+    return (await cache.check(chat(text), "acme", RULE)).status == status

@@ -195,10 +195,20 @@ async def test_rate_limits_are_shared_through_the_cluster(redis_cluster_url):
 
 
 
+async def _caught_up(cache: SemanticCache) -> bool:
+    """The cache's follower has applied every event in every shard's stream (all that was written so far)."""
+    layout = cache.backend.layout
+    for i, shard in enumerate(layout._shards):
+        last = await cache.backend.bg.xrevrange(shard.stream, count=1)
+        if last and layout._last_event[i] != last[0][0]:
+            return False
+    return True
+
+
 def _question_in_shard(cache: SemanticCache, shard: int, tenant: str = "acme") -> str:
     for n in range(1000):
         q = f"What is item number {n} made of?"
-        if cache.backend._shard_index(request_key(chat(q), tenant).entry_id) == shard:
+        if cache.backend.layout._shard_index(request_key(chat(q), tenant).entry_id) == shard:
             return q
     raise AssertionError(f"no question lands in shard {shard}")
 
@@ -219,7 +229,7 @@ async def test_what_is_stored_right_after_an_invalidation_stays_in_every_index(m
         assert await a.store(chat(q), "acme", RULE, answer("new"))
         eid = request_key(chat(q), "acme").entry_id
         await eventually(lambda: eid in b.index and len(b.index) == 1, "b to drop the old and add the new")
-        await asyncio.sleep(1.0)  # ten polls of every shard's stream
+        await eventually(lambda: _caught_up(b), "b to have read every shard's stream to its end")
         assert eid in a.index and eid in b.index and len(a.index) == len(b.index) == 1
     finally:
         await stop_all(a, b)

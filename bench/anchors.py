@@ -1,11 +1,11 @@
 """The baselines the benchmarks compare with, built or installed once from registry packages at bench/versions.py's pins.
 
-    .venv/bin/python -m bench.anchors [llama-server] [vllm-router] [litellm]    (default: all three)
+    .venv/bin/python -m bench.anchors [llama-server] [llama-cpp-server] [vllm-router] [litellm]   (default: all)
 
 - `llama-server`: llama.cpp's C++ server, compiled from the llama.cpp sources vendored in the llama-cpp-python
   source package (PyPI; pip's cache makes a second download free) with the Python build's flags, cached under
   `tiergate_home()/anchors/` like the wheel pip caches: ~10-20 min on 2 cores the first time, then nothing.
-- `vllm-router`, `litellm`: their own virtualenvs beside the product's (their dependencies clash with ours),
+- `llama-cpp-server` (llama-cpp-python's own server), `vllm-router`, `litellm`: their own virtualenvs beside the product's (their dependencies clash with ours),
   each recording the requirement it was made with, so a later pin change reinstalls instead of silently reusing.
 """
 
@@ -25,7 +25,8 @@ from pathlib import Path
 from bench import versions
 from core.paths import tiergate_home
 
-__all__ = ["ensure_litellm", "ensure_llama_server", "ensure_venv", "ensure_vllm_router", "llama_server_path"]
+__all__ = ["ensure_litellm", "ensure_llama_cpp_server", "ensure_llama_server", "ensure_venv", "ensure_vllm_router",
+           "llama_server_path"]
 
 REPO = Path(__file__).resolve().parent.parent
 _PIN_FILE = "tiergate-pin.txt"
@@ -70,7 +71,7 @@ def ensure_llama_server(log=print) -> Path:
     return binary
 
 
-def ensure_venv(name: str, requirement: str, log=print) -> Path:
+def ensure_venv(name: str, requirement: str, log=print, env: dict[str, str] | None = None) -> Path:
     """`REPO/name` with `requirement` installed; reinstalled when the recorded requirement differs. Returns bin/."""
     venv = REPO / name
     pin = venv / _PIN_FILE
@@ -80,7 +81,7 @@ def ensure_venv(name: str, requirement: str, log=print) -> Path:
     if not (venv / "bin" / "python").exists():
         subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "--disable-pip-version-check",
-                    requirement], check=True)
+                    requirement], check=True, env=os.environ | (env or {}))
     pin.write_text(requirement + "\n")
     return venv / "bin"
 
@@ -90,16 +91,26 @@ def ensure_litellm(log=print) -> Path:
     return ensure_venv(versions.LITELLM_VENV, f"litellm[proxy]=={versions.LITELLM}", log)
 
 
+def ensure_llama_cpp_server(log=print) -> Path:
+    """bin/ of a virtualenv with llama-cpp-python's server: the same version (and wheel) as the product's."""
+    return ensure_venv(versions.LLAMA_CPP_SERVER_VENV, f"llama-cpp-python[server]=={versions.LLAMA_CPP_PYTHON}", log,
+                       env={"CMAKE_ARGS": versions.LLAMA_CPP_PYTHON_CMAKE_ARGS})
+
+
 def ensure_vllm_router(log=print) -> Path:
     return ensure_venv(versions.VLLM_ROUTER_VENV, f"vllm-router=={versions.VLLM_ROUTER}", log)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("which", nargs="*", choices=["llama-server", "vllm-router", "litellm"],
-                    default=["llama-server", "vllm-router", "litellm"])
-    for which in ap.parse_args().which:
-        {"llama-server": ensure_llama_server, "vllm-router": ensure_vllm_router, "litellm": ensure_litellm}[which]()
+    todo = {"llama-server": ensure_llama_server, "llama-cpp-server": ensure_llama_cpp_server,
+            "vllm-router": ensure_vllm_router, "litellm": ensure_litellm}
+    ap.add_argument("which", nargs="*", help=f"any of {', '.join(todo)} (default: all)")
+    args = ap.parse_args()
+    if bad := [w for w in args.which if w not in todo]:
+        ap.error(f"unknown: {', '.join(bad)}")
+    for which in args.which or todo:
+        todo[which]()
 
 
 if __name__ == "__main__":

@@ -7,7 +7,8 @@ installed by `python -m bench.anchors` (see bench/anchors.py), from a registry p
 
 from __future__ import annotations
 
-__all__ = ["LITELLM", "LITELLM_VENV", "LLAMA_CPP_PYTHON", "LLAMA_SERVER_CMAKE_ARGS", "VLLM_ROUTER", "VLLM_ROUTER_VENV"]
+__all__ = ["LITELLM", "LITELLM_VENV", "LLAMA_CPP_PYTHON", "LLAMA_CPP_PYTHON_CMAKE_ARGS", "LLAMA_CPP_SERVER_VENV",
+           "LLAMA_SERVER_CMAKE_ARGS", "VLLM_ROUTER", "VLLM_ROUTER_VENV"]
 
 # llama.cpp's own C++ server is built from the llama.cpp sources vendored in this llama-cpp-python source package,
 # the same version the edge node runs (pyproject.toml pins it), so both sides of bench/edge share one llama.cpp.
@@ -28,6 +29,12 @@ LLAMA_SERVER_CMAKE_ARGS = (
     "-DLLAMA_BUILD_TESTS=OFF",
     "-DLLAMA_BUILD_EXAMPLES=OFF",
 )
+
+# llama-cpp-python's own server (`python -m llama_cpp.server`) in a virtualenv of its own: its extras (FastAPI,
+# sse-starlette, ...) are not the product's. Same version, so pip reuses the wheel it built for the product.
+LLAMA_CPP_SERVER_VENV = ".venv-llama-cpp-server"
+# What scripts/setup.sh builds llama-cpp-python with, for a machine where pip has no wheel cached yet.
+LLAMA_CPP_PYTHON_CMAKE_ARGS = "-DLLAVA_BUILD=OFF -DGGML_NATIVE=OFF"
 
 # The vLLM project's Rust router (cache-aware policy), a manylinux wheel with a Python launcher.
 VLLM_ROUTER = "0.1.17"

@@ -3,8 +3,9 @@
 Closed loop: `concurrency` clients send streaming chat requests back to back through the front end. Before the
 row every server's prefix cache is emptied (`POST /reset_prefix_cache`, vLLM's dev mode), so every row starts
 cold. Measured: the prefix-cache hit rate from vLLM's own counters (hit tokens / queried tokens over all servers),
-each server's share of requests (`vllm:request_success_total`), its load over time (requests running + waiting,
-read from /metrics every 0.2 s: time-averaged, so max/mean says how evenly work was spread), time to the first
+each server's share of requests (`vllm:request_success_total`), its time-averaged load (requests in flight,
+by Little's law: the growth of `vllm:e2e_request_latency_seconds_sum`, the seconds its requests spent in it, over
+the row's wall time; vLLM's running/waiting gauges, sampled, missed most of a short row), time to the first
 content token, completion tokens from usage, and failed requests (an error status, a broken stream, no content).
 """
 
@@ -23,9 +24,8 @@ __all__ = ["run_row"]
 
 
 def _read(text: str) -> dict[str, float]:
-    want = {"vllm:num_requests_running": "running", "vllm:num_requests_waiting": "waiting",
-            "vllm:prefix_cache_queries_total": "queries", "vllm:prefix_cache_hits_total": "hits",
-            "vllm:request_success_total": "done"}
+    want = {"vllm:prefix_cache_queries_total": "queries", "vllm:prefix_cache_hits_total": "hits",
+            "vllm:request_success_total": "done", "vllm:e2e_request_latency_seconds_sum": "busy_s"}
     out = dict.fromkeys(want.values(), 0.0)
     for fam in text_string_to_metric_families(text):
         for s in fam.samples:
@@ -72,16 +72,6 @@ async def _row(front: str, model: str, servers: list[str], workload: list[tuple[
                 if r.status != 200:
                     raise RuntimeError(f"{url}/reset_prefix_cache answered {r.status}: VLLM_SERVER_DEV_MODE=1?")
         before = [await _metrics(session, u) for u in servers]
-        loads: list[list[float]] = [[] for _ in servers]
-        done = asyncio.Event()
-
-        async def sample() -> None:
-            while not done.is_set():
-                for i, u in enumerate(servers):
-                    m = await _metrics(session, u)
-                    loads[i].append(m["running"] + m["waiting"])
-                await asyncio.sleep(0.2)
-
         queue = list(workload)
         results: list[dict] = []
 
@@ -93,15 +83,12 @@ async def _row(front: str, model: str, servers: list[str], workload: list[tuple[
                         "messages": [{"role": "system", "content": system}, {"role": "user", "content": user}]}
                 results.append(await _one(session, front, body))
 
-        sampler = asyncio.create_task(sample())
         t0 = time.perf_counter()
         await asyncio.gather(*(client() for _ in range(concurrency)))
         elapsed = time.perf_counter() - t0
-        done.set()
-        await sampler
         after = [await _metrics(session, u) for u in servers]
-    per = [{k: a[k] - b[k] for k in ("queries", "hits", "done")} | {"mean_load": sum(ls) / len(ls) if ls else 0.0}
-           for a, b, ls in zip(after, before, loads, strict=True)]
+    per = [{k: a[k] - b[k] for k in ("queries", "hits", "done")} | {"mean_load": (a["busy_s"] - b["busy_s"]) / elapsed}
+           for a, b in zip(after, before, strict=True)]
     return {"elapsed_s": elapsed, "requests": results, "servers": per}
 
 

@@ -36,8 +36,8 @@ def render(report: dict, out: Path) -> str:
         f"clients, {a['requests']} requests per row and round, {a['rounds']} rounds (rows in rotating order), "
         "every row from cold prefix caches; system prompts of ~200 tokens, a user turn of 8-15 words, 16 output "
         "tokens, greedy. Hit rate: vLLM's own counters (prefix-cache hit tokens / queried tokens, all servers). "
-        "Load: requests running + waiting per server, read from /metrics every 0.2 s, time-averaged; max/mean "
-        "over the servers. Requests: each server's share of finished requests. Rows: "
+        "Load: requests in flight per server, time-averaged (Little's law on vLLM's end-to-end latency sum); "
+        "max/mean over the servers. Requests: each server's share of finished requests. Rows: "
         + "; ".join(f"**{r}**: {ROWS[r].detail}" for r in a["rows"]) + ".", "",
         machine_line(report["machine_before"], report["machine_after"]), ""]
     for pool in report["pools"]:

@@ -8,7 +8,7 @@ installed by `python -m bench.anchors` (see bench/anchors.py), from a registry p
 from __future__ import annotations
 
 __all__ = ["LITELLM", "LITELLM_VENV", "LLAMA_CPP_PYTHON", "LLAMA_CPP_PYTHON_CMAKE_ARGS", "LLAMA_CPP_SERVER_VENV",
-           "LLAMA_SERVER_CMAKE_ARGS", "VLLM_ROUTER", "VLLM_ROUTER_VENV"]
+           "LLAMA_SERVER_CMAKE_ARGS", "PY_SPY", "TOOLS_VENV", "VLLM_ROUTER", "VLLM_ROUTER_VENV"]
 
 # llama.cpp's own C++ server is built from the llama.cpp sources vendored in this llama-cpp-python source package,
 # the same version the edge node runs (pyproject.toml pins it), so both sides of bench/edge share one llama.cpp.
@@ -39,6 +39,10 @@ LLAMA_CPP_PYTHON_CMAKE_ARGS = "-DLLAVA_BUILD=OFF -DGGML_NATIVE=OFF"
 # The vLLM project's Rust router (cache-aware policy), a manylinux wheel with a Python launcher.
 VLLM_ROUTER = "0.1.17"
 VLLM_ROUTER_VENV = ".venv-vllm-router"
+
+# py-spy, the sampling profiler bench/edge/profile.py uses (a tool, not a baseline; its own virtualenv too).
+PY_SPY = "0.4.3"
+TOOLS_VENV = ".venv-bench-tools"
 
 # LiteLLM: the proxy for bench/overhead and the complexity router for bench/router share this one virtualenv.
 LITELLM = "1.106.2"

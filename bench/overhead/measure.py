@@ -58,7 +58,7 @@ def max_rate(t: Target, duration: int, conns: int, tmp: Path) -> None:
         w = _wrk(url, t.model, stream, duration, conns, tmp)
         cpu = tree_cpu_seconds(t.server.pid) - cpu0 if t.server else None
         t.results[mode] = {"max_rps": w["rps"], "non2xx": w["non2xx"],
-                           "cpu_ms_per_req": cpu / w["requests"] * 1000 if cpu is not None else None}
+                           "cpu_ms_per_req": cpu / w["requests"] * 1000 if cpu is not None and w["requests"] else None}
         print(f"  {t.name:18s} {mode}: {w['rps']:8.0f} req/s max"
               + (f", {t.results[mode]['cpu_ms_per_req']:.3f} ms CPU/req" if cpu is not None else ""), file=sys.stderr)
 

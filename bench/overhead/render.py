@@ -12,6 +12,15 @@ __all__ = ["render"]
 MODES = ("json", "sse")
 
 
+def _r(a: float | None, b: float | None) -> float:
+    """a / b, nan when either is missing (a target that answered nothing in a phase)."""
+    return a / b if a is not None and b else float("nan")
+
+
+def _c(x: float | None) -> float:
+    return float("nan") if x is None else x
+
+
 def _added(t: dict, d: dict, mode: str, phase: str) -> tuple[str, str]:
     """Added p50 over direct (pooled), and per round: median (min..max)."""
     m, dm = t[mode].get(phase), d[mode].get(phase)
@@ -78,23 +87,24 @@ def render(report: dict, out: Path) -> str:
     facts = []
     if "litellm" in by and "tiergate" in by:
         facts.append("tiergate / LiteLLM max req/s: " + ", ".join(
-            f"{by['tiergate'][m]['max_rps'] / by['litellm'][m]['max_rps']:.1f}x ({m})" for m in MODES)
+            f"{_r(by['tiergate'][m]['max_rps'], by['litellm'][m]['max_rps']):.1f}x ({m})" for m in MODES)
             + "; CPU per request: " + ", ".join(
-            f"{by['litellm'][m]['cpu_ms_per_req'] / by['tiergate'][m]['cpu_ms_per_req']:.0f}x less ({m})" for m in MODES))
+            f"{_r(by['litellm'][m]['cpu_ms_per_req'], by['tiergate'][m]['cpu_ms_per_req']):.0f}x less ({m})"
+            for m in MODES))
     if "tiergate-2w" in by and "tiergate" in by:
         facts.append("2 workers / 1: " + ", ".join(
-            f"{by['tiergate-2w'][m]['max_rps'] / by['tiergate'][m]['max_rps']:.2f}x req/s at "
-            f"{by['tiergate-2w'][m]['cpu_ms_per_req']:.3f} vs {by['tiergate'][m]['cpu_ms_per_req']:.3f} ms CPU ({m})"
+            f"{_r(by['tiergate-2w'][m]['max_rps'], by['tiergate'][m]['max_rps']):.2f}x req/s at "
+            f"{_c(by['tiergate-2w'][m]['cpu_ms_per_req']):.3f} vs {_c(by['tiergate'][m]['cpu_ms_per_req']):.3f} ms CPU ({m})"
             for m in MODES))
     if "tiergate+semantic" in by and "tiergate" in by:
         facts.append("semantic cache on, miss path: " + ", ".join(
-            f"{by['tiergate+semantic'][m]['cpu_ms_per_req'] - by['tiergate'][m]['cpu_ms_per_req']:+.3f} ms CPU per "
-            f"request, {by['tiergate+semantic'][m]['max_rps'] / by['tiergate'][m]['max_rps']:.2f}x the req/s ({m})"
+            f"{_c(by['tiergate+semantic'][m]['cpu_ms_per_req']) - _c(by['tiergate'][m]['cpu_ms_per_req']):+.3f} ms CPU "
+            f"per request, {_r(by['tiergate+semantic'][m]['max_rps'], by['tiergate'][m]['max_rps']):.2f}x the req/s ({m})"
             for m in MODES))
     for name, t in by.items():
         if name.startswith("tiergate@"):
             facts.append(f"{name} ({t['note']}) vs tiergate: CPU per request " + ", ".join(
-                f"{t[m]['cpu_ms_per_req']:.3f} vs {by['tiergate'][m]['cpu_ms_per_req']:.3f} ms "
-                f"({(by['tiergate'][m]['cpu_ms_per_req'] / t[m]['cpu_ms_per_req'] - 1):+.1%}, {m})" for m in MODES))
+                f"{_c(t[m]['cpu_ms_per_req']):.3f} (then) vs {_c(by['tiergate'][m]['cpu_ms_per_req']):.3f} ms (now), "
+                f"{_r(by['tiergate'][m]['cpu_ms_per_req'], t[m]['cpu_ms_per_req']) - 1:+.1%} ({m})" for m in MODES))
     lines += [""] + [f"- {f}" for f in facts] + ["", f"Upstream peak RSS {report['upstream_peak_rss_mib']:.0f} MiB."]
     return "\n".join(lines) + "\n"

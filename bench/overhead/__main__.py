@@ -6,7 +6,8 @@
 
 One run starts an instant OpenAI-compatible upstream and every target (bench/overhead/targets.py) at once, then
 for each mode (JSON, SSE), see bench/overhead/measure.py:
-1. the maximum requests/s at concurrency 16 (wrk) and each target's CPU per request (its whole process tree);
+1. the maximum requests/s at concurrency 16 (wrk) and each target's CPU per request (its whole process tree),
+   `--repeats` passes over all targets in rotating order, the median reported;
 2. the latency at `--rate` (200 requests/s), open loop, targets interleaved round by round; only targets whose
    maximum is at least twice that rate take part (LiteLLM's is not: at 200/s it would measure its queue);
 3. the latency at LiteLLM's sustainable rate, half its measured maximum, for every target, LiteLLM included,
@@ -82,6 +83,7 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, default=16)
     ap.add_argument("--rate", type=float, default=200)
     ap.add_argument("--rounds", type=int, default=8, help="interleaved open-loop rounds (latency)")
+    ap.add_argument("--repeats", type=int, default=3, help="passes of the max-rate phase (median reported)")
     ap.add_argument("--variants", default="semantic,2w", help="extra tiergate targets: semantic, 2w (empty: none)")
     ap.add_argument("--baseline-tree", default=None, help="also run tiergate from this checkout (e.g. a worktree "
                     "of the commit before a change)")
@@ -131,8 +133,7 @@ def run(args) -> dict:
             if t.server:
                 t.server.start(timeout_s=300)
         print("max rate (wrk, closed loop):", file=sys.stderr)
-        for t in targets:
-            max_rate(t, args.duration, args.concurrency, tmp)
+        max_rate(targets, args.duration, args.concurrency, args.repeats, tmp)
         modes = ("json", "sse")
         able = [t for t in targets if all(t.results[m]["max_rps"] >= 2 * args.rate for m in modes)]
         print(f"latency at {args.rate:g} req/s ({', '.join(t.name for t in able)}):", file=sys.stderr)

@@ -48,19 +48,34 @@ def _wrk(url: str, model: str, stream: bool, duration: int, conns: int, tmp: Pat
     return {"rps": rps, "requests": total, "non2xx": int(errors.group(1)) if errors else 0}
 
 
-def max_rate(t: Target, duration: int, conns: int, tmp: Path) -> None:
-    """Max requests/s per mode and, for a server we started, its CPU (whole process tree) per request."""
-    url = t.base + "/v1/chat/completions"
-    for stream in (False, True):
-        mode = "sse" if stream else "json"
-        _wrk(url, t.model, stream, 2, conns, tmp)  # warm-up
-        cpu0 = tree_cpu_seconds(t.server.pid) if t.server else 0.0
-        w = _wrk(url, t.model, stream, duration, conns, tmp)
-        cpu = tree_cpu_seconds(t.server.pid) - cpu0 if t.server else None
-        t.results[mode] = {"max_rps": w["rps"], "non2xx": w["non2xx"],
-                           "cpu_ms_per_req": cpu / w["requests"] * 1000 if cpu is not None and w["requests"] else None}
-        print(f"  {t.name:18s} {mode}: {w['rps']:8.0f} req/s max"
-              + (f", {t.results[mode]['cpu_ms_per_req']:.3f} ms CPU/req" if cpu is not None else ""), file=sys.stderr)
+def max_rate(targets: list[Target], duration: int, conns: int, repeats: int, tmp: Path) -> None:
+    """Max requests/s per mode and, for a server we started, its CPU (whole process tree) per request; `repeats`
+    passes over all targets in rotating order, the median reported (with every pass's figures kept)."""
+    for t in targets:
+        for mode in ("json", "sse"):
+            t.results[mode] = {"max_rps_runs": [], "cpu_ms_per_req_runs": [], "non2xx": 0}
+    for rep in range(repeats):
+        k = rep % len(targets)
+        for t in targets[k:] + targets[:k]:
+            url = t.base + "/v1/chat/completions"
+            for stream in (False, True):
+                m = t.results["sse" if stream else "json"]
+                _wrk(url, t.model, stream, 2, conns, tmp)  # warm-up
+                cpu0 = tree_cpu_seconds(t.server.pid) if t.server else 0.0
+                w = _wrk(url, t.model, stream, duration, conns, tmp)
+                cpu = tree_cpu_seconds(t.server.pid) - cpu0 if t.server else None
+                m["max_rps_runs"].append(w["rps"])
+                m["non2xx"] += w["non2xx"]
+                if cpu is not None and w["requests"]:
+                    m["cpu_ms_per_req_runs"].append(cpu / w["requests"] * 1000)
+                print(f"  pass {rep + 1} {t.name:18s} {'sse' if stream else 'json'}: {w['rps']:8.0f} req/s max"
+                      + (f", {m['cpu_ms_per_req_runs'][-1]:.3f} ms CPU/req" if m["cpu_ms_per_req_runs"] else ""),
+                      file=sys.stderr)
+    for t in targets:
+        for mode in ("json", "sse"):
+            m = t.results[mode]
+            m["max_rps"] = statistics.median(m["max_rps_runs"])
+            m["cpu_ms_per_req"] = statistics.median(m["cpu_ms_per_req_runs"]) if m["cpu_ms_per_req_runs"] else None
 
 
 def quantiles(lat: list[float]) -> list[float]:

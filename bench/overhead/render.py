@@ -21,6 +21,12 @@ def _c(x: float | None) -> float:
     return float("nan") if x is None else x
 
 
+def _spread(m: dict) -> str:
+    runs = m.get("cpu_ms_per_req_runs") or []
+    med = _c(m.get("cpu_ms_per_req"))
+    return f"{med:.3f} ({min(runs):.3f}..{max(runs):.3f})" if len(runs) > 1 else f"{med:.3f}"
+
+
 def _added(t: dict, d: dict, mode: str, phase: str) -> tuple[str, str]:
     """Added p50 over direct (pooled), and per round: median (min..max)."""
     m, dm = t[mode].get(phase), d[mode].get(phase)
@@ -54,13 +60,15 @@ def render(report: dict, out: Path) -> str:
     by = {t["target"]: t for t in report["targets"]}
     rel = out.relative_to(out.parents[2]) if len(out.parents) > 2 else out
     idle = report["machine_during"]
+    spread = f"median of {a.get('repeats', 1)} passes" if a.get("repeats", 1) > 1 else "one pass"
     lines = [
         f"Command: `.venv/bin/{report['command']}` (raw results: `{rel}`; needs `wrk`"
         + (f"; creates `.venv-litellm` with LiteLLM {report['litellm']} on first use, see `python -m bench.anchors`"
            if report["litellm"] else "") + ").", "",
         "Every target up at once in front of the same instant upstream (`bench/instant_upstream.py`); servers under "
         "test on CPU 0 (the 2-worker gateway on both), upstream and load generators on CPU 1. Max req/s: wrk, "
-        f"{a['concurrency']} connections, {a['duration']} s per target and mode. Latency: open loop at a fixed rate, "
+        f"{a['concurrency']} connections, {a['duration']} s per target and mode, {spread} over all targets in rotating "
+        "order (CPU ms/req: median, with min..max). Latency: open loop at a fixed rate, "
         f"{a['rounds']} rounds of {a['duration'] / a['rounds']:g} s per target, the targets interleaved (rotating "
         "order); a target takes part in a fixed-rate phase only if its maximum is at least twice the rate. CPU: the "
         "target's process tree, user + system, per request during the max-rate run.", "",
@@ -77,6 +85,8 @@ def render(report: dict, out: Path) -> str:
         for mode in MODES:
             m = t[mode]
             cpu = f"{m['cpu_ms_per_req']:.3f}" if m["cpu_ms_per_req"] is not None else "-"
+            if len(m.get("cpu_ms_per_req_runs", [])) > 1:
+                cpu += f" ({min(m['cpu_ms_per_req_runs']):.3f}..{max(m['cpu_ms_per_req_runs']):.3f})"
             rss = f"{sum(t['peak_rss_mib'].values()):.0f}" if t.get("peak_rss_mib") else "-"
             lines.append(f"| {t['target']} | {mode} | {m['max_rps']:.0f} | {cpu} | {rss} | "
                          f"{notes.get(t['target'], t.get('note') or '')} |")
@@ -103,8 +113,9 @@ def render(report: dict, out: Path) -> str:
             for m in MODES))
     for name, t in by.items():
         if name.startswith("tiergate@"):
-            facts.append(f"{name} ({t['note']}) vs tiergate: CPU per request " + ", ".join(
-                f"{_c(t[m]['cpu_ms_per_req']):.3f} (then) vs {_c(by['tiergate'][m]['cpu_ms_per_req']):.3f} ms (now), "
-                f"{_r(by['tiergate'][m]['cpu_ms_per_req'], t[m]['cpu_ms_per_req']) - 1:+.1%} ({m})" for m in MODES))
+            facts.append(f"{name} ({t['note']}) vs tiergate, CPU ms per request, median (min..max) of the passes: "
+                         + "; ".join(f"{m} {_spread(t[m])} then, {_spread(by['tiergate'][m])} now "
+                                     f"({_r(by['tiergate'][m]['cpu_ms_per_req'], t[m]['cpu_ms_per_req']) - 1:+.1%})"
+                                     for m in MODES))
     lines += [""] + [f"- {f}" for f in facts] + ["", f"Upstream peak RSS {report['upstream_peak_rss_mib']:.0f} MiB."]
     return "\n".join(lines) + "\n"

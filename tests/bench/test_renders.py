@@ -36,7 +36,7 @@ def test_overhead_report(tmp_path: Path) -> None:
     text = render_overhead(json.loads(json.dumps(report)), tmp_path / "bench" / "results" / "overhead.json")
     assert "bench/results/overhead.json" in text and "LiteLLM's sustainable rate" in text
     assert "tiergate / LiteLLM max req/s: 33.3x (json)" in text
-    assert "tiergate@abc (the gateway from /x) vs tiergate" in text
+    assert "tiergate@abc (the gateway from /x) vs tiergate, CPU ms per request" in text
     assert "| tiergate+semantic | json | 200 |" not in text and "| tiergate+semantic | sse | 200 |" in text
 
 

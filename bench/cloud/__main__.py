@@ -90,7 +90,6 @@ def summarise(runs: list[dict]) -> dict:
 
 def bench_pool(n: int, args, python: Path, model: Path, tmp: Path) -> dict:
     servers: list[VllmProcess] = []
-    fronts_up = []
     result: dict = {"servers": n, "regimes": {}, "rounds": {}}
     try:
         for i in range(n):
@@ -101,10 +100,12 @@ def bench_pool(n: int, args, python: Path, model: Path, tmp: Path) -> dict:
         for s in servers:
             s.wait_healthy(900)
         urls = [s.base_url for s in servers]
-        gw = gateway(urls, SERVED, MAX_NUM_SEQS, tmp, sys.executable).start(timeout_s=120)
-        fronts_up.append(gw)
-        gw_url = gw.health_url.rsplit("/", 1)[0]
-        run_row(gw_url, "cloud-rr", urls, requests(16, REGIMES["zipf8"], seed=99), args.concurrency)  # warm-up
+        warm = gateway(urls, SERVED, MAX_NUM_SEQS, tmp, sys.executable, "cloud-rr").start(timeout_s=120)
+        try:  # first requests after start-up (vLLM's and the gateway's) off the clock
+            run_row(warm.health_url.rsplit("/", 1)[0], "cloud-rr", urls, requests(16, REGIMES["zipf8"], seed=99),
+                    args.concurrency)
+        finally:
+            warm.stop()
         for ri, key in enumerate(args.regimes):
             workload = requests(args.requests, REGIMES[key])
             runs: dict[str, list[dict]] = {row: [] for row in args.rows}
@@ -112,20 +113,19 @@ def bench_pool(n: int, args, python: Path, model: Path, tmp: Path) -> dict:
                 k = (ri + rnd) % len(args.rows)
                 for row in args.rows[k:] + args.rows[:k]:
                     front = ROWS[row]
-                    router = None
                     if front.kind == "vllm-router":
-                        policy = "round_robin" if row == "round-robin" else "cache_aware"
-                        router = vllm_router(urls, policy, tmp).start(timeout_s=180)
-                        url, model_name = router.health_url.rsplit("/", 1)[0], SERVED
+                        server = vllm_router(urls, "round_robin" if row == "round-robin" else "cache_aware", tmp)
+                        model_name = SERVED
                     else:
-                        url, model_name = gw_url, front.model
+                        server = gateway(urls, SERVED, MAX_NUM_SEQS, tmp, sys.executable, front.model)
+                        model_name = front.model
+                    server.start(timeout_s=180)
                     try:
-                        run = run_row(url, model_name, urls, workload, args.concurrency)
-                        if router is not None:
-                            run["front_peak_rss_mib"] = tree_peak_rss_mib(router.pid)
+                        run = run_row(server.health_url.rsplit("/", 1)[0], model_name, urls, workload,
+                                      args.concurrency)
+                        run["front_peak_rss_mib"] = tree_peak_rss_mib(server.pid)
                     finally:
-                        if router is not None:
-                            router.stop()
+                        server.stop()
                     runs[row].append(run)
                     s = summarise([run])
                     print(f"  {n} servers, {key}, round {rnd + 1}, {row}: hit rate {s['hit_rate']:.1%}, "
@@ -135,10 +135,7 @@ def bench_pool(n: int, args, python: Path, model: Path, tmp: Path) -> dict:
             result["rounds"][key] = {row: [{k: v for k, v in run.items() if k != "requests"} for run in rs]
                                      for row, rs in runs.items()}
         result["peak_rss_mib"] = {f"vllm {i}": tree_peak_rss_mib(s.pid) for i, s in enumerate(servers)}
-        result["peak_rss_mib"]["tiergate"] = tree_peak_rss_mib(gw.pid)
     finally:
-        for f in fronts_up:
-            f.stop()
         for s in servers:
             s.terminate()
     return result

@@ -1,14 +1,14 @@
 """The routers bench/cloud compares, each an HTTP front end over the same vLLM servers.
 
-- tiergate: one `tiergate serve` whose policy has one cloud tier per routing row, all over the same servers; a
-  request picks its row by the model it names (`when: {model: ...}`), so every row goes through the gateway's
-  real path (auth, policy, `CloudPool.candidates()`, dispatch, the SSE relay) and the gateway starts once.
-  Rows: `tiergate-prefix` (prefix affinity with the default load bound 1.2), `tiergate-prefix-1.5`, and the
+- tiergate: a `tiergate serve` per row whose policy has that row's one cloud tier over the servers, as a
+  deployment would have it (one pool polling each server), so every row goes through the gateway's real path
+  (auth, policy, `CloudPool.candidates()`, dispatch, the SSE relay). Rows: `tiergate-prefix` (prefix affinity with the default load bound 1.2), `tiergate-prefix-1.5`, and the
   oracle, `unbounded-affinity`: the same rendezvous ranking with the bound at its maximum (10), which on these
   pool sizes never spills, so every prefix always lands on its own server however loaded.
 - vllm-router (the vLLM project's Rust router, pinned in bench/versions.py, its own virtualenv): `--policy
   cache_aware` (its approximate radix tree of the prompts each worker has seen, balancing only past its
-  thresholds) and `--policy round_robin`. One router process per policy, started when its rows run.
+  thresholds) and `--policy round_robin`.
+Every front end is started for its row and stopped after it, so none carries state from another row.
 """
 
 from __future__ import annotations
@@ -51,29 +51,31 @@ def _tier(model: str) -> str:
     return model.removeprefix("cloud-")
 
 
-def _policy(urls: list[str], served: str, max_num_seqs: int) -> str:
+def _policy(urls: list[str], served: str, max_num_seqs: int, models: list[str] | None = None) -> str:
     eps = ", ".join(f'"{u}"' for u in urls)
+    tiers = {m: _TIERS[m] for m in (models or list(_TIERS))}
     lines = ["version: 1", "defaults:", "  cache: {enabled: false}", "tiers:"]
-    for model, (strategy, bound) in _TIERS.items():
+    for model, (strategy, bound) in tiers.items():
         lines += [f"  {_tier(model)}:", "    kind: cloud", f"    model: {model}",
                   f"    served_model: {served}", f"    endpoints: [{eps}]",
                   f"    routing: {{strategy: {strategy}, load_bound: {bound}, max_num_seqs: {max_num_seqs}}}"]
     lines.append("rules:")
-    for model in _TIERS:
+    for model in tiers:
         lines += [f"  - name: to-{model}", f"    when: {{model: {model}}}", f"    tier: {_tier(model)}"]
-    lines.append(f"default_tier: {_tier(next(iter(_TIERS)))}")
+    lines.append(f"default_tier: {_tier(next(iter(tiers)))}")
     return "\n".join(lines) + "\n"
 
 
-def gateway(urls: list[str], served: str, max_num_seqs: int, tmp: Path, python: str) -> Server:
-    """`tiergate serve` over the servers (not started); exact and semantic caches off."""
-    policy = tmp / "cloud-policy.yaml"
-    policy.write_text(_policy(urls, served, max_num_seqs))
+def gateway(urls: list[str], served: str, max_num_seqs: int, tmp: Path, python: str, model: str) -> Server:
+    """`tiergate serve` with one cloud tier (the row's, by the model it serves) over the servers, not started;
+    exact and semantic caches off."""
+    policy = tmp / f"cloud-policy-{model}.yaml"
+    policy.write_text(_policy(urls, served, max_num_seqs, [model]))
     port = free_port()
     tiergate = str(Path(python).parent / "tiergate")
     return Server("tiergate", [tiergate, "serve", "--port", str(port)], f"http://127.0.0.1:{port}/readyz",
                   env={"TIERGATE_POLICY": str(policy), "TIERGATE_API_KEYS": f"{KEY}=bench",
-                       "TIERGATE_LOG_LEVEL": "warning", "TIERGATE_EMBEDDER": ""}, log=tmp / "gateway.log")
+                       "TIERGATE_LOG_LEVEL": "warning", "TIERGATE_EMBEDDER": ""}, log=tmp / f"gateway-{model}.log")
 
 
 def vllm_router(urls: list[str], policy: str, tmp: Path) -> Server:

@@ -60,14 +60,16 @@ def render(report: dict, out: Path) -> str:
         rss = pool.get("peak_rss_mib", {})
         per = [sum(v.values()) for k, v in rss.items() if k.startswith("vllm")]
         lines += [""] + [f"- {v}" for v in verdicts]
+        fronts: dict[str, float] = {}
+        for rs in pool["rounds"].values():
+            for row, runs in rs.items():
+                for run in runs:
+                    kind = ROWS[row].kind if row in ROWS else row
+                    fronts[kind] = max(fronts.get(kind, 0.0), sum(run.get("front_peak_rss_mib", {}).values()))
         if per:
             lines += ["", f"Peak RSS (VmHWM): each vLLM server {min(per):,.0f}-{max(per):,.0f} MiB over its "
-                      f"{max(len(v) for k, v in rss.items() if k.startswith('vllm'))} processes; tiergate "
-                      f"{sum(rss.get('tiergate', {}).values()):,.0f} MiB."]
-        routers = [sum(run.get("front_peak_rss_mib", {}).values()) for rs in pool["rounds"].values()
-                   for runs in rs.values() for run in runs if run.get("front_peak_rss_mib")]
-        if routers:
-            lines[-1] += f" vllm-router {max(routers):,.0f} MiB."
+                      f"{max(len(v) for k, v in rss.items() if k.startswith('vllm'))} processes"
+                      + "".join(f"; {k} {v:,.0f} MiB" for k, v in fronts.items() if v) + "."]
         lines.append("")
     for s in report["skipped"]:
         lines += [f"**{s['servers']} servers: not run** — they would need ~{s['need_mib']:,} MiB (the last pool's "

@@ -14,6 +14,8 @@ def test_the_cloud_policy_has_one_tier_per_tiergate_row() -> None:
     assert {r.model for r in ROWS.values() if r.kind == "tiergate"} <= models
     oracle = next(t for t in policy.tiers.values() if t.model == "cloud-oracle")
     assert oracle.routing.load_bound == 10 and oracle.served_model == "served"
+    one = parse_policy(_policy(["http://127.0.0.1:9001"], "served", 8, ["cloud-prefix"]))  # a gateway per row
+    assert [t.model for t in one.tiers.values()] == ["cloud-prefix"]
 
 
 def test_the_overhead_policies_load() -> None:

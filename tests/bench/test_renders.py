@@ -58,9 +58,10 @@ def test_cloud_report(tmp_path: Path) -> None:
               "rounds": 2, "rows": list(rows)}, "vllm_router": "0.1.17", "model": "tiny-llama",
               "machine_before": FACTS, "machine_after": FACTS, "wall_s": 600,
               "pools": [{"servers": 2, "regimes": {"even32": rows}, "rounds": {"even32": {}},
-                         "peak_rss_mib": {"vllm 0": {"a[1]": 1000.0}, "vllm 1": {"a[2]": 1100.0},
-                                          "tiergate": {"t[3]": 120.0}}}],
+                         "peak_rss_mib": {"vllm 0": {"a[1]": 1000.0}, "vllm 1": {"a[2]": 1100.0}}}],
               "skipped": [{"servers": 4, "need_mib": 9000, "available_mib": 5000}]}
+    report["pools"][0]["rounds"] = {"even32": {"tiergate-prefix": [{"front_peak_rss_mib": {"t[3]": 120.0}}]}}
     text = render_cloud(report, tmp_path / "bench" / "results" / "cloud.json")
+    assert "tiergate 120 MiB" in text
     assert "| failed |" in text and "2 of 20" in text and "**met**" in text
     assert "**4 servers: not run**" in text

@@ -1,4 +1,7 @@
-"""The docs section of bench/cloud, from its result file only."""
+"""The docs section of bench/cloud, from its result file only.
+
+    .venv/bin/python -m bench.cloud.render [bench/results/cloud.json]    (rewrites the docs section from the file)
+"""
 
 from __future__ import annotations
 
@@ -77,3 +80,13 @@ def render(report: dict, out: Path) -> str:
     lines.append(f"Goal: tiergate-prefix's hit rate >= vllm-router cache-aware's and >= {ORACLE_GOAL:.0%} of the "
                  f"oracle's, with max/mean load <= {LOAD_GOAL}.")
     return "\n".join(lines).rstrip() + "\n"
+
+
+if __name__ == "__main__":
+    import json
+    import sys
+
+    from bench.report import RESULTS, write_section
+
+    path = Path(sys.argv[1]) if len(sys.argv) > 1 else RESULTS / "cloud.json"
+    write_section("## Cloud pool (bench/cloud)", render(json.loads(path.read_text()), path.resolve()))

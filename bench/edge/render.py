@@ -1,4 +1,7 @@
-"""The docs section of bench/edge, from its result file only: every figure in it was measured or read by the run."""
+"""The docs section of bench/edge, from its result file only: every figure in it was measured or read by the run.
+
+    .venv/bin/python -m bench.edge.render [bench/results/edge.json]    (rewrites the docs section from the file)
+"""
 
 from __future__ import annotations
 
@@ -24,7 +27,8 @@ def goals(model: dict) -> list[dict]:
         ls = model["cells"]["llama-server"][c]
         tok = e["tok_s"] / ls["tok_s"] if ls["tok_s"] else float("nan")
         ttft = e["ttft_p99_ms"] / ls["ttft_p99_ms"] if ls["ttft_p99_ms"] else float("nan")
-        out.append({"streams": int(c), "tok_ratio": tok, "ttft_p99_ratio": ttft,
+        cpu = e["cpu_ms_per_token"] / ls["cpu_ms_per_token"] if ls["cpu_ms_per_token"] else float("nan")
+        out.append({"streams": int(c), "tok_ratio": tok, "ttft_p99_ratio": ttft, "cpu_ratio": cpu,
                     "met": tok >= TOK_GOAL and ttft <= TTFT_GOAL})
     return out
 
@@ -54,7 +58,7 @@ def _model(m: dict) -> list[str]:
     g = goals(m)
     lines += ["", "edge-node vs llama-server: " + "; ".join(
         f"{x['streams']} stream{'s' if x['streams'] > 1 else ''}: {x['tok_ratio']:.2f}x tokens/s, "
-        f"TTFT p99 {x['ttft_p99_ratio']:.2f}x" for x in g)
+        f"TTFT p99 {x['ttft_p99_ratio']:.2f}x, CPU per token {x['cpu_ratio']:.2f}x" for x in g)
         + f" — goal (>= {TOK_GOAL}x, <= {TTFT_GOAL}x) **{'met' if all(x['met'] for x in g) else 'not met'}"
         + ("" if all(x['met'] for x in g) else " at " + ", ".join(str(x['streams']) for x in g if not x['met'])
            + " streams") + "**."]
@@ -90,3 +94,13 @@ def render(report: dict, out: Path) -> str:
     for m in report["models"]:
         lines += _model(m) + [""]
     return "\n".join(lines).rstrip() + "\n"
+
+
+if __name__ == "__main__":
+    import json
+    import sys
+
+    from bench.report import RESULTS, write_section
+
+    path = Path(sys.argv[1]) if len(sys.argv) > 1 else RESULTS / "edge.json"
+    write_section("## Edge node (bench/edge)", render(json.loads(path.read_text()), path.resolve()))

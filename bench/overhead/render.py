@@ -1,4 +1,7 @@
-"""The docs section of bench/overhead, from its result file only: every figure, machine facts included, is the run's."""
+"""The docs section of bench/overhead, from its result file only: every figure, machine facts included, is the run's.
+
+    .venv/bin/python -m bench.overhead.render [bench/results/overhead.json]    (rewrites the docs section from the file)
+"""
 
 from __future__ import annotations
 
@@ -119,3 +122,13 @@ def render(report: dict, out: Path) -> str:
                                      for m in MODES))
     lines += [""] + [f"- {f}" for f in facts] + ["", f"Upstream peak RSS {report['upstream_peak_rss_mib']:.0f} MiB."]
     return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    import json
+    import sys
+
+    from bench.report import RESULTS, write_section
+
+    path = Path(sys.argv[1]) if len(sys.argv) > 1 else RESULTS / "overhead.json"
+    write_section("## Gateway overhead (bench/overhead)", render(json.loads(path.read_text()), path.resolve()))

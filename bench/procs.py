@@ -1,4 +1,8 @@
-"""Process helpers shared by the benchmarks: start a server, wait for it, read its CPU time and peak RSS."""
+"""Process helpers shared by the benchmarks: start a server, wait for it, read its CPU time and peak RSS.
+
+Peak RSS is the kernel's high-water mark (VmHWM) of every process of a server's tree (vLLM runs three), read
+before the server stops: it covers model loading too, which sampling would miss.
+"""
 
 from __future__ import annotations
 
@@ -11,7 +15,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["Server", "cpu_seconds", "free_port", "peak_rss_mib"]
+__all__ = ["Server", "cpu_seconds", "free_port", "peak_rss_mib", "tree_cpu_seconds", "tree_peak_rss_mib"]
 
 
 def free_port() -> int:
@@ -39,6 +43,52 @@ def cpu_seconds(pid: int) -> float:
     """User + system CPU time of a process and its threads so far."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _tree(pid: int) -> list[int]:
+    """`pid` and its descendants, from /proc (no psutil in the parent needed)."""
+    children: dict[int, list[int]] = {}
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                ppid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            children.setdefault(ppid, []).append(int(d.name))
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        todo.extend(children.get(p, []))
+    return out
+
+
+def _comm(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return "?"
+
+
+def tree_peak_rss_mib(pid: int) -> dict[str, float]:
+    """Peak RSS (VmHWM, MiB) of `pid` and each live descendant, keyed "comm[pid]" (the root first)."""
+    out = {}
+    for p in _tree(pid):
+        rss = peak_rss_mib(p)
+        if rss == rss and rss > 0:  # not nan: the process was still there
+            out[f"{_comm(p)}[{p}]"] = round(rss, 1)
+    return out
+
+
+def tree_cpu_seconds(pid: int) -> float:
+    """CPU time of `pid` and its live descendants (a server's worker processes included)."""
+    total = 0.0
+    for p in _tree(pid):
+        try:
+            total += cpu_seconds(p)
+        except (OSError, IndexError, ValueError):
+            pass
+    return total
 
 
 @dataclass

@@ -35,7 +35,8 @@ import numpy as np
 from bench.report import write_section
 from bench.router import latency, loso, traffic
 from bench.router.report import HEADING, markdown
-from bench.versions import LITELLM_SPEC, LITELLM_VERSION
+from bench.versions import LITELLM as LITELLM_VERSION
+from bench.versions import LITELLM_SPEC
 from complexity.features import last_user_text
 from complexity.model import DEFAULT_MODEL_FILE, ComplexityModel
 from complexity.select import GRID

@@ -65,3 +65,25 @@ def test_window_rates_and_restart_detection() -> None:
     assert r.spec_acceptance_rate is None, "no drafts in the window: unknown, not zero"
     # Counters going down mean the server restarted: start over instead of reporting negative rates.
     assert w.add(VllmMetrics(prefix_cache_queries=10), now=80).prefix_cache_hit_rate is None
+
+
+def test_reads_only_what_it_needs_from_awkward_lines() -> None:
+    text = "\n".join([
+        'vllm:num_requests_running{engine="0",model_name="a model {v2}, b"} 2 1700000000000',
+        "vllm:num_requests_waiting 1.5e+00",
+        'vllm:e2e_request_latency_seconds_bucket{le="+Inf",model_name="m"} 9',  # a family routing does not read
+        'vllm:prefix_cache_queries_total{engine="0"} 64',
+        'vllm:prefix_cache_queries_created{engine="0"} 1.7e9',  # not the counter's value
+        'vllm:cache_config_info{engine="0",num_gpu_blocks="512",block_size="16"} 1.0',
+        'vllm:kv_cache_usage_perc{engine="0"} NaN',
+    ]) + "\n"
+    m = parse(text)
+    assert (m.running, m.waiting, m.prefix_cache_queries, m.block_size) == (2, 1.5, 64, 16)
+    assert m.kv_cache_usage == 0.0 and not m.spec_decode
+
+
+@pytest.mark.parametrize("text", ['vllm:num_requests_running{engine="0" 3\n', "vllm:num_requests_running\n",
+                                  "vllm:num_requests_running three\n"])
+def test_malformed_vllm_lines_are_errors(text: str) -> None:
+    with pytest.raises(ValueError):
+        parse(text)

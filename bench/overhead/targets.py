@@ -1,0 +1,104 @@
+"""The targets bench/overhead puts between the client and the instant upstream, each a process started here.
+
+- `direct`: no hop (the upstream itself), the reference every added latency is measured against.
+- `passthrough`: uvicorn + Starlette + one aiohttp client relaying bytes: the floor of any Python gateway here.
+- `tiergate`: `tiergate serve`, the exact cache on (every prompt is new: a miss plus a store), no embedder.
+- `tiergate@REV`: the same from another checkout (`--baseline-tree`), e.g. the commit before a restructuring.
+- `tiergate+semantic`: the semantic cache on (the ONNX embedder from `tiergate prepare`): every request is a miss
+  that embeds its prompt, the slow path of a cache-enabled gateway.
+- `tiergate-2w`: two uvicorn workers (`TIERGATE_WORKERS=2`), each a full gateway, allowed on both cores.
+- `litellm`: LiteLLM's proxy at bench/versions.py's pin, one worker.
+Servers under test run on CPU 0 (2-worker tiergate on both), the upstream and the load generators on CPU 1.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from bench.procs import Server, free_port
+
+__all__ = ["KEY", "Target", "litellm_target", "make_targets"]
+
+KEY = "tg-bench-key"
+
+_POLICY = """\
+# Bench policy: one edge tier whose only endpoint is the instant upstream.
+version: 1
+{defaults}tiers:
+  edge:
+    kind: edge
+    model: tiergate-edge
+    endpoints: ["http://127.0.0.1:{port}"]
+rules:
+  - name: everything-to-edge
+    tier: edge
+"""
+
+
+@dataclass
+class Target:
+    name: str
+    base: str
+    model: str
+    server: Server | None = None  # None: not ours to start (direct)
+    note: str = ""
+    results: dict = field(default_factory=dict)
+
+
+def _git_rev(tree: Path) -> str:
+    out = subprocess.run(["git", "-C", str(tree), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    return out.stdout.strip() or tree.name
+
+
+def _tiergate(name: str, py: str, tmp: Path, up_port: int, *, cpus: set[int], env: dict[str, str] | None = None,
+              defaults: str = "") -> Target:
+    port = free_port()
+    policy = tmp / f"policy-{name}.yaml"
+    policy.write_text(_POLICY.format(port=up_port, defaults=defaults))
+    server = Server(name, [str(Path(py).parent / "tiergate"), "serve", "--port", str(port)],
+                    f"http://127.0.0.1:{port}/readyz", cpus=cpus, log=tmp / f"{name}.log",
+                    env={"TIERGATE_POLICY": str(policy), "TIERGATE_API_KEYS": f"{KEY}=bench",
+                         "TIERGATE_LOG_LEVEL": "warning", "TIERGATE_EMBEDDER": ""} | (env or {}))
+    return Target(name, f"http://127.0.0.1:{port}", "auto", server)
+
+
+def make_targets(args, py: str, tmp: Path, up_port: int, embedder: Path | None) -> list[Target]:
+    """Every target this run measures, not yet started, in table order (LiteLLM last: see bench.anchors)."""
+    pt_port = free_port()
+    out = [Target("direct", f"http://127.0.0.1:{up_port}", "instant"),
+           Target("passthrough", f"http://127.0.0.1:{pt_port}", "instant",
+                  Server("passthrough", [py, "-m", "bench.overhead.passthrough", "--port", str(pt_port), "--upstream",
+                                         f"http://127.0.0.1:{up_port}"], f"http://127.0.0.1:{pt_port}/health",
+                         cpus={0}, log=tmp / "passthrough.log")),
+           _tiergate("tiergate", py, tmp, up_port, cpus={0})]
+    if args.baseline_tree:
+        tree = Path(args.baseline_tree).resolve()
+        pp = os.pathsep.join([str(tree), *[p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]])
+        t = _tiergate(f"tiergate@{_git_rev(tree)}", py, tmp, up_port, cpus={0}, env={"PYTHONPATH": pp})
+        t.note = f"the gateway from {tree}"
+        out.append(t)
+    if "semantic" in args.variants:
+        if embedder is None:
+            print("  (skipping tiergate+semantic: no embedder; run `tiergate prepare`)")
+        else:
+            out.append(_tiergate("tiergate+semantic", py, tmp, up_port, cpus={0},
+                                 env={"TIERGATE_EMBEDDER": str(embedder)},
+                                 defaults="defaults:\n  cache: {enabled: true, semantic: true}\n"))
+    if "2w" in args.variants:
+        out.append(_tiergate("tiergate-2w", py, tmp, up_port, cpus={0, 1}, env={"TIERGATE_WORKERS": "2"}))
+    return out
+
+
+def litellm_target(bin_dir: Path, tmp: Path, up_port: int) -> Target:
+    port = free_port()
+    cfg = tmp / "litellm.yaml"
+    cfg.write_text(f"model_list:\n  - model_name: instant\n    litellm_params:\n      model: openai/instant\n"
+                   f"      api_base: http://127.0.0.1:{up_port}/v1\n      api_key: x\n"
+                   f"general_settings:\n  master_key: {KEY}\nlitellm_settings:\n  telemetry: false\n")
+    server = Server("litellm", [str(bin_dir / "litellm"), "--config", str(cfg), "--port", str(port),
+                                "--num_workers", "1"], f"http://127.0.0.1:{port}/health/liveliness", cpus={0},
+                    log=tmp / "litellm.log", env={"LITELLM_LOG": "ERROR", "LITELLM_TELEMETRY": "False"})
+    return Target("litellm", f"http://127.0.0.1:{port}", "instant", server)

@@ -1,6 +1,6 @@
 """bench/edge: edge-node against llama.cpp's own llama-server and llama-cpp-python's server, same GGUF files, one run.
 
-    .venv/bin/python -m bench.edge [--models smollm2,gemma,demo] [--tokens 128] [--requests 2] [--repeats 3]
+    .venv/bin/python -m bench.edge [--models smollm2,gemma] [--tokens 128] [--requests 2] [--repeats 3]
                                    [--streams 1,4,8,16] [--no-docs]
 
 For each model the three servers (bench/edge/servers.py) are up at once; at 1, 4, 8 and 16 concurrent streams
@@ -102,7 +102,7 @@ def bench_model(key: str, args, llama_server, lcp_bin, logs) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--models", default="smollm2,gemma,demo", help=f"comma-separated, of {', '.join(MODELS)}")
+    ap.add_argument("--models", default="smollm2,gemma", help=f"comma-separated, of {', '.join(MODELS)}")
     ap.add_argument("--tokens", type=int, default=128, help="output tokens per request")
     ap.add_argument("--requests", type=int, default=2, help="requests each stream sends back to back per round")
     ap.add_argument("--repeats", type=int, default=3)

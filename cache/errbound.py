@@ -118,8 +118,8 @@ class ErrorBound:
         self._local: dict[str, np.ndarray] = {}  # this process's counts not yet added to the shared state
         self._cutoffs: dict[tuple[str, float], float] = {}
         self._bounds: dict[str, set[float]] = {}  # the δs asked for per tenant (for the gauges)
-        self._fresh: dict[str, int] = {}
-        self._known: set[str] = set()  # tenants whose shared counts this process has read  # lookups counted per tenant since its cutoffs were last computed
+        self._fresh: dict[str, int] = {}  # lookups counted per tenant since its cutoffs were last computed
+        self._known: set[str] = set()  # tenants whose shared counts this process has read
         self._task: asyncio.Task[None] | None = None
 
     # -- lifecycle ---------------------------------------------------------------------------------------

@@ -74,8 +74,7 @@ def make_targets(args, py: str, tmp: Path, up_port: int, embedder: Path | None) 
                                          f"http://127.0.0.1:{up_port}"], f"http://127.0.0.1:{pt_port}/health",
                          cpus={0}, log=tmp / "passthrough.log")),
            _tiergate("tiergate", py, tmp, up_port, cpus={0})]
-    if args.baseline_tree:
-        tree = Path(args.baseline_tree).resolve()
+    for tree in (Path(t).resolve() for t in args.baseline_tree):
         pp = os.pathsep.join([str(tree), *[p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]])
         t = _tiergate(f"tiergate@{_git_rev(tree)}", py, tmp, up_port, cpus={0}, env={"PYTHONPATH": pp})
         t.note = f"the gateway from {tree}"

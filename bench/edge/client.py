@@ -91,7 +91,10 @@ async def _one(session: aiohttp.ClientSession, url: str, payload: dict, t0: floa
 async def _round(url: str, streams: int, per_stream: int, max_tokens: int, banned: list[int], offset: int,
                  ) -> tuple[list[Req], float]:
     timeout = aiohttp.ClientTimeout(total=3600)
-    async with aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(limit=0)) as session:
+    # A new connection per request, for every server alike: llama-server closes a connection after a streamed
+    # answer, and a reused one fails the stream's next request ("Can not write request body").
+    connector = aiohttp.TCPConnector(limit=0, force_close=True)
+    async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
         t0 = time.perf_counter()
 
         async def stream(s: int) -> list[Req]:

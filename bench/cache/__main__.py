@@ -38,7 +38,7 @@ import numpy as np
 from bench.cache import errbound, scale
 from bench.cache.e2e import render as e2e_render
 from bench.cache.e2e import run as run_e2e
-from bench.report import write_section
+from bench.report import machine_facts, machine_line, write_section
 
 REPO = Path(__file__).resolve().parents[2]
 DOCS = REPO / "docs" / "benchmarks.md"
@@ -118,8 +118,10 @@ def embedding_latency() -> dict[str, float]:
 # -- report ---------------------------------------------------------------------------------------------------
 def render(out: dict[str, Any]) -> str:
     acc, emb, command, when = out["accuracy"], out["embedding"], out.get("command", ""), out.get("when")
-    lines = [HEADING, "", (f"Command: `{command}` (machine: 2 shared cores, no GPU, shared with other jobs; "
-             f"{when or time.strftime('%Y-%m-%d')}). Raw results: `bench/results/cache.json`."), ""]
+    machine = out.get("machine")
+    facts = machine_line(machine["start"], machine["end"]) if machine else "Machine: not recorded by this run."
+    lines = [HEADING, "", (f"Command: `{command}` ({when or time.strftime('%Y-%m-%d')}). Raw results: "
+                           f"`bench/results/cache.json`. {facts}"), ""]
     lines += [(f"Accuracy on the held-out half of `qqp_pairs_dev.jsonl` ({acc['held_out_pairs']} pairs, "
               f"{acc['duplicates']} duplicates; the other half chose the threshold and guards), same int8 MiniLM "
               "embedder:"), "", "| rule | precision | recall | hits |", "|---|---|---|---|"]
@@ -127,7 +129,9 @@ def render(out: dict[str, Any]) -> str:
         lines.append(f"| {name} | {s['precision']:.3f} | {s['recall']:.3f} | {s['hits']} |")
     lines += ["", (f"The product's own scoring path (`SemanticCache.score_many`) agreed with this evaluation on "
               f"{acc['product_agreement'] * 100:.1f}% of a 300-pair sample."), ""]
-    lines += ["### Redis 8 (vector sets) beside Redis 7 (stream layout) at 10k, 100k and 1M entries", ""]
+    sizes = sorted({r["entries"] for r in out["scales"]})
+    lines += [f"### Redis 8 (vector sets) beside Redis 7 (stream layout) at {', '.join(f'{n:,}' for n in sizes)} "
+              "entries", ""]
     lines += [f"Command: `{out.get('scales_command', command)}` ({out.get('scales_when', when)}).", ""]
     lines += scale.render(out["scales"])
     lines += ["", (f"Embedding one {emb['words']}-word prompt, one thread: p50 {emb['p50_ms']} ms, "
@@ -215,6 +219,7 @@ def main() -> None:
     today = time.strftime("%Y-%m-%d")
 
     out = dict(last)  # parts not run this time keep their last results
+    started = machine_facts()
     if "accuracy" in parts:
         print("accuracy on held-out pairs ...", file=sys.stderr)
         out["accuracy"] = accuracy()
@@ -231,6 +236,7 @@ def main() -> None:
         e2e = run_e2e(args.e2e_requests, stores, args.upstream_ttft_ms, args.upstream_tbt_ms)
         e2e["command"] = command
         out["e2e"] = e2e
+    out["machine"] = {"start": started, "end": machine_facts()}
     results_file.parent.mkdir(parents=True, exist_ok=True)
     results_file.write_text(json.dumps(out, indent=1) + "\n")
     missing = [k for k in ("accuracy", "embedding", "scales") if k not in out]

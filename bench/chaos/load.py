@@ -108,7 +108,10 @@ async def run_load(url: str, key: str, rate: float, duration_s: float, *, cloud_
     their actual times come back."""
     rng = random.Random(seed)
     url = url.rstrip("/") + "/v1/chat/completions"
-    conn = aiohttp.TCPConnector(limit=0, force_close=False)
+    # A new connection per request: a kept-alive connection the server closed while idle fails the next request
+    # sent on it before the server sees it (ServerDisconnectedError), which is the client's race, not a request
+    # the gateway lost. With one connection per request, a connection that ends without an answer is the server's.
+    conn = aiohttp.TCPConnector(limit=0, force_close=True)
     results: list[Result] = []
     tasks: list[asyncio.Task] = []
     fired: dict[str, float] = {}
@@ -116,13 +119,13 @@ async def run_load(url: str, key: str, rate: float, duration_s: float, *, cloud_
     async with aiohttp.ClientSession(connector=conn, headers={"Authorization": f"Bearer {key}"}) as session:
         t0 = time.monotonic()
 
-        async def faults() -> None:
-            for when, action in sorted(at or [], key=lambda x: x[0]):
-                await asyncio.sleep(max(0.0, t0 + when - time.monotonic()))
-                fired[getattr(action, "__name__", str(action))] = round(time.monotonic() - t0, 3)
-                await loop.run_in_executor(None, action)  # type: ignore[arg-type]
+        async def fault(when: float, action) -> None:
+            # each fault on its own timer: one that blocks (a replacement node starting) must not delay the next
+            await asyncio.sleep(max(0.0, t0 + when - time.monotonic()))
+            fired[getattr(action, "__name__", str(action))] = round(time.monotonic() - t0, 3)
+            await loop.run_in_executor(None, action)
 
-        fault_task = asyncio.create_task(faults())
+        fault_task = asyncio.gather(*(fault(when, action) for when, action in at or []))
         n_edge, n_cloud = int(rate * duration_s), int(cloud_rate * duration_s)
         schedule = sorted([(i / rate, False) for i in range(n_edge)] + [(i / cloud_rate, True) for i in range(n_cloud)]
                           if cloud_rate > 0 else [(i / rate, False) for i in range(n_edge)])

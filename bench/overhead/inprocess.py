@@ -104,7 +104,7 @@ def main() -> None:
     args = ap.parse_args()
     if args.tree:
         sys.path.insert(0, str(args.tree.resolve()))
-    from bench.overhead.__main__ import KEY, POLICY
+    from bench.overhead.targets import KEY, POLICY
     from bench.procs import Server, free_port
 
     tmp = Path(tempfile.mkdtemp(prefix="tg-inprocess-"))
@@ -112,7 +112,7 @@ def main() -> None:
     upstream = Server("upstream", [sys.executable, "-m", "bench.instant_upstream", "--port", str(port)],
                       f"http://127.0.0.1:{port}/health", cpus={1}, log=tmp / "upstream.log").start()
     try:
-        (tmp / "policy.yaml").write_text(POLICY.format(port=port))
+        (tmp / "policy.yaml").write_text(POLICY.format(port=port, defaults=""))
         os.environ.update({"TIERGATE_POLICY": str(tmp / "policy.yaml"), "TIERGATE_API_KEYS": f"{KEY}=bench",
                            "TIERGATE_LOG_LEVEL": "warning", "TIERGATE_EMBEDDER": ""})
         os.sched_setaffinity(0, {0})

@@ -24,7 +24,7 @@ __all__ = ["KEY", "Target", "litellm_target", "make_targets"]
 
 KEY = "tg-bench-key"
 
-_POLICY = """\
+POLICY = """\
 # Bench policy: one edge tier whose only endpoint is the instant upstream.
 version: 1
 {defaults}tiers:
@@ -57,7 +57,7 @@ def _tiergate(name: str, py: str, tmp: Path, up_port: int, *, cpus: set[int], en
               defaults: str = "") -> Target:
     port = free_port()
     policy = tmp / f"policy-{name}.yaml"
-    policy.write_text(_POLICY.format(port=up_port, defaults=defaults))
+    policy.write_text(POLICY.format(port=up_port, defaults=defaults))
     server = Server(name, [str(Path(py).parent / "tiergate"), "serve", "--port", str(port)],
                     f"http://127.0.0.1:{port}/readyz", cpus=cpus, log=tmp / f"{name}.log",
                     env={"TIERGATE_POLICY": str(policy), "TIERGATE_API_KEYS": f"{KEY}=bench",

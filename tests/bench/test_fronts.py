@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from bench.cloud.fronts import ROWS, _policy
 from bench.cloud.workloads import REGIMES, requests
-from bench.overhead.targets import _POLICY
+from bench.overhead.targets import POLICY
 from policies.loader import parse_policy
 
 
@@ -19,8 +19,8 @@ def test_the_cloud_policy_has_one_tier_per_tiergate_row() -> None:
 
 
 def test_the_overhead_policies_load() -> None:
-    parse_policy(_POLICY.format(port=9001, defaults=""))
-    parse_policy(_POLICY.format(port=9001, defaults="defaults:\n  cache: {enabled: true, semantic: true}\n"))
+    parse_policy(POLICY.format(port=9001, defaults=""))
+    parse_policy(POLICY.format(port=9001, defaults="defaults:\n  cache: {enabled: true, semantic: true}\n"))
 
 
 def test_workloads_are_the_same_for_every_router() -> None:

@@ -333,9 +333,9 @@ def simulate(
                 sim.error()
                 _emit({"line": n, "error": str(exc)}, sys.stdout)
                 continue
-            label = obj.get("source")
-            recorded = obj.get("cascade") if isinstance(obj, dict) else None
-            _emit({"line": n, **sim.row(f, d, str(label) if label is not None else None, recorded)}, sys.stdout)
+            label = obj.get("source")  # a dict here: _classify_line refused anything else
+            _emit({"line": n, **sim.row(f, d, str(label) if label is not None else None, obj.get("cascade"))},
+                  sys.stdout)
     finally:
         if source is not sys.stdin:
             source.close()

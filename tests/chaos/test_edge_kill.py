@@ -22,7 +22,8 @@ from gateway.settings import Settings
 from tests.chaos.policies import edge_then_cloud
 from tests.chaos.record import record
 from tests.chaos.traffic import Traffic, summarize
-from tests.support.servers import aiohttp_server, gateway_server, wait_until
+from tests.support.edge import registered_node
+from tests.support.servers import aiohttp_server, gateway_server
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 KEYS = KeyRing.from_inline("chaos-key-1=chaos:normal")
@@ -38,17 +39,10 @@ def test_edge_node_killed_mid_traffic(tmp_path: Path, edge_model, edge_node_fact
     with aiohttp_server(make_app(8, "ok", model="cloud-model")) as cloud:
         pol = edge_then_cloud(tmp_path / "policy.yaml", cloud.url, edge_model.tokenizer_json, first_byte_s=30, total_s=60)
         with gateway_server(Settings(policy=pol, embedder=None), keyring=KEYS, ready=False) as gw:
-            pool = gw.gateway.tiers["edge"].pool
 
-            def add(name: str):
-                node = edge_node_factory("--parallel", "4", "--ctx", "1024", "--gateway", gw.url,
-                                         "--model-name", name)
-                wait_until(lambda: any(e.base_url == node.url for e in pool.endpoints()), timeout_s=30,
-                           what=f"{name} registration")
-                return node
 
-            a = add("edge-a")
-            add("edge-b")
+            a = registered_node(edge_node_factory, gw, "--model-name", "edge-a")
+            registered_node(edge_node_factory, gw, "--model-name", "edge-b")
             with Traffic(gw.url, "chaos-key-1", body, workers=6, timeout_s=60) as traffic:
                 for name in ("edge-a", "edge-b"):
                     traffic.wait_for(lambda o, n=name: o.kind == "complete" and o.model == n, 3, timeout_s=120,
@@ -61,7 +55,7 @@ def test_edge_node_killed_mid_traffic(tmp_path: Path, edge_model, edge_node_fact
                                  what="answers after the kill")
                 # Recovery without a restart: a replacement node registers and serves.
                 replacement_started = time.monotonic()
-                add("edge-c")
+                registered_node(edge_node_factory, gw, "--model-name", "edge-c")
                 registered_at = time.monotonic()
                 traffic.wait_for(lambda o: o.started > registered_at and o.model == "edge-c" and
                                  o.kind == "complete", 3, timeout_s=120, what="answers from the replacement")

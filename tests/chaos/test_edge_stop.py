@@ -25,7 +25,7 @@ from gateway.settings import Settings
 from tests.chaos.policies import edge_then_cloud
 from tests.chaos.record import record
 from tests.chaos.traffic import Traffic, summarize
-from tests.support.edge import parse_metrics
+from tests.support.edge import parse_metrics, registered_node
 from tests.support.servers import aiohttp_server, gateway_server, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
@@ -49,15 +49,9 @@ def test_edge_node_stopped_and_resumed_under_traffic(tmp_path: Path, edge_model,
         with gateway_server(Settings(policy=pol, embedder=None), keyring=KEYS, ready=False) as gw:
             pool = gw.gateway.tiers["edge"].pool
 
-            def add(name: str):
-                node = edge_node_factory("--parallel", "4", "--ctx", "1024", "--gateway", gw.url,
-                                         "--model-name", name)
-                wait_until(lambda: any(e.base_url == node.url for e in pool.endpoints()), timeout_s=30,
-                           what=f"{name} registration")
-                return node
 
-            a = add("edge-a")
-            add("edge-b")
+            a = registered_node(edge_node_factory, gw, "--model-name", "edge-a")
+            registered_node(edge_node_factory, gw, "--model-name", "edge-b")
             ep_a = next(e for e in pool.endpoints() if e.base_url == a.url)
             with Traffic(gw.url, "chaos-key-1", body, workers=6, timeout_s=90) as traffic:
                 for name in ("edge-a", "edge-b"):

@@ -13,6 +13,7 @@ import pytest
 
 from gateway.auth import KeyRing
 from gateway.settings import Settings
+from tests.support.edge import registered_node
 from tests.support.servers import gateway_server, wait_until
 
 pytestmark = pytest.mark.integration
@@ -59,10 +60,7 @@ def llama_stack(tmp_path, edge_model, edge_node_factory):
     pol = _policy(tmp_path / "policy.yaml", cloud.url, edge_model.tokenizer_json)
     with gateway_server(Settings(policy=pol, embedder=None), keyring=KEYS, ready=True) as gw:
         def add_edge(*extra: str):
-            node = edge_node_factory("--parallel", "4", "--ctx", "1024", "--gateway", gw.url, *extra)
-            wait_until(lambda: any(e.base_url == node.url for e in gw.gateway.tiers["edge"].pool.endpoints()),
-                       timeout_s=20, what="edge node registration")
-            return node
+            return registered_node(edge_node_factory, gw, *extra, timeout_s=20)
 
         yield {"gw": gw, "cloud": cloud, "add_edge": add_edge}
 

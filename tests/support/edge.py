@@ -25,6 +25,7 @@ import httpx
 import pytest
 
 from tests.support.require import skip_or_fail
+from tests.support.servers import wait_until
 
 __all__ = [
     "EdgeProcess",
@@ -32,6 +33,7 @@ __all__ = [
     "edge_node",
     "edge_node_factory",
     "parse_metrics",
+    "registered_node",
     "run_cli",
     "start_edge_node",
 ]
@@ -179,3 +181,13 @@ def run_cli(*args: str, timeout_s: float = 120.0, env: dict[str, str] | None = N
     """Run `python -m edge_node ARGS` to completion (for exit-code and error-message tests)."""
     return subprocess.run([sys.executable, "-m", "edge_node", *args], capture_output=True, text=True, check=False,
                           timeout=timeout_s, env={**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})})
+
+
+def registered_node(factory: Callable[..., EdgeProcess], gw, *extra: str, timeout_s: float = 30) -> EdgeProcess:
+    """An edge node (4 slots, 1024 tokens each) that registers with the gateway under test `gw`, returned once the
+    gateway's edge pool lists it."""
+    node = factory("--parallel", "4", "--ctx", "1024", "--gateway", gw.url, *extra)
+    pool = gw.gateway.tiers["edge"].pool
+    wait_until(lambda: any(e.base_url == node.url for e in pool.endpoints()), timeout_s=timeout_s,
+               what="edge node registration")
+    return node

@@ -408,27 +408,15 @@ def lookups(server: RedisProc, n: int, tmp: Path) -> dict[str, Any]:
 
 
 # -- a real gateway: start to first semantic hit, RSS ---------------------------------------------------------------
-POLICY = """\
-version: 1
-defaults:
-  cache: {{enabled: true, semantic: true, threshold: 0.94, ttl_s: 3600, max_temperature: 0.3}}
-tiers:
-  edge:
-    kind: edge
-    model: {model}
-    endpoints: ["http://127.0.0.1:{port}"]
-rules:
-  - name: everything-to-edge
-    tier: edge
-"""
-
-
 def gateway(server: RedisProc, tmp: Path, up_port: int) -> dict[str, Any]:
     import httpx
 
+    # the same one-tier policy as the e2e part (imported here: that module imports this one)
+    from bench.cache.e2e import POLICY
     from cache.export import default_embedder_dir
+    from cache.settings import DEFAULT_THRESHOLD
 
-    (tmp / "policy.yaml").write_text(POLICY.format(model=MODEL, port=up_port))
+    (tmp / "policy.yaml").write_text(POLICY.format(threshold=DEFAULT_THRESHOLD, model=MODEL, port=up_port))
     port = free_port()
     env = os.environ | {"TIERGATE_POLICY": str(tmp / "policy.yaml"), "TIERGATE_API_KEYS": f"{KEY}={TENANT}",
                         "TIERGATE_LOG_LEVEL": "warning", "TIERGATE_EMBEDDER": str(default_embedder_dir()),

@@ -9,21 +9,34 @@ how idle vCPUs sleep, kernel and Python versions.
 from __future__ import annotations
 
 import contextlib
+import json
 import math
 import os
 import platform
 import statistics
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
-__all__ = ["DOCS", "RESULTS", "cpu_pressure", "machine_facts", "machine_line", "pct", "write_section"]
+__all__ = ["DOCS", "RESULTS", "cpu_pressure", "machine_facts", "machine_line", "pct", "publish", "write_section"]
 
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "benchmarks.md"
 RESULTS = Path(__file__).resolve().parent / "results"
 
 # The flags that decide which ggml / torch kernels run, out of the dozens /proc/cpuinfo lists.
 _FLAGS = ("sse4_2", "avx", "avx2", "fma", "f16c", "bmi2", "avx512f", "avx512bw", "avx512_vnni", "avx_vnni", "amx_tile")
+
+
+def publish(report: dict, out: Path, render: Callable[[dict, Path], str], section: str | None) -> str:
+    """Write a run's raw results to `out`, print the report rendered from them and, when `section` is given, put
+    it in docs/benchmarks.md under that heading; returns the text. The table always comes from the file's data."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=1))
+    text = render(report, out)
+    print(text)
+    if section is not None:
+        write_section(section, text)
+    return text
 
 
 def write_section(heading: str, text: str, docs: Path = DOCS) -> None:

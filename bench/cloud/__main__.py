@@ -17,7 +17,6 @@ serve` over them and, row by row, vllm-router (bench/cloud/fronts.py). Every row
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import tempfile
@@ -29,7 +28,7 @@ from bench.cloud.load import run_row
 from bench.cloud.render import render
 from bench.cloud.workloads import REGIMES, requests
 from bench.procs import tree_peak_rss_mib
-from bench.report import RESULTS, machine_facts, pct, write_section
+from bench.report import RESULTS, machine_facts, pct, publish
 from bench.versions import VLLM_ROUTER
 from cloud_pool.process import VllmProcess, free_port
 from cloud_pool.spec import CpuOptions, NoSpeculation, VllmSpec
@@ -181,13 +180,7 @@ def main() -> None:
               "vllm_router": VLLM_ROUTER, "model": str(model.name), "machine_before": before,
               "machine_after": machine_facts(), "wall_s": round(time.monotonic() - t0), "pools": pools,
               "skipped": skipped}
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=1))
-    text = render(report, out)
-    print(text)
-    if not args.no_docs:
-        write_section(SECTION, text)
+    publish(report, Path(args.out), render, None if args.no_docs else SECTION)
 
 
 if __name__ == "__main__":

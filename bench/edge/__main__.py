@@ -30,7 +30,7 @@ from bench.edge.client import Req, run_round
 from bench.edge.render import render
 from bench.edge.servers import MODELS, banned_tokens, base_url, make_servers, resolve_model
 from bench.procs import tree_cpu_seconds, tree_peak_rss_mib
-from bench.report import RESULTS, cpu_pressure, machine_facts, pct, write_section
+from bench.report import RESULTS, cpu_pressure, machine_facts, pct, publish
 from bench.versions import LLAMA_CPP_PYTHON
 
 SECTION = "## Edge node (bench/edge)"
@@ -129,13 +129,8 @@ def main() -> None:
     report = {"command": "python -m bench." + " ".join(["edge", *sys.argv[1:]]), "args": vars(args),
               "machine_before": before, "machine_after": machine_facts(), "wall_s": round(time.monotonic() - t0),
               "versions": {"llama_cpp_python": LLAMA_CPP_PYTHON, "llama_server_build": build}, "models": results}
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=1))
-    text = render(report, out)
-    print(text)
+    publish(report, Path(args.out), render, None if args.no_docs else SECTION)
     if not args.no_docs:
-        write_section(SECTION, text)
         print(f"wrote docs/benchmarks.md ({SECTION})", file=sys.stderr)
 
 

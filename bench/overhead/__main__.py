@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import shutil
 import struct
@@ -37,7 +36,7 @@ from bench.overhead.measure import fixed_rate, max_rate
 from bench.overhead.render import render
 from bench.overhead.targets import litellm_target, make_targets
 from bench.procs import Server, free_port, peak_rss_mib, tree_peak_rss_mib
-from bench.report import RESULTS, machine_facts, write_section
+from bench.report import RESULTS, machine_facts, publish
 from bench.versions import LITELLM
 from core.paths import tiergate_home
 
@@ -109,12 +108,7 @@ def main() -> None:
     if args.guest_halt_poll_ns is not None:
         name += f"-halt-poll-{args.guest_halt_poll_ns}ns"
     out = Path(args.out) if args.out else RESULTS / f"{name}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=1))
-    text = render(report, out)
-    print(text)
-    if not args.no_docs and name == "overhead":
-        write_section(SECTION, text)
+    publish(report, out, render, SECTION if not args.no_docs and name == "overhead" else None)
 
 
 def run(args) -> dict:

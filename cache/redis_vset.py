@@ -12,9 +12,13 @@ The hash tag `{<ns>}` keeps a namespace's keys in one slot. The scripts touch th
 evicted entries' keys themselves, which a single server (with or without replicas) allows; a Redis Cluster
 uses the stream layout (docs/cache.md says what a Cluster needs for this one).
 
-- lookup: exact `HGETALL`; semantic `VSIM ... WITHSCORES COUNT k EF ef` (threaded in Redis, ~1 ms of server
-  CPU at 1M entries), then one pipelined `HGETALL` of the candidates. A candidate whose hash is gone (expired,
-  evicted) is skipped and its vector removed in the background (`VREM`, only if the hash is still absent).
+- lookup: exact `HGETALL`; then semantic in one round trip: a script runs `VSIM ... WITHSCORES COUNT k EF ef`
+  and returns the hashes of the candidates at or above the floor with their scores. Inside a script VSIM runs
+  on Redis's main thread, which saves the thread Redis otherwise starts per query and the second round trip
+  (measured in docs/benchmarks.md); the price is that the search (about a millisecond at 1M entries) holds the
+  main thread. `vset_search_in_script=False` keeps VSIM threaded (two round trips) for a Redis that many
+  replicas search at once. A candidate whose hash is gone (expired, evicted) is skipped and its vector removed
+  in the background (`VREM`, only if the hash is still absent).
 - put: the hash, expiry and bound first (one script), then `VADD ... CAS` (the neighbour search runs in a Redis
   thread). A lookup between the two finds no vector yet: a miss, never an answer without its hash.
 - sweep: every `sweep_every_s`, any gateway removes up to 500 expired vectors per call (idempotent: gateways
@@ -102,6 +106,22 @@ end
 return 0
 """
 
+# VSIM and the candidates' hashes in one round trip (scores are VSIM's (1 + cosine) / 2).
+_SEARCH = """
+-- KEYS: 1 vector set.  ARGV: 1 FP32 blob, 2 count, 3 ef, 4 lowest score kept, 5 entry key prefix
+local found = redis.call('VSIM', KEYS[1], 'FP32', ARGV[1], 'WITHSCORES', 'COUNT', ARGV[2], 'EF', ARGV[3])
+local floor, out = tonumber(ARGV[4]), {}
+for i = 1, #found, 2 do
+  if tonumber(found[i + 1]) < floor then break end
+  out[#out + 1] = found[i]
+  out[#out + 1] = found[i + 1]
+  local row = redis.pcall('HGETALL', ARGV[5] .. found[i])
+  if row.err then row = row.err end  -- e.g. WRONGTYPE: returned as text, read as an unreadable entry
+  out[#out + 1] = row
+end
+return out
+"""
+
 _DELETE = _DROP + """
 -- KEYS: 1 entry hash, 2 sorted set.  ARGV: 1 key prefix, 2 member
 local n = redis.call('EXISTS', KEYS[1])
@@ -137,8 +157,10 @@ class VectorSetLayout:
         self._forget_script = conn.bg.register_script(_FORGET)
         self._sweep_script = conn.bg.register_script(_SWEEP)
         self._delete_script = conn.bg.register_script(_DELETE)
+        self._search_script = conn.r.register_script(_SEARCH)
+        self._in_script = s.vset_search_in_script
         self._vadd_opts: list[Any] = ["CAS", "Q8", "EF", s.vset_build_ef, "M", s.vset_m]
-        self._vsim_opts: list[Any] = ["EF", s.vset_search_ef]
+        self._search_ef = s.vset_search_ef
         self._entries: int | None = None
         self._unusable: OrderedDict[str, None] = OrderedDict()  # namespaces already logged (bounded)
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -155,31 +177,25 @@ class VectorSetLayout:
 
     # -- request path -----------------------------------------------------------------------------------
     async def get_many(self, namespace: str, entry_ids: list[str]) -> list[CacheEntry | None]:
-        async with self._c.r.pipeline(transaction=False) as pipe:
-            for eid in entry_ids:
-                pipe.hgetall(self._hash(namespace, eid))
-            rows = await pipe.execute(raise_on_error=False)
+        rows = await self._read(namespace, entry_ids)
         return [decode_entry(eid, row, self._c.metrics, self._dim) for eid, row in zip(entry_ids, rows, strict=True)]
 
     async def nearest(self, namespace: str, vector: np.ndarray, k: int,
                       min_sim: float) -> list[tuple[CacheEntry, float]]:
         blob = np.asarray(vector, "<f4").tobytes()
         try:
-            found = await self._c.r.execute_command("VSIM", self._vset(namespace), "FP32", blob, "WITHSCORES",
-                                                    "COUNT", k, *self._vsim_opts)
+            if self._in_script:
+                rows = await self._search(namespace, blob, k, min_sim)
+            else:
+                rows = await self._search_threaded(namespace, blob, k, min_sim)
         except ResponseError as exc:
             if not _unusable(exc):
                 raise
             self._unusable_namespace(namespace, exc)  # another dimension (a new embedder), a key of another type
             return []
-        # VSIM's score is (1 + cosine) / 2 of the int8 vectors: approximate, re-scored exactly by the caller.
-        cands = [(eid.decode(), 2.0 * float(score) - 1.0) for eid, score in _pairs(found)]
-        cands = [(eid, s) for eid, s in cands if s >= min_sim]
-        if not cands:
-            return []
-        entries = await self.get_many(namespace, [eid for eid, _ in cands])
         out, gone = [], []
-        for (eid, s), e in zip(cands, entries, strict=True):
+        for eid, s, row in rows:
+            e = decode_entry(eid, row, self._c.metrics, self._dim)
             if e is None:
                 gone.append(eid)
             else:
@@ -187,6 +203,27 @@ class VectorSetLayout:
         if gone:
             self._spawn(self._forget(namespace, gone))
         return out
+
+    # VSIM's score is (1 + cosine) / 2 of the int8 vectors: approximate, re-scored exactly by the caller.
+    async def _search(self, ns: str, blob: bytes, k: int, min_sim: float) -> list[tuple[str, float, Any]]:
+        flat = await self._search_script(keys=[self._vset(ns)], args=[blob, k, self._search_ef,
+                                                                       repr((1.0 + min_sim) / 2.0), self._hash(ns, "")])
+        return [(flat[i].decode(), 2.0 * float(flat[i + 1]) - 1.0, _row(flat[i + 2])) for i in range(0, len(flat), 3)]
+
+    async def _search_threaded(self, ns: str, blob: bytes, k: int, min_sim: float) -> list[tuple[str, float, Any]]:
+        found = await self._c.r.execute_command("VSIM", self._vset(ns), "FP32", blob, "WITHSCORES", "COUNT", k,
+                                                "EF", self._search_ef)
+        cands = [(eid.decode(), 2.0 * float(score) - 1.0) for eid, score in _pairs(found)]
+        cands = [(eid, s) for eid, s in cands if s >= min_sim]
+        rows = await self._read(ns, [eid for eid, _ in cands]) if cands else []
+        return [(eid, s, row) for (eid, s), row in zip(cands, rows, strict=True)]
+
+    async def _read(self, ns: str, entry_ids: list[str]) -> list[Any]:
+        """The entries' hashes in one pipelined round trip (an exception in place of an unreadable one)."""
+        async with self._c.r.pipeline(transaction=False) as pipe:
+            for eid in entry_ids:
+                pipe.hgetall(self._hash(ns, eid))
+            return await pipe.execute(raise_on_error=False)
 
     async def put(self, entry: CacheEntry, vector: np.ndarray | None) -> int:
         ns, eid = entry.namespace, entry.id
@@ -298,6 +335,15 @@ def _unusable(exc: ResponseError) -> bool:
     """A vector set this gateway cannot use (not a failing server): another dimension, or not a vector set."""
     text = str(exc).lower()
     return "dimension" in text or "wrongtype" in text
+
+
+def _row(flat: Any) -> dict[bytes, bytes] | ResponseError:
+    """HGETALL's flat reply inside a script, as the dict redis-py makes of it outside one (its error as the
+    exception a pipeline would have returned)."""
+    if isinstance(flat, bytes):
+        return ResponseError(flat.decode(errors="replace"))
+    items = list(flat or [])
+    return dict(zip(items[::2], items[1::2], strict=False))
 
 
 def _pairs(found: Any) -> list[tuple[bytes, float]]:

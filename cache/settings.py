@@ -44,6 +44,8 @@ class CacheSettings:
     vset_build_ef: int = 100
     vset_search_ef: int = 100
     vset_m: int = 16
+    # VSIM inside a script with the candidates' reads: one round trip, on Redis's main thread (cache.redis_vset)
+    vset_search_in_script: bool = True
     sweep_every_s: float = 5.0  # expired entries leave the index (in process, or Redis 8's) at least this often
     # Error-bounded hits (cache.errbound), for rules with `max_false_hit_rate`:
     judge_band: float = 0.05  # misses this far (cosine) below the cutoff have their answer judged too

@@ -174,11 +174,46 @@ async def test_corrupt_entries_are_misses_with_a_log_line(make_cache, version, r
         assert sample(registry, "tiergate_cache_errors_total", op="decode") >= 1
         c.delete(good)
         c.set(good, "not a hash")  # the wrong type altogether
-        assert (await cache.check(chat(Q), "acme", RULE)).status == "miss"
+        with capture_logs() as more:
+            assert (await cache.check(chat(Q), "acme", RULE)).status == "miss"
+            assert (await cache.check(chat(PARA), "acme", RULE)).status == "miss"
         assert (await cache.check(chat("What is a black hole?"), "acme", RULE)).status == "hit-exact"
+        logs += more
         assert not [e for e in logs if e["event"] in ("cache_lookup_error", "cache_sync_error")]
+        assert not [e for e in more if e["event"] == "cache_vector_set_unusable"]  # one entry, not the whole set
     finally:
         await cache.stop()
+
+
+@pytest.mark.parametrize("in_script", [True, False], ids=["one-round-trip", "threaded-vsim"])
+async def test_both_search_paths_find_the_same_candidates(make_cache, redis8_url, in_script):
+    """VSIM inside the search script (the default) and threaded VSIM plus a pipelined read give the same
+    answers: the paraphrase's entry, nothing under the floor, and a candidate whose hash is gone skipped and
+    its vector removed."""
+    cache, _ = await make_cache(redis8_url, vset_search_in_script=in_script)
+    try:
+        await cache.store(chat(Q), "acme", RULE, answer("Diversify."))
+        await cache.store(chat("What is a black hole?"), "acme", RULE, answer("A region of spacetime."))
+        res = await cache.check(chat(PARA), "acme", RULE)
+        assert res.status == "hit-semantic" and res.hit.answer.text == "Diversify."
+        key = request_key(chat(PARA), "acme")
+        vec = (await cache.batcher.embed(key.text)).values
+        found = await cache.backend.nearest(key.namespace, vec, 4, 0.5)
+        assert [e.text for e, _ in found] == [request_key(chat(Q), "acme").text]  # the black hole is under 0.5
+        assert 0.9 < found[0][1] <= 1.0
+        c = client(redis8_url)
+        (entry,) = [k for k in c.scan_iter(match="tiergate:cache:vs:*:e:*")
+                    if c.hget(k, "x") == found[0][0].text.encode()]
+        c.delete(entry)  # expired or evicted between the vector and its hash
+        assert await cache.backend.nearest(key.namespace, vec, 4, 0.5) == []
+        vset = f"tiergate:cache:vs:{{{key.namespace}}}:v"
+        await eventually(lambda: _card(c, vset, 1), "the orphaned vector to be removed")
+    finally:
+        await cache.stop()
+
+
+async def _card(c: redis.Redis, key: str, n: int) -> bool:
+    return c.execute_command("VCARD", key) == n
 
 
 async def test_a_vector_set_key_of_another_type_answers_no_candidates(make_cache, redis8_url):

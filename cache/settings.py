@@ -39,10 +39,11 @@ class CacheSettings:
     embed_linger_ms: float = 0.0
     embed_max_batch: int = 32
     hnsw_at: int = 20_000  # a namespace with more entries than this gets an HNSW graph (usearch)
-    # Redis 8 vector sets (measured in docs/benchmarks.md): build effort 100 keeps recall@1 ~0.98 at 1M entries
-    # for half the insert CPU of Redis's default 200; search effort 100 answers in ~1 ms of server CPU at 1M.
+    # Redis 8 vector sets (measured in docs/benchmarks.md, bench/cache/efsweep.py): build effort 100, half the
+    # insert CPU of Redis's default 200; search effort 50: recall@1 1.000 at 100k entries, and a third of EF 100's
+    # search time there.
     vset_build_ef: int = 100
-    vset_search_ef: int = 100
+    vset_search_ef: int = 50
     vset_m: int = 16
     # VSIM inside a script with the candidates' reads: one round trip, on Redis's main thread (cache.redis_vset)
     vset_search_in_script: bool = True

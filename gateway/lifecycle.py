@@ -81,8 +81,9 @@ class Gateway:
             s = self.settings
             judge = HttpJudge(s.cache_judge_url, s.cache_judge_model or "auto", s.cache_judge_key) \
                 if s.cache_judge_url else None
-            self.cache = build_cache(s.redis_url, s.embedder, settings=CacheSettings(store=s.cache_store),
-                                     metrics=CacheMetrics(self.registry), judge=judge)
+            settings = CacheSettings(store=s.cache_store, vset_search_in_script=s.cache_vset_search == "script")
+            self.cache = build_cache(s.redis_url, s.embedder, settings=settings, metrics=CacheMetrics(self.registry),
+                                     judge=judge)
             await self.cache.start()
         with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
             asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, self._on_sighup)

@@ -32,6 +32,8 @@ class Settings(BaseSettings):
     distill_file: Path = Field(default_factory=lambda: tiergate_home() / "distill.jsonl")  # records without Redis
     cache: bool = True
     cache_store: Literal["auto", "vectorset", "stream"] = "auto"  # Redis layout: auto (vector sets on Redis 8, else stream) | vectorset | stream
+    # Redis 8: VSIM inside the search script (one round trip, on Redis's main thread) or threaded (docs/cache.md)
+    cache_vset_search: Literal["script", "threaded"] = "script"
     cache_judge_url: str | None = None  # error-bounded rules: an OpenAI-compatible model judging answers
     cache_judge_model: str | None = None  # (default judge: the cache's embedder); see docs/cache.md
     cache_judge_key: str | None = None

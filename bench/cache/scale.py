@@ -379,7 +379,14 @@ async def child(version: str, n: int, url: str, queries: Path) -> dict[str, Any]
     await batcher.stop()
     kind = store.kind
     await store.stop()
-    return {"store": kind, "index_load_s": round(load_s, 1), "hnsw_build_s": round(build_s, 1),
+    ef_sweep = None
+    if kind == "redis-vectorset":
+        from bench.cache.efsweep import sweep
+        from cache.redis_vset import vset_key
+
+        ns, ids = _ids(n)
+        ef_sweep = sweep(url, vset_key(PREFIX, ns), [ids[i] for i in z["targets"].tolist()], z["queries"])
+    return {"store": kind, "ef_sweep": ef_sweep, "index_load_s": round(load_s, 1), "hnsw_build_s": round(build_s, 1),
             "semantic_hit_rate": round(hits / max(len(no_embed), 1), 3), "bypassed": bypassed + statuses.get("bypass", 0),
             "lookups": len(reqs) + len(prompts),
             "no_embedding": {"p50_ms": _ms(np.median(no_embed)), "p99_ms": _ms(np.percentile(no_embed, 99))},
@@ -546,4 +553,17 @@ def render(rows: list[dict[str, Any]]) -> list[str]:
             f"{r['index_load_s']} + {r['hnsw_build_s']} | {g['first_semantic_hit_s']} ({g['ready_s']}) | "
             f"{g['gateway_rss_mib']} | {r['redis']['rss_mib']} ({r['redis']['used_memory_mib']}) | "
             f"{r['load_avg_1m']} |")
+    sweeps = [r for r in rows if r.get("ef_sweep")]
+    if sweeps:
+        lines += ["", ("Redis 8's search effort (bench/cache/efsweep.py, same server and queries): recall@1 (the stored "
+                       "vector each query was made from comes first) and client-side VSIM p50 / p99 ms, on Redis's "
+                       "main thread (NOTHREAD, as in the product's search script) and threaded."), "",
+                  "| entries | EF | recall@1 | main thread p50 / p99 ms | threaded p50 / p99 ms |", "|---|---|---|---|---|"]
+        for r in sweeps:
+            by = {(x["ef"], x["mode"]): x for x in r["ef_sweep"]}
+            for ef in sorted({x["ef"] for x in r["ef_sweep"]}):
+                a, b = by[(ef, "NOTHREAD")], by[(ef, "threaded")]
+                mark = " (product)" if ef == s.vset_search_ef else ""
+                lines.append(f"| {r['entries']:,} | {ef}{mark} | {a['recall_at_1']:.3f} | {a['p50_ms']} / {a['p99_ms']} | "
+                             f"{b['p50_ms']} / {b['p99_ms']} |")
     return lines

@@ -108,7 +108,7 @@ def test_two_gateway_processes_share_one_redis_8(tmp_path: Path, redis8_server, 
         env = {"TIERGATE_POLICY": str(tmp_path / "policy.yaml"), "TIERGATE_API_KEYS_FILE": str(tmp_path / "keys.yaml"),
                "TIERGATE_REDIS_URL": url, "TIERGATE_EMBEDDER": str(embedder_dir)}
         one = es.enter_context(serve(tmp_path, "one", env))
-        two = es.enter_context(serve(tmp_path, "two", env))
+        two = es.enter_context(serve(tmp_path, "two", env | {"TIERGATE_CACHE_VSET_SEARCH": "threaded"}))  # both paths
 
         for gw in (one, two):  # which store serves, in /readyz
             cache = httpx.get(gw + "/readyz", timeout=5).json()["cache"]

@@ -26,9 +26,9 @@ from pathlib import Path
 
 from bench.anchors import ensure_llama_cpp_server, ensure_llama_server
 from bench.edge.ceiling import kernel_ceiling
-from bench.edge.client import Req, run_round
+from bench.edge.client import Req, prompt, run_round
 from bench.edge.render import render
-from bench.edge.servers import MODELS, banned_tokens, base_url, make_servers, resolve_model
+from bench.edge.servers import MODELS, banned_tokens, base_url, make_servers, prompt_tokens, resolve_model
 from bench.procs import tree_cpu_seconds, tree_peak_rss_mib
 from bench.report import RESULTS, cpu_pressure, machine_facts, pct, publish
 from bench.versions import LLAMA_CPP_PYTHON
@@ -71,6 +71,9 @@ def bench_model(key: str, args, llama_server, lcp_bin, logs) -> dict:
         for s in servers:
             s.start(timeout_s=300)
             run_round(base_url(s), 1, 1, 8, banned, offset=10_000)  # warm-up: first-request costs off the clock
+        seen = {s.name: prompt_tokens(s, prompt(0)) for s in servers}
+        if len({n for n in seen.values() if n is not None}) > 1:
+            raise SystemExit(f"the servers make different prompts of the same message: {seen} prompt tokens")
         n = 0
         for rep in range(args.repeats):
             for ci, c in enumerate(args.streams):
@@ -95,7 +98,7 @@ def bench_model(key: str, args, llama_server, lcp_bin, logs) -> dict:
         for s in servers:
             s.stop()
     return {"model": key, "title": spec.title, "file": model.name, "size_mib": round(model.stat().st_size / 2**20),
-            "banned_tokens": banned, "kernel_cpu_ms_per_token": ceiling, "peak_rss_mib": rss,
+            "banned_tokens": banned, "prompt_tokens_seen": seen, "kernel_cpu_ms_per_token": ceiling, "peak_rss_mib": rss,
             "cells": {name: {c: summarise(rs) for c, rs in by.items()} for name, by in rounds.items()},
             "rounds": rounds}
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import aiohttp
 
-__all__ = ["Req", "body", "run_round"]
+__all__ = ["Req", "body", "prompt", "run_round"]
 
 _WORDS = ("harbour", "glacier", "orchard", "lantern", "compass", "meadow", "violin", "quarry", "falcon", "canyon",
           "ember", "pepper", "saddle", "tunnel", "walnut", "ribbon", "thunder", "marble", "island", "cobalt")

@@ -55,6 +55,9 @@ def _model(m: dict) -> list[str]:
     lines += ["", "Peak RSS (VmHWM, model loading included): " + ", ".join(rss) + ". Bare `llama_decode`, CPU ms per "
               "token on one thread (no sampling, no server): " + " | ".join(f"batch {b}: {v:.2f}" for b, v in k.items())
               + "."]
+    if m.get("prompt_tokens_seen"):
+        lines += ["", "Prompt tokens each server made of the same chat message (checked equal before measuring): "
+                  + ", ".join(f"{k} {'-' if v is None else v}" for k, v in m["prompt_tokens_seen"].items()) + "."]
     g = goals(m)
     lines += ["", "edge-node vs llama-server: " + "; ".join(
         f"{x['streams']} stream{'s' if x['streams'] > 1 else ''}: {x['tok_ratio']:.2f}x tokens/s, "
@@ -80,7 +83,8 @@ def render(report: dict, out: Path) -> str:
         f"package with `{' '.join(b['cmake_args'])}`, {b['compiler']}) with `-np {max(a['streams'])}` continuous "
         f"batching, and llama-cpp-python's `llama_cpp.server` (`--interrupt_requests false`; one request at a time). "
         f"All: one llama.cpp thread (`-t 1 -tb 1`), 512-token batches, {a['ctx']} tokens of context per slot, the "
-        "model's chat template. Each round: N streams, each sending "
+        "model's chat template (Gemma's base model has none: llama.cpp's built-in `gemma` template for all three; "
+        "llama-server needs `--no-jinja` to read that name as a built-in template). Each round: N streams, each sending "
         f"{a['requests']} streaming chat requests back to back, {a['tokens']} output tokens each (end-of-generation "
         "tokens banned by `logit_bias`, so every server does the same work; temperature 0.7, top_k 40, top_p 1, "
         "min_p 0.05, distinct prompts and seeds); the three servers take turns, order rotating, "

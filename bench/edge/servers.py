@@ -27,7 +27,7 @@ from urllib.parse import urlsplit
 from bench.procs import Server, free_port
 from core.paths import tiergate_home
 
-__all__ = ["MODELS", "ModelSpec", "banned_tokens", "base_url", "make_servers", "resolve_model"]
+__all__ = ["MODELS", "ModelSpec", "banned_tokens", "base_url", "make_servers", "prompt_tokens", "resolve_model"]
 
 
 @dataclass(frozen=True)
@@ -96,7 +96,9 @@ def make_servers(model: Path, spec: ModelSpec, llama_server: Path, lcp_bin: Path
                 "--n_threads_batch", "1", "--n_ctx", str(ctx), "--n_batch", "512", "--interrupt_requests", "false",
                 "--model_alias", "bench"]
     if spec.template:
-        ls_args += ["--chat-template", spec.template]
+        # A built-in template's name is only read as a name with Jinja off: with Jinja on (the default), llama-server
+        # takes "gemma" as the template text itself and every prompt becomes the 3 tokens of that word.
+        ls_args += ["--no-jinja", "--chat-template", spec.template]
         lcp_args += ["--chat_format", spec.template]
     return [edge,
             Server("llama-server", ls_args, f"http://127.0.0.1:{lp}/health", log=logs / f"{stem}-llama-server.log"),
@@ -107,3 +109,14 @@ def make_servers(model: Path, spec: ModelSpec, llama_server: Path, lcp_bin: Path
 def base_url(server: Server) -> str:
     u = urlsplit(server.health_url)
     return f"{u.scheme}://{u.netloc}"
+
+
+def prompt_tokens(server: Server, text: str) -> int | None:
+    """How many prompt tokens the server makes of one chat message (its usage; None when it reports none): every
+    server must see the same prompt, or the comparison is not of the same work."""
+    import httpx
+
+    r = httpx.post(base_url(server) + "/v1/chat/completions", timeout=120, json={
+        "model": "bench", "max_tokens": 1, "temperature": 0, "messages": [{"role": "user", "content": text}]})
+    r.raise_for_status()
+    return (r.json().get("usage") or {}).get("prompt_tokens")

@@ -139,7 +139,7 @@ class RedisProc:
     def memory(self) -> dict[str, float]:
         import redis
 
-        client = redis.Redis(port=self.port)
+        client = redis.Redis(port=self.port, socket_timeout=60)
         try:
             used = client.info("memory")["used_memory"]
             server_version = client.info("server")["redis_version"]
@@ -151,7 +151,7 @@ class RedisProc:
     def save_to(self, path: Path) -> None:
         import redis
 
-        client = redis.Redis(port=self.port)
+        client = redis.Redis(port=self.port, socket_timeout=3600)  # SAVE of 1M entries: tens of seconds
         try:
             client.save()
         finally:
@@ -205,7 +205,7 @@ def fill(server: RedisProc, n: int) -> dict[str, float]:
     now = time.time()
     exp = now + 30 * 86_400
     ans = CachedAnswer("chat", "a synthetic answer of a few words", "stop", MODEL, "edge", 20, 12, int(now))
-    client = redis.Redis(port=server.port)
+    client = redis.Redis(port=server.port, socket_timeout=600)
     started = time.perf_counter()
     vadd_s = 0.0
     try:

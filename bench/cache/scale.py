@@ -553,6 +553,17 @@ def render(rows: list[dict[str, Any]]) -> list[str]:
             f"{r['index_load_s']} + {r['hnsw_build_s']} | {g['first_semantic_hit_s']} ({g['ready_s']}) | "
             f"{g['gateway_rss_mib']} | {r['redis']['rss_mib']} ({r['redis']['used_memory_mib']}) | "
             f"{r['load_avg_1m']} |")
+    r8 = sorted((r for r in rows if r["version"] == "redis8"), key=lambda r: r["entries"])
+    if r8:
+        big, rss = r8[-1], [r["gateway"]["gateway_rss_mib"] for r in r8]
+        checks = [(f"lookup p50 <= 2 ms at {big['entries']:,} entries", big["no_embedding"]["p50_ms"] <= 2.0,
+                   f"{big['no_embedding']['p50_ms']} ms"),
+                  ("gateway RSS independent of the entry count", max(rss) - min(rss) <= 0.1 * min(rss),
+                   " / ".join(f"{x} MiB" for x in rss) + " at " + " / ".join(f"{r['entries']:,}" for r in r8)),
+                  ("first semantic hit within 5 s of start", all(r["gateway"]["first_semantic_hit_s"] <= 5 for r in r8),
+                   " / ".join(f"{r['gateway']['first_semantic_hit_s']} s" for r in r8))]
+        lines += ["", "Redis 8 targets: " + "; ".join(f"{what}: {got} — **{'met' if ok else 'not met'}**"
+                                                       for what, ok, got in checks) + "."]
     sweeps = [r for r in rows if r.get("ef_sweep")]
     if sweeps:
         lines += ["", ("Redis 8's search effort (bench/cache/efsweep.py, same server and queries): recall@1 (the stored "

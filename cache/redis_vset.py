@@ -107,7 +107,8 @@ return 0
 """
 
 # VSIM and the candidates' hashes in one round trip (scores are VSIM's (1 + cosine) / 2).
-_SEARCH = """
+_SEARCH = """#!lua flags=no-writes
+-- (read-only: served while writes are paused, e.g. during a FAILOVER)
 -- KEYS: 1 vector set.  ARGV: 1 FP32 blob, 2 count, 3 ef, 4 lowest score kept, 5 entry key prefix
 local found = redis.call('VSIM', KEYS[1], 'FP32', ARGV[1], 'WITHSCORES', 'COUNT', ARGV[2], 'EF', ARGV[3])
 local floor, out = tonumber(ARGV[4]), {}

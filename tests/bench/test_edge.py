@@ -99,3 +99,33 @@ def test_report_is_built_from_the_result_file(tmp_path: Path) -> None:
     assert [g["met"] for g in goals(model)] == [True, True]
     assert cells["edge-node"][4]["tokens"] == 400 and cells["edge-node"][4]["failed"] == 0
     assert Req(sent=0.0, first=1.0, last=3.0, tokens=5).tpot == 0.5
+
+
+def test_llama_server_reads_a_named_template_as_a_built_in_one(tmp_path: Path) -> None:
+    """With Jinja on (its default) llama-server takes `--chat-template gemma` as the template text itself, and every
+    prompt becomes the word "gemma": the name must come after --no-jinja."""
+    from bench.edge.servers import MODELS, make_servers
+
+    servers = make_servers(tmp_path / "m.gguf", MODELS["gemma"], tmp_path / "llama-server", tmp_path, 4, 512, tmp_path)
+    args = next(s for s in servers if s.name == "llama-server").args
+    i = args.index("--chat-template")
+    assert args[i + 1] == "gemma" and "--no-jinja" in args[:i]
+    smol = make_servers(tmp_path / "m.gguf", MODELS["smollm2"], tmp_path / "llama-server", tmp_path, 4, 512, tmp_path)
+    assert "--chat-template" not in next(s for s in smol if s.name == "llama-server").args  # the GGUF's own template
+
+
+def test_report_shows_the_prompt_tokens_each_server_made(tmp_path: Path) -> None:
+    cells = {name: {1: summarise([_round(100, 1.0, [0.1])])} for name in ("edge-node", "llama-server",
+                                                                         "llama_cpp.server")}
+    model = {"model": "demo", "title": "a model", "file": "m.gguf", "size_mib": 1, "banned_tokens": [2],
+             "kernel_cpu_ms_per_token": {1: 1.0}, "cells": cells, "peak_rss_mib": {},
+             "rounds": {}, "prompt_tokens_seen": {"edge-node": 30, "llama-server": 30, "llama_cpp.server": None}}
+    facts = {"cpu_model": "CPU", "cpu_flags": ["avx2"], "cpus": 2, "mem_total_gib": 24.0, "load_average": [1, 1, 1],
+             "cpuidle_governor": "menu", "guest_halt_poll_ns": None, "kernel": "6", "python": "3.11"}
+    report = {"command": "python -m bench.edge", "args": {"streams": [1], "ctx": 512, "requests": 2, "tokens": 8,
+              "repeats": 1}, "machine_before": facts, "machine_after": facts, "wall_s": 60,
+              "versions": {"llama_cpp_python": "0.3.36", "llama_server_build": {"cmake_args": [], "compiler": "c++"}},
+              "models": [model]}
+    text = render(report, tmp_path / "bench" / "results" / "edge.json")
+    assert "same chat message (checked equal before measuring): edge-node 30, llama-server 30, llama_cpp.server -." \
+        in text

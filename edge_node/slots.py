@@ -62,12 +62,19 @@ class SlotTable:
         prompt = req.prompt
         limit = len(prompt) - 1  # at least one prompt token must be decoded to get logits
 
-        def score(s: Slot) -> tuple[int, int, float]:
-            # Reuse a slot's cache when it shares enough; otherwise take the slot with the least
-            # cached (least recently used on ties), so useful prefixes survive for later requests.
+        # One KV buffer for all slots (kv_unified) decodes any mix of sequences together: no runs to keep.
+        busy = set() if self.rt.cfg.kv_unified else {s.seq for s in self.slots if s.request is not None}
+
+        def score(s: Slot) -> tuple[int, int, int, float]:
+            # Reuse a slot's cache when it shares enough. Otherwise keep the busy sequence ids in as few
+            # consecutive runs as possible: with a KV stream per slot, llama.cpp decodes only consecutive
+            # sequence ids together (llama_batch_allocr::split_equal, sequential), so every extra run is one more
+            # pass over the weights per step. Then the slot with the least cached (least recently used on
+            # ties), so useful prefixes survive for later requests.
             common = min(_common_prefix(s.tokens, prompt), limit)
             useful = common if common >= self._prefix_reuse_min else 0
-            return useful, -len(s.tokens), -s.last_used
+            new_runs = (1 - ((s.seq - 1) in busy) - ((s.seq + 1) in busy)) if busy else 0
+            return useful, -new_runs, -len(s.tokens), -s.last_used
 
         slot = max(free, key=score)
         own = min(_common_prefix(slot.tokens, prompt), limit)

@@ -132,7 +132,8 @@ def render(out: dict[str, Any]) -> str:
     sizes = sorted({r["entries"] for r in out["scales"]})
     lines += [f"### Redis 8 (vector sets) beside Redis 7 (stream layout) at {', '.join(f'{n:,}' for n in sizes)} "
               "entries", ""]
-    lines += [f"Command: `{out.get('scales_command', command)}` ({out.get('scales_when', when)}).", ""]
+    lines += [f"Command: `{out.get('scales_command', command)}` ({out.get('scales_when', when)})."
+              + (f" {out['scales_note']}" if out.get("scales_note") else ""), ""]
     lines += scale.render(out["scales"])
     lines += ["", (f"Embedding one {emb['words']}-word prompt, one thread: p50 {emb['p50_ms']} ms, "
               f"p99 {emb['p99_ms']} ms."), ""]
@@ -229,6 +230,7 @@ def main() -> None:
     if "scales" in parts:
         out["scales"] = scale.run([s.strip() for s in args.scales.split(",") if s.strip()], versions)
         out["scales_command"], out["scales_when"] = command, today
+        out.pop("scales_note", None)  # a note on an earlier, interrupted run
     if "errbound" in parts:
         print("error-bounded hits on the labelled pairs ...", file=sys.stderr)
         out["errbound"] = errbound.run() | {"command": command, "when": today}

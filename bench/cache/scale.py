@@ -556,8 +556,10 @@ def render(rows: list[dict[str, Any]]) -> list[str]:
     r8 = sorted((r for r in rows if r["version"] == "redis8"), key=lambda r: r["entries"])
     if r8:
         big, rss = r8[-1], [r["gateway"]["gateway_rss_mib"] for r in r8]
-        checks = [(f"lookup p50 <= 2 ms at {big['entries']:,} entries", big["no_embedding"]["p50_ms"] <= 2.0,
-                   f"{big['no_embedding']['p50_ms']} ms"),
+        at_1m = big["entries"] >= SCALES["1m"]
+        checks = [("lookup p50 <= 2 ms at 1,000,000 entries", at_1m and big["no_embedding"]["p50_ms"] <= 2.0,
+                   f"{big['no_embedding']['p50_ms']} ms" if at_1m else
+                   f"no 1,000,000 row in this run (at {big['entries']:,}: {big['no_embedding']['p50_ms']} ms)"),
                   ("gateway RSS independent of the entry count", max(rss) - min(rss) <= 0.1 * min(rss),
                    " / ".join(f"{x} MiB" for x in rss) + " at " + " / ".join(f"{r['entries']:,}" for r in r8)),
                   ("first semantic hit within 5 s of start", all(r["gateway"]["first_semantic_hit_s"] <= 5 for r in r8),

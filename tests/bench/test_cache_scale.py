@@ -31,3 +31,5 @@ def test_targets_are_judged_at_the_largest_scale() -> None:
     text = "\n".join(render(rows))
     assert "at 1,000,000 entries: 1.9 ms — **met**" in text and "entry count: 200 MiB / 400 MiB" in text
     assert "1,000,000 — **not met**" in text
+    text = "\n".join(render([rows[0], rows[2]]))  # no Redis 8 row at 1M: the target is not judged met
+    assert "no 1,000,000 row in this run (at 10,000: 1.2 ms) — **not met**" in text

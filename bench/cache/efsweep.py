@@ -12,6 +12,7 @@ import time
 from typing import Any
 
 import numpy as np
+import redis
 
 __all__ = ["EFS", "sweep"]
 
@@ -20,8 +21,6 @@ EFS = (32, 50, 100, 200)
 
 def sweep(url: str, key: str, ids: list[str], queries: np.ndarray, efs: tuple[int, ...] = EFS) -> list[dict[str, Any]]:
     """`ids[i]` is the element query i was made from."""
-    import redis
-
     client = redis.Redis.from_url(url)
     out = []
     try:

@@ -35,7 +35,9 @@ from typing import Any
 
 import numpy as np
 
+from bench.cache.efsweep import sweep
 from bench.procs import Server, cpu_seconds, free_port, peak_rss_mib
+from cache.redis_vset import entry_key, vset_key, zset_key
 
 REPO = Path(__file__).resolve().parents[2]
 SNAPSHOTS = REPO / ".tiergate" / "bench" / "cache"
@@ -197,7 +199,6 @@ def fill(server: RedisProc, n: int) -> dict[str, float]:
     import redis
 
     from cache.redis_codec import entry_fields
-    from cache.redis_vset import entry_key, vset_key, zset_key
     from cache.types import CachedAnswer, CacheEntry
 
     ns, ids = _ids(n)
@@ -381,9 +382,6 @@ async def child(version: str, n: int, url: str, queries: Path) -> dict[str, Any]
     await store.stop()
     ef_sweep = None
     if kind == "redis-vectorset":
-        from bench.cache.efsweep import sweep
-        from cache.redis_vset import vset_key
-
         ns, ids = _ids(n)
         ef_sweep = sweep(url, vset_key(PREFIX, ns), [ids[i] for i in z["targets"].tolist()], z["queries"])
     return {"store": kind, "ef_sweep": ef_sweep, "index_load_s": round(load_s, 1), "hnsw_build_s": round(build_s, 1),

@@ -24,6 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
+import httpx
+
 from bench.procs import Server, free_port
 from core.paths import tiergate_home
 
@@ -114,8 +116,6 @@ def base_url(server: Server) -> str:
 def prompt_tokens(server: Server, text: str) -> int | None:
     """How many prompt tokens the server makes of one chat message (its usage; None when it reports none): every
     server must see the same prompt, or the comparison is not of the same work."""
-    import httpx
-
     r = httpx.post(base_url(server) + "/v1/chat/completions", timeout=120, json={
         "model": "bench", "max_tokens": 1, "temperature": 0, "messages": [{"role": "user", "content": text}]})
     r.raise_for_status()

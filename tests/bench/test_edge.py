@@ -19,6 +19,7 @@ from starlette.routing import Route
 from bench.edge.__main__ import summarise
 from bench.edge.client import Req, body, run_round
 from bench.edge.render import goals, render
+from bench.edge.servers import MODELS, make_servers
 
 
 def _sse(with_usage: bool):
@@ -104,8 +105,6 @@ def test_report_is_built_from_the_result_file(tmp_path: Path) -> None:
 def test_llama_server_reads_a_named_template_as_a_built_in_one(tmp_path: Path) -> None:
     """With Jinja on (its default) llama-server takes `--chat-template gemma` as the template text itself, and every
     prompt becomes the word "gemma": the name must come after --no-jinja."""
-    from bench.edge.servers import MODELS, make_servers
-
     servers = make_servers(tmp_path / "m.gguf", MODELS["gemma"], tmp_path / "llama-server", tmp_path, 4, 512, tmp_path)
     args = next(s for s in servers if s.name == "llama-server").args
     i = args.index("--chat-template")

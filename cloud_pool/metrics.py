@@ -7,7 +7,12 @@ of a gateway (the series carry the tier); the gateway passes its own registry, a
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from prometheus_client import CollectorRegistry, Counter, Gauge
+
+if TYPE_CHECKING:
+    from cloud_pool.vllm_metrics import Rates, VllmMetrics
 
 __all__ = ["CloudMetrics"]
 
@@ -39,6 +44,10 @@ class CloudMetrics:
             "tiergate_cloud_spec_decode_mean_accepted_length",
             "Tokens produced per decoding step with speculation (1 + accepted per draft) over the recent window",
             _EP, registry=r)
+        self.prefix_memory_keys = Gauge(
+            "tiergate_cloud_prefix_memory_keys",
+            "Prompt prefixes this gateway believes the server holds in its KV cache (cloud_pool.prefix_memory)",
+            _EP, registry=r)
         self.breaker_state = Gauge("tiergate_cloud_breaker_state", "Circuit breaker: 0 closed, 1 half-open, 2 open",
                                    _EP, registry=r)
         self.breaker_opened = Counter("tiergate_cloud_breaker_opened", "Times the circuit breaker opened", _EP,
@@ -49,12 +58,27 @@ class CloudMetrics:
             [*_EP, "kind"], registry=r)
         self.selections = Counter(
             "tiergate_cloud_selections",
-            "Routing choices by strategy and reason (affinity, spill, no_key, round_robin, least_load, probe)",
+            "Routing choices by strategy and reason (affinity, cached, spill, no_key, round_robin, least_load, probe)",
             ["tier", "strategy", "reason"], registry=r)
         self._per_endpoint = (self.endpoint_healthy, self.endpoint_load, self.endpoint_running,
                               self.endpoint_waiting, self.endpoint_kv_cache_usage, self.prefix_cache_hit_rate,
                               self.spec_acceptance_rate, self.spec_mean_accepted_length, self.breaker_state,
-                              self.breaker_opened)
+                              self.breaker_opened, self.prefix_memory_keys)
+
+    def record_reading(self, tier: str, endpoint: str, load: float, reading: VllmMetrics, rates: Rates,
+                       remembered: int) -> None:
+        """One server's poll: its routing load, vLLM's gauges, the rates known over the window, and how many
+        prefixes the gateway believes it holds."""
+        self.endpoint_load.labels(tier, endpoint).set(load)
+        self.prefix_memory_keys.labels(tier, endpoint).set(remembered)
+        self.endpoint_running.labels(tier, endpoint).set(reading.running)
+        self.endpoint_waiting.labels(tier, endpoint).set(reading.waiting)
+        self.endpoint_kv_cache_usage.labels(tier, endpoint).set(reading.kv_cache_usage)
+        for gauge, value in ((self.prefix_cache_hit_rate, rates.prefix_cache_hit_rate),
+                             (self.spec_acceptance_rate, rates.spec_acceptance_rate),
+                             (self.spec_mean_accepted_length, rates.spec_mean_accepted_length)):
+            if value is not None:  # unknown over the window (no queries, no drafts): left as it was
+                gauge.labels(tier, endpoint).set(value)
 
     def forget(self, tier: str, endpoint: str) -> None:
         """Remove an endpoint's labelled series (it left the pool)."""

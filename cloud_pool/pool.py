@@ -112,6 +112,7 @@ class CloudPool:
         dns_interval_s: float = 10.0,
         slots: int = 256,
         load_bound: float = 1.2,
+        cached_load_bound: float | None = None,
         affinity_chars: int = 256,
         breaker_threshold: int = 3,
         breaker_open_s: float = 10.0,
@@ -139,7 +140,8 @@ class CloudPool:
         self.slots = slots
         self.model_check_every = model_check_every
         self.slow_polls_unhealthy = max(1, slow_polls_unhealthy)
-        self.selector = Selector(strategy, bound=load_bound, affinity_chars=affinity_chars)
+        self.selector = Selector(strategy, bound=load_bound, cached_bound=cached_load_bound,
+                                 affinity_chars=affinity_chars)
         self._breaker_threshold = breaker_threshold
         self._breaker_open_s = breaker_open_s
         self._rate_window_s = rate_window_s
@@ -165,7 +167,7 @@ class CloudPool:
         servers = [s for s in self._servers.values() if s.healthy and s.breaker.available()]
         probe = next((s for s in servers if s.breaker.state is BreakerState.HALF_OPEN), None)
         closed = [s.endpoint for s in servers if s.breaker.state is BreakerState.CLOSED]
-        choice = self.selector.order(request, closed)
+        choice = self.selector.order(request, closed, features.prompt_tokens if features is not None else None)
         order = choice.order if choice else []
         reason = choice.reason if choice else None
         if probe is not None and probe.breaker.acquire():
@@ -276,6 +278,7 @@ class CloudPool:
         for ep_id, server in list(self._servers.items()):
             if not server.static and ep_id not in found:
                 del self._servers[ep_id]
+                self.selector.memory.set_capacity(ep_id, None)
                 self.metrics.forget(self.tier, ep_id)
                 log.info("cloud endpoint left dns", tier=self.tier, endpoint=ep_id, dns=self.dns)
         self.metrics.endpoints.labels(self.tier).set(len(self._servers))
@@ -346,10 +349,17 @@ class CloudPool:
         if reading is None:
             if kind in _LOST:  # requests waiting for this server's answer to begin go elsewhere (dispatch)
                 ep.declare_lost(reason)
+            if kind == "unreachable":  # the process is gone: whatever comes back starts with an empty cache
+                self.selector.memory.forget(ep.id)
             server.model_checked_at_poll = None  # re-check the model when it comes back
             self.metrics.poll_failures.labels(self.tier, ep.id, kind or "unknown").inc()
             self._sync_breaker_gauge(server)
             return
+        memory = self.selector.memory  # sized to the server's KV cache; emptied when it restarted (counters fell)
+        if server.reading is not None and reading.prefix_cache_queries < server.reading.prefix_cache_queries:
+            log.info("cloud endpoint restarted: its prefix cache is empty", tier=self.tier, endpoint=ep.id)
+            memory.forget(ep.id)
+        memory.set_capacity(ep.id, reading.kv_tokens)
         server.reading = reading
         if warning := context_mismatch(ep, self.max_context, reading.max_model_len):
             log.warning("tier_context_larger_than_server", tier=self.tier, endpoint=ep.id, message=warning,
@@ -364,16 +374,7 @@ class CloudPool:
             spec_acceptance_rate=server.rates.spec_acceptance_rate,
             spec_mean_accepted_length=server.rates.spec_mean_accepted_length,
         )
-        self.metrics.endpoint_load.labels(self.tier, ep.id).set(ep.load())
-        self.metrics.endpoint_running.labels(self.tier, ep.id).set(reading.running)
-        self.metrics.endpoint_waiting.labels(self.tier, ep.id).set(reading.waiting)
-        self.metrics.endpoint_kv_cache_usage.labels(self.tier, ep.id).set(reading.kv_cache_usage)
-        if server.rates.prefix_cache_hit_rate is not None:
-            self.metrics.prefix_cache_hit_rate.labels(self.tier, ep.id).set(server.rates.prefix_cache_hit_rate)
-        if server.rates.spec_acceptance_rate is not None:
-            self.metrics.spec_acceptance_rate.labels(self.tier, ep.id).set(server.rates.spec_acceptance_rate)
-        if server.rates.spec_mean_accepted_length is not None:
-            self.metrics.spec_mean_accepted_length.labels(self.tier, ep.id).set(server.rates.spec_mean_accepted_length)
+        self.metrics.record_reading(self.tier, ep.id, ep.load(), reading, server.rates, memory.size(ep.id)[0])
         self._sync_breaker_gauge(server)
 
     def _sync_breaker_gauge(self, server: _Server) -> None:

@@ -50,12 +50,19 @@ class VllmMetrics:
     spec_accepted_tokens: float = 0.0
     spec_decode: bool = False  # the server exposes speculative-decoding counters
     block_size: int | None = None  # from vllm:cache_config_info, when present
+    kv_blocks: int | None = None  # the KV cache's size in blocks (num_gpu_blocks of vllm:cache_config_info)
     max_model_len: int | None = None  # the served model's context, from /v1/models (read with the model check)
+
+    @property
+    def kv_tokens(self) -> int | None:
+        """The KV cache's size in tokens, when the server says (cache_config_info)."""
+        return self.kv_blocks * self.block_size if self.kv_blocks and self.block_size else None
 
 
 _SAMPLES = {_RUNNING: _RUNNING, _WAITING: _WAITING, **{k: "kv" for k in _KV_USAGE},
             **{name + "_total": key for name, key in _COUNTERS.items()}}
 _BLOCK_SIZE = re.compile(r'[{,]block_size="(\d+)"')
+_KV_BLOCKS = re.compile(r'[{,]num_gpu_blocks="(\d+)"')
 
 
 def _sample(line: str) -> tuple[str, str, float] | None:
@@ -91,6 +98,7 @@ def parse(text: str) -> VllmMetrics:
     seen_running = False
     spec = False
     block_size: int | None = None
+    kv_blocks: int | None = None
     for line in text.splitlines():
         if not line.startswith("vllm:"):
             continue
@@ -102,6 +110,8 @@ def parse(text: str) -> VllmMetrics:
         if name == "vllm:cache_config_info":
             if m := _BLOCK_SIZE.search(labels):
                 block_size = int(m.group(1))
+            if m := _KV_BLOCKS.search(labels):
+                kv_blocks = int(m.group(1))
         elif key == "kv":
             kv.append(value)
         else:
@@ -124,6 +134,7 @@ def parse(text: str) -> VllmMetrics:
         spec_accepted_tokens=sums.get("spec_accepted_tokens", 0.0),
         spec_decode=spec,
         block_size=block_size,
+        kv_blocks=kv_blocks,
     )
 
 

@@ -53,7 +53,8 @@ def make_pool(config: TierConfig, redis: object | None, cloud_metrics: CloudMetr
         options.update(dns=discovery.dns, port=discovery.port, dns_interval_s=discovery.interval_s,
                        scheme=discovery.scheme)
     if routing is not None:
-        options.update(strategy=routing.strategy, load_bound=routing.load_bound, affinity_chars=routing.affinity_chars)
+        options.update(strategy=routing.strategy, load_bound=routing.load_bound,
+                       cached_load_bound=routing.cached_load_bound, affinity_chars=routing.affinity_chars)
         if routing.max_num_seqs:
             options["slots"] = routing.max_num_seqs
     return CloudPool(config.name, model, list(config.endpoints), metrics=cloud_metrics, **options)

@@ -402,10 +402,22 @@ class RoutingConfig(_Model):
         description="prefix only: a server takes a request while its load stays within ceil(load_bound x its fair "
                     "share); lower balances more (1.2 keeps max/mean load <= 1.3 even under one hot prefix), "
                     "higher keeps more prefixes on their server")
+    cached_load_bound: float | None = Field(
+        None, ge=1.0, le=15.0,
+        description="prefix only: the bound for a server that probably holds the request's prefix in its KV cache "
+                    "(it was sent that prefix recently; cloud_pool.prefix_memory), since the request costs it only "
+                    "the uncached suffix; default 1.5 x load_bound, equal to load_bound turns the allowance off")
     affinity_chars: int = Field(
         256, ge=16, le=65_536, description="prefix only: characters of the prompt's start that pick the server")
     max_num_seqs: int | None = Field(
         None, ge=1, description="each server's vLLM --max-num-seqs, the denominator of its load; default 256")
+
+    @model_validator(mode="after")
+    def _cached_not_below(self) -> RoutingConfig:
+        if self.cached_load_bound is not None and self.cached_load_bound < self.load_bound:
+            raise ValueError(f"cached_load_bound ({self.cached_load_bound:g}) must be >= load_bound "
+                             f"({self.load_bound:g}): a cached request costs its server less, not more")
+        return self
 
 
 _URL = re.compile(r"^https?://[^\s/:]+(:\d{1,5})?(/[^\s]*)?$")

@@ -2,9 +2,12 @@
 
 - tiergate: a `tiergate serve` per row whose policy has that row's one cloud tier over the servers, as a
   deployment would have it (one pool polling each server), so every row goes through the gateway's real path
-  (auth, policy, `CloudPool.candidates()`, dispatch, the SSE relay). Rows: `tiergate-prefix` (prefix affinity with the default load bound 1.2), `tiergate-prefix-1.5`, and the
-  oracle, `unbounded-affinity`: the same rendezvous ranking with the bound at its maximum (10), which on these
-  pool sizes never spills, so every prefix always lands on its own server however loaded.
+  (auth, policy, `CloudPool.candidates()`, dispatch, the SSE relay). Rows: `tiergate-prefix` (prefix affinity
+  with the defaults: load bound 1.2, 1.8 for a server the prefix memory says holds the prompt),
+  `tiergate-prefix-no-memory` (cached_load_bound = load_bound: the rule before the prefix memory, whose only
+  effect left is the order of the holders), `tiergate-prefix-1.5`, and the oracle, `unbounded-affinity`: the
+  same rendezvous ranking with the bound at its maximum (10), which on these pool sizes never spills, so every
+  prefix always lands on its own server however loaded.
 - vllm-router (the vLLM project's Rust router, pinned in bench/versions.py, its own virtualenv): `--policy
   cache_aware` (its approximate radix tree of the prompts each worker has seen, balancing only past its
   thresholds) and `--policy round_robin`.
@@ -37,14 +40,19 @@ ROWS = {
     "round-robin": Front("round-robin", "vllm-router", "", "vllm-router --policy round_robin"),
     "vllm-router-cache-aware": Front("vllm-router-cache-aware", "vllm-router", "",
                                      "vllm-router --policy cache_aware (defaults)"),
-    "tiergate-prefix": Front("tiergate-prefix", "tiergate", "cloud-prefix", "prefix, load_bound 1.2 (default)"),
+    "tiergate-prefix": Front("tiergate-prefix", "tiergate", "cloud-prefix",
+                             "prefix, load_bound 1.2, cached_load_bound 1.8 (defaults)"),
+    "tiergate-prefix-no-memory": Front("tiergate-prefix-no-memory", "tiergate", "cloud-prefix-flat",
+                                       "prefix, load_bound 1.2, cached_load_bound 1.2 (no cached allowance)"),
     "tiergate-prefix-1.5": Front("tiergate-prefix-1.5", "tiergate", "cloud-prefix-15", "prefix, load_bound 1.5"),
     "unbounded-affinity": Front("unbounded-affinity", "tiergate", "cloud-oracle",
                                 "oracle: prefix, load_bound 10 (never spills)"),
     "tiergate-round-robin": Front("tiergate-round-robin", "tiergate", "cloud-rr", "tiergate round_robin"),
 }
-_TIERS = {"cloud-prefix": ("prefix", 1.2), "cloud-prefix-15": ("prefix", 1.5), "cloud-oracle": ("prefix", 10.0),
-          "cloud-rr": ("round_robin", 1.2)}
+# model -> (strategy, load_bound, cached_load_bound or None for the default)
+_TIERS = {"cloud-prefix": ("prefix", 1.2, None), "cloud-prefix-flat": ("prefix", 1.2, 1.2),
+          "cloud-prefix-15": ("prefix", 1.5, None), "cloud-oracle": ("prefix", 10.0, None),
+          "cloud-rr": ("round_robin", 1.2, None)}
 
 
 def _tier(model: str) -> str:
@@ -55,10 +63,11 @@ def _policy(urls: list[str], served: str, max_num_seqs: int, models: list[str] |
     eps = ", ".join(f'"{u}"' for u in urls)
     tiers = {m: _TIERS[m] for m in (models or list(_TIERS))}
     lines = ["version: 1", "defaults:", "  cache: {enabled: false}", "tiers:"]
-    for model, (strategy, bound) in tiers.items():
+    for model, (strategy, bound, cached) in tiers.items():
+        extra = f", cached_load_bound: {cached}" if cached is not None else ""
         lines += [f"  {_tier(model)}:", "    kind: cloud", f"    model: {model}",
                   f"    served_model: {served}", f"    endpoints: [{eps}]",
-                  f"    routing: {{strategy: {strategy}, load_bound: {bound}, max_num_seqs: {max_num_seqs}}}"]
+                  f"    routing: {{strategy: {strategy}, load_bound: {bound}{extra}, max_num_seqs: {max_num_seqs}}}"]
     lines.append("rules:")
     for model in tiers:
         lines += [f"  - name: to-{model}", f"    when: {{model: {model}}}", f"    tier: {_tier(model)}"]

@@ -12,6 +12,7 @@ from structlog.testing import capture_logs
 
 from cloud_pool.metrics import CloudMetrics
 from cloud_pool.pool import CloudPool
+from cloud_pool.selection import affinity_key
 from core.pool import Pool
 from core.wire import ChatRequest, Message
 from tests.support.servers import aiohttp_server, free_port
@@ -30,6 +31,7 @@ class FakeVllm:
     running: int = 0
     waiting: int = 0
     kv: float = 0.0
+    cache_info: str | None = None  # the labels of vllm:cache_config_info, when it is served
     counters: dict[str, float] = field(default_factory=lambda: {
         "prefix_cache_queries": 0, "prefix_cache_hits": 0, "generation_tokens": 0,
         "spec_decode_num_drafts": 0, "spec_decode_num_draft_tokens": 0, "spec_decode_num_accepted_tokens": 0})
@@ -54,6 +56,8 @@ class FakeVllm:
         ]
         for name, value in self.counters.items():
             lines += [f"# TYPE vllm:{name}_total counter", f"vllm:{name}_total{{{labels}}} {value}"]
+        if self.cache_info is not None:
+            lines += ["# TYPE vllm:cache_config_info gauge", f"vllm:cache_config_info{{{self.cache_info}}} 1.0"]
         return web.Response(text="\n".join(lines) + "\n", content_type="text/plain")
 
     async def models(self, _r: web.Request) -> web.Response:
@@ -350,3 +354,37 @@ def test_a_server_serving_less_context_than_the_tier_promises_is_warned_about() 
     assert eps[ss.url].extra["ctx"] == 2048 and eps[sb.url].extra["ctx"] == 8192
     warned = [e for e in logs if e["event"] == "tier_context_larger_than_server"]
     assert [(e["endpoint"], e["server_context"], e["max_context"]) for e in warned] == [(eps[ss.url].id, 2048, 4096)]
+
+
+def test_the_prefix_memory_follows_each_servers_cache_size_and_restarts() -> None:
+    """Sized from vllm:cache_config_info (blocks x block size); a server whose counters went back restarted,
+    so what it held is forgotten; one that does not report its size gets nothing remembered."""
+    sized = FakeVllm(cache_info='engine="0",block_size="32",num_gpu_blocks="100"')
+    unsized = FakeVllm()
+    sized.counters["prefix_cache_queries"] = 500
+    with aiohttp_server(sized.app()) as sa, aiohttp_server(unsized.app()) as sb:
+        async def scenario() -> tuple[list[str], int, float | None, list[str]]:
+            pool = pool_for(sa.url, sb.url)
+            await pool.start()
+            try:
+                eps = {e.base_url: e for e in pool.endpoints()}
+                for i in range(6):  # six prefixes of ~200 tokens each, on whichever server they rank first
+                    system = f"tenant {i} " * 100
+                    pool.candidates(req(system=system), None)
+                held = [e.base_url for i in range(6) for e in pool.selector.memory.holders(
+                    affinity_key(req(system=f"tenant {i} " * 100), 256), list(eps.values()))]
+                await pool.refresh()
+                keys = sample("tiergate_cloud_prefix_memory_keys", tier="cloud", endpoint=eps[sa.url].id)
+                tokens = pool.selector.memory.size(eps[sa.url].id)[1]
+                sized.counters["prefix_cache_queries"] = 0  # restarted
+                await pool.refresh()
+                after = [e.base_url for i in range(6) for e in pool.selector.memory.holders(
+                    affinity_key(req(system=f"tenant {i} " * 100), 256), list(eps.values()))]
+                return held, tokens, keys, after
+            finally:
+                await pool.stop()
+
+        held, tokens, keys, after = asyncio.run(scenario())
+    assert held and set(held) == {sa.url}  # never the server of unknown size
+    assert 0 < tokens <= 3200 and keys == len(held)
+    assert after == []

@@ -143,3 +143,67 @@ def test_empty_pool_and_bad_options() -> None:
         Selector("random")  # type: ignore[arg-type]
     with pytest.raises(ValueError):
         Selector(bound=0.9)
+
+
+def remembering(n: int, **options) -> tuple[Selector, list[Endpoint]]:
+    """A prefix selector whose memory knows every server's cache size (as the pool sets it from /metrics)."""
+    sel = Selector("prefix", **options)
+    servers = eps(n)
+    for ep in servers:
+        sel.memory.set_capacity(ep.id, 100_000)
+    return sel, servers
+
+
+def test_a_spilled_prefix_is_found_again_where_it_was_cached() -> None:
+    sel, servers = remembering(3)
+    req = chat(SYSTEM, "q")
+    ranked = rendezvous_order(affinity_key(req, 256), servers)
+    ranked[0].inflight = 4  # the first-ranked server is busy: the first request spills and is cached there
+    ranked[1].inflight = 1
+    ranked[2].inflight = 1
+    assert sel.order(req, servers, tokens=300).order[0] is ranked[1]
+    for ep in servers:
+        ep.inflight = 0
+    choice = sel.order(req, servers, tokens=300)  # all idle again
+    assert choice.order[0] is ranked[1] and choice.reason == "cached"
+
+
+def test_a_server_holding_the_prefix_takes_it_up_to_the_cached_bound() -> None:
+    """Loads 4, 2, 2 (+1): bound 1.2 caps each server at ceil(1.2 x 9 / 3) = 4, so without the prefix in its
+    cache the first-ranked server spills; holding it, its cap is ceil(1.8 x 9 / 3) = 6."""
+    req = chat(SYSTEM, "q")
+
+    def first_after_a_visit(sel: Selector, servers: list[Endpoint]) -> tuple[Endpoint, Endpoint, str]:
+        ranked = rendezvous_order(affinity_key(req, 256), servers)
+        sel.order(req, servers, tokens=300)  # idle: the first-ranked server takes it (and caches it)
+        ranked[0].inflight, ranked[1].inflight, ranked[2].inflight = 4, 2, 2
+        choice = sel.order(req, servers, tokens=300)
+        return ranked[0], choice.order[0], choice.reason
+
+    home, chosen, reason = first_after_a_visit(*remembering(3))
+    assert chosen is home and reason == "affinity"
+    home, chosen, reason = first_after_a_visit(*remembering(3, cached_bound=1.2))  # the allowance turned off
+    assert chosen is not home and reason == "spill"
+    home, chosen, reason = first_after_a_visit(Selector("prefix"), eps(3))  # sizes unknown: nothing remembered
+    assert chosen is not home and reason == "spill"
+
+
+def test_a_hot_cached_prefix_stays_within_the_cached_bound() -> None:
+    rng = random.Random(3)
+    sel, servers = remembering(4, bound=1.2, cached_bound=1.8)
+    inflight: list[Endpoint] = []
+    for _ in range(2000):
+        req = chat(SYSTEM, "q") if rng.random() < 0.8 else chat(f"tenant {rng.randrange(50)} " * 40, "q")
+        before = sum(e.inflight for e in servers)
+        ep = sel.order(req, servers, tokens=300).order[0]
+        ep.inflight += 1
+        assert ep.inflight <= math.ceil(1.8 * (before + 1) / 4)
+        inflight.append(ep)
+        if len(inflight) > 32:
+            inflight.pop(rng.randrange(len(inflight))).inflight -= 1
+
+
+def test_cached_bound_below_the_bound_is_refused() -> None:
+    with pytest.raises(ValueError, match="cached_bound"):
+        Selector("prefix", bound=1.5, cached_bound=1.2)
+    assert Selector("prefix", bound=1.2).cached_bound == pytest.approx(1.8)

@@ -17,7 +17,7 @@ def test_parses_a_real_vllm_capture() -> None:
     assert (m.prefix_cache_queries, m.prefix_cache_hits) == (102.0, 32.0)
     assert (m.spec_drafts, m.spec_draft_tokens, m.spec_accepted_tokens) == (16.0, 40.0, 34.0)
     assert m.generation_tokens == 80.0 and m.spec_decode
-    assert m.block_size == 32
+    assert m.block_size == 32 and m.kv_blocks == 32768
 
 
 def test_sums_engines_and_averages_kv_usage() -> None:
@@ -78,7 +78,7 @@ def test_reads_only_what_it_needs_from_awkward_lines() -> None:
         'vllm:kv_cache_usage_perc{engine="0"} NaN',
     ]) + "\n"
     m = parse(text)
-    assert (m.running, m.waiting, m.prefix_cache_queries, m.block_size) == (2, 1.5, 64, 16)
+    assert (m.running, m.waiting, m.prefix_cache_queries, m.block_size, m.kv_blocks) == (2, 1.5, 64, 16, 512)
     assert m.kv_cache_usage == 0.0 and not m.spec_decode
 
 

@@ -21,6 +21,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from cloud_pool.pool import CloudPool
+from cloud_pool.selection import affinity_key
 from cloud_pool.tiny_model import words
 from cloud_pool.vllm_metrics import parse
 from core.errors import OpenAIError
@@ -286,40 +287,50 @@ def test_wrong_model_unreachable_and_non_vllm_endpoints_get_no_traffic(vllm_serv
 
 
 def test_prefix_affinity_raises_vllms_prefix_cache_hits(vllm_servers) -> None:
-    """Pairs of requests share a fresh system prompt: affinity sends both to one server, round-robin splits them."""
+    """Pairs of requests share a fresh system prompt: affinity sends both to one server, round-robin splits them.
+    With prefix affinity the pool also remembers where each prompt went, sized by the servers' own KV caches."""
     servers = vllm_servers.get(2)
     urls = [s.base_url for s in servers]
     rng = random.Random(3)
 
-    async def run(strategy: str) -> tuple[float, float, dict[str, int]]:
+    async def run(strategy: str) -> tuple[float, float, dict[str, int], list[tuple[set[str], set[str]]], list]:
         pool = CloudPool("cloud-" + strategy, MODEL_NAME, urls, strategy=strategy)
         await pool.start()
         served: dict[str, int] = {}
+        remembered: list[tuple[set[str], set[str]]] = []  # per prompt: (served by, remembered holders)
         try:
             async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as session, \
                     Gateway(pool) as gw:
                 before = [await fetch_metrics(session, u) for u in urls]
                 for _ in range(6):
                     system = sentence(rng, 70)  # ~100 tokens: three full 32-token blocks
+                    by: set[str] = set()
                     for _ in range(2):
                         req, body = chat(system, sentence(rng, 4), max_tokens=2)
                         out = await gw.dispatch(req, body, "/v1/chat/completions")
                         assert out.ok, out
                         served[out.served_by] = served.get(out.served_by, 0) + 1
+                        by.add(out.served_by)
+                    key = affinity_key(req, pool.selector.affinity_chars)
+                    remembered.append((by, {ep.id for ep in pool.selector.memory.holders(key, pool.endpoints())}))
                 after = [await fetch_metrics(session, u) for u in urls]
+            readings = [pool.reading(ep.id) for ep in pool.endpoints()]
         finally:
             await pool.stop()
         hits = sum(y.prefix_cache_hits - x.prefix_cache_hits for x, y in zip(before, after, strict=True))
         queries = sum(y.prefix_cache_queries - x.prefix_cache_queries for x, y in zip(before, after, strict=True))
-        return hits, queries, served
+        return hits, queries, served, remembered, readings
 
-    rr_hits, rr_queries, rr_served = asyncio.run(run("round_robin"))
-    pa_hits, pa_queries, pa_served = asyncio.run(run("prefix"))
+    rr_hits, rr_queries, rr_served, _, _ = asyncio.run(run("round_robin"))
+    pa_hits, pa_queries, pa_served, remembered, readings = asyncio.run(run("prefix"))
 
     assert sorted(rr_served.values()) == [6, 6]
     assert pa_hits >= 6 * 2 * BLOCK_SIZE, "each second request should reuse at least two cached blocks"
     assert pa_hits >= 2 * rr_hits + 6 * BLOCK_SIZE
     assert pa_hits / pa_queries > rr_hits / rr_queries
+    # vLLM's cache_config_info gives each server's KV size, so the pool remembers where each prompt is cached.
+    assert all(r is not None and r.kv_blocks and r.kv_blocks > 0 and r.block_size == BLOCK_SIZE for r in readings)
+    assert all(holders == by for by, holders in remembered), remembered
 
 
 @pytest.mark.vllm_destructive

@@ -21,9 +21,11 @@ filled in this run or restored (the vector sets' HNSW graph is saved with its li
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 import os
+import resource
 import shutil
 import subprocess
 import sys
@@ -33,11 +35,29 @@ import time
 from pathlib import Path
 from typing import Any
 
+import httpx
 import numpy as np
+import redis
+from prometheus_client import CollectorRegistry
 
+from bench.cache.e2e import POLICY
 from bench.cache.efsweep import sweep
 from bench.procs import Server, cpu_seconds, free_port, peak_rss_mib
+from cache import CacheSettings, SemanticCache
+from cache.batcher import EmbeddingBatcher, Vector
+from cache.embedder import OnnxEmbedder
+from cache.export import default_embedder_dir
+from cache.index import VectorIndex
+from cache.keys import request_key
+from cache.metrics import CacheMetrics
+from cache.redis_codec import entry_fields
+from cache.redis_store import RedisStore
 from cache.redis_vset import entry_key, vset_key, zset_key
+from cache.settings import DEFAULT_THRESHOLD
+from cache.shared import RedisShared
+from cache.types import CachedAnswer, CacheEntry
+from core.types import CacheRule
+from core.wire import ChatRequest, Message
 
 REPO = Path(__file__).resolve().parents[2]
 SNAPSHOTS = REPO / ".tiergate" / "bench" / "cache"
@@ -84,17 +104,22 @@ def rows(idx: np.ndarray, n: int) -> np.ndarray:
 
 
 def _chat(text: str) -> Any:
-    from core.wire import ChatRequest, Message
-
     return ChatRequest(model=MODEL, temperature=0.0, messages=[Message(role="user", content=text)])
 
 
 def _ids(n: int) -> tuple[str, list[str]]:
-    from cache.keys import request_key
+    ns, tag = _namespace()
+    return ns, [_entry_id(tag, i) for i in range(n)]
 
+
+def _entry_id(tag: str, row: int) -> str:
+    return f"{tag}-syn{row:09d}"
+
+
+def _namespace() -> tuple[str, str]:
+    """The namespace every synthetic entry is in, and the prefix of their ids (`<tag>-syn<row>`)."""
     key = request_key(_chat("x"), TENANT)
-    tag = key.entry_id.split("-")[0]
-    return key.namespace, [f"{tag}-syn{i:09d}" for i in range(n)]
+    return key.namespace, key.entry_id.split("-")[0]
 
 
 # -- servers --------------------------------------------------------------------------------------------------------
@@ -118,7 +143,6 @@ class RedisProc:
             [redis_binary(version), "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly",
              "no", "--dir", str(self.dir), "--dbfilename", "dump.rdb", "--logfile", str(self.dir / "redis.log")],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        import redis
 
         started = time.perf_counter()
         client = redis.Redis(port=self.port)
@@ -139,8 +163,6 @@ class RedisProc:
         return f"redis://127.0.0.1:{self.port}/0"
 
     def memory(self) -> dict[str, float]:
-        import redis
-
         client = redis.Redis(port=self.port, socket_timeout=60)
         try:
             used = client.info("memory")["used_memory"]
@@ -151,8 +173,6 @@ class RedisProc:
                 "server_version": server_version}
 
     def save_to(self, path: Path) -> None:
-        import redis
-
         client = redis.Redis(port=self.port, socket_timeout=3600)  # SAVE of 1M entries: tens of seconds
         try:
             client.save()
@@ -177,11 +197,6 @@ def _rss_mib(pid: int) -> float:
 
 # -- filling ---------------------------------------------------------------------------------------------------------
 def _real_entries() -> list[tuple[Any, np.ndarray]]:
-    from cache.embedder import OnnxEmbedder
-    from cache.export import default_embedder_dir
-    from cache.keys import request_key
-    from cache.types import CachedAnswer, CacheEntry
-
     emb = OnnxEmbedder.load(default_embedder_dir())
     now = time.time()
     out = []
@@ -196,11 +211,6 @@ def _real_entries() -> list[tuple[Any, np.ndarray]]:
 
 def fill(server: RedisProc, n: int) -> dict[str, float]:
     """n synthetic entries and the real ones, in the layout the product reads (`cache.redis_codec`)."""
-    import redis
-
-    from cache.redis_codec import entry_fields
-    from cache.types import CachedAnswer, CacheEntry
-
     ns, ids = _ids(n)
     half = server.version == "redis8"
     now = time.time()
@@ -253,10 +263,6 @@ def fill(server: RedisProc, n: int) -> dict[str, float]:
 def _vadd(port: int, key: str, ids: list[str], vecs: np.ndarray, threads: int = 4, batch: int = 200) -> None:
     """VADD from several connections, pipelined, with CAS (the neighbour search runs in Redis threads): the
     fastest way found to load a vector set (docs/benchmarks.md). The product's own settings: Q8, M 16, EF 100."""
-    import redis
-
-    from cache.settings import CacheSettings
-
     s = CacheSettings()
     opts = ["CAS", "Q8", "EF", s.vset_build_ef, "M", s.vset_m]
 
@@ -281,9 +287,6 @@ def _vadd(port: int, key: str, ids: list[str], vecs: np.ndarray, threads: int = 
 
 def prepared(version: str, n: int) -> tuple[RedisProc, dict[str, Any]]:
     """A running server holding the scale's entries: restored from the saved snapshot, or filled (and saved)."""
-    from cache.export import default_embedder_dir
-    from cache.settings import CacheSettings
-
     s = CacheSettings()
     emb = default_embedder_dir() / "model.onnx"
     tag = f"{FILL_VERSION}-ef{s.vset_build_ef}-m{s.vset_m}-{emb.stat().st_size}"
@@ -309,26 +312,10 @@ class _GivenVectors:
     async def stop(self) -> None: ...
 
     async def embed(self, text: str) -> Any:
-        from cache.batcher import Vector
-
         return Vector(self.vectors[text], False)
 
 
 async def child(version: str, n: int, url: str, queries: Path) -> dict[str, Any]:
-    import resource
-
-    from prometheus_client import CollectorRegistry
-
-    from cache import CacheSettings, SemanticCache
-    from cache.batcher import EmbeddingBatcher
-    from cache.embedder import OnnxEmbedder
-    from cache.export import default_embedder_dir
-    from cache.index import VectorIndex
-    from cache.metrics import CacheMetrics
-    from cache.redis_store import RedisStore
-    from cache.shared import RedisShared
-    from core.types import CacheRule
-
     z = np.load(queries)
     metrics = CacheMetrics(CollectorRegistry())
     settings = CacheSettings(max_entries=n + 100, sweep_every_s=3600)
@@ -382,8 +369,8 @@ async def child(version: str, n: int, url: str, queries: Path) -> dict[str, Any]
     await store.stop()
     ef_sweep = None
     if kind == "redis-vectorset":
-        ns, ids = _ids(n)
-        ef_sweep = sweep(url, vset_key(PREFIX, ns), [ids[i] for i in z["targets"].tolist()], z["queries"])
+        ns, tag = _namespace()
+        ef_sweep = sweep(url, vset_key(PREFIX, ns), [_entry_id(tag, i) for i in z["targets"].tolist()], z["queries"])
     return {"store": kind, "ef_sweep": ef_sweep, "index_load_s": round(load_s, 1), "hnsw_build_s": round(build_s, 1),
             "semantic_hit_rate": round(hits / max(len(no_embed), 1), 3), "bypassed": bypassed + statuses.get("bypass", 0),
             "lookups": len(reqs) + len(prompts),
@@ -414,12 +401,7 @@ def lookups(server: RedisProc, n: int, tmp: Path) -> dict[str, Any]:
 
 # -- a real gateway: start to first semantic hit, RSS ---------------------------------------------------------------
 def gateway(server: RedisProc, tmp: Path, up_port: int) -> dict[str, Any]:
-    import httpx
-
     # the same one-tier policy as the e2e part (imported here: that module imports this one)
-    from bench.cache.e2e import POLICY
-    from cache.export import default_embedder_dir
-    from cache.settings import DEFAULT_THRESHOLD
 
     (tmp / "policy.yaml").write_text(POLICY.format(threshold=DEFAULT_THRESHOLD, model=MODEL, port=up_port))
     port = free_port()
@@ -511,8 +493,6 @@ def run(names: list[str], versions: tuple[str, ...] = VERSIONS) -> list[dict[str
 
 
 def main() -> None:
-    import argparse
-
     ap = argparse.ArgumentParser()
     ap.add_argument("--child", nargs=4, metavar=("VERSION", "N", "URL", "QUERIES"))
     args = ap.parse_args()
@@ -526,7 +506,6 @@ if __name__ == "__main__":
 
 def render(rows: list[dict[str, Any]]) -> list[str]:
     # the product's vector-set settings, which the fill and the lookups use
-    from cache.settings import CacheSettings
 
     s = CacheSettings()
     seen = {r["version"]: r["redis"].get("server_version", "version not recorded") for r in rows}

@@ -27,10 +27,11 @@ __all__ = ["PrefixMemory"]
 
 
 class _ServerLru:
-    __slots__ = ("capacity", "keys", "used")
+    __slots__ = ("capacity", "keys", "max_keys", "used")
 
-    def __init__(self, capacity: int) -> None:
+    def __init__(self, capacity: int, max_keys: int) -> None:
         self.capacity = capacity  # tokens
+        self.max_keys = max_keys
         self.keys: OrderedDict[bytes, int] = OrderedDict()  # key → tokens, least recently sent first
         self.used = 0
 
@@ -42,7 +43,7 @@ class _ServerLru:
         self.trim()
 
     def trim(self) -> None:
-        while self.used > self.capacity:
+        while self.used > self.capacity or len(self.keys) > self.max_keys:
             _, size = self.keys.popitem(last=False)
             self.used -= size
 
@@ -50,7 +51,8 @@ class _ServerLru:
 class PrefixMemory:
     """Per server, the affinity keys it was sent most recently, up to its KV cache size in tokens."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_keys: int = 65_536) -> None:
+        self.max_keys = max_keys  # per server, whatever its cache size: bounds the gateway's memory (~10 MB)
         self._servers: dict[str, _ServerLru] = {}
 
     def set_capacity(self, endpoint_id: str, tokens: int | None) -> None:
@@ -60,7 +62,7 @@ class PrefixMemory:
             return
         lru = self._servers.get(endpoint_id)
         if lru is None:
-            self._servers[endpoint_id] = _ServerLru(tokens)
+            self._servers[endpoint_id] = _ServerLru(tokens, self.max_keys)
         else:
             lru.capacity = tokens
             lru.trim()
@@ -69,7 +71,7 @@ class PrefixMemory:
         """The server restarted or left: its cache is empty (capacity is kept until the next reading)."""
         lru = self._servers.get(endpoint_id)
         if lru is not None:
-            self._servers[endpoint_id] = _ServerLru(lru.capacity)
+            self._servers[endpoint_id] = _ServerLru(lru.capacity, self.max_keys)
 
     def record(self, endpoint_id: str, key: bytes, tokens: int) -> None:
         """`endpoint_id` was sent a prompt of `tokens` tokens whose prefix has `key`."""

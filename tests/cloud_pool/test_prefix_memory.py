@@ -51,3 +51,12 @@ def test_a_smaller_cache_trims_and_a_restart_empties() -> None:
     assert mem.size("a") == (0, 0)
     mem.record("a", b"k1", 100)  # the size is kept: it remembers again at once
     assert mem.holders(b"k1", [a]) == [a]
+
+
+def test_the_number_of_keys_is_bounded_whatever_the_cache_size() -> None:
+    mem = PrefixMemory(max_keys=3)
+    (a,) = eps("a")
+    mem.set_capacity("a", 10**9)
+    for i in range(5):
+        mem.record("a", bytes([i]), 1)
+    assert mem.size("a") == (3, 3) and mem.holders(bytes([4]), [a]) == [a] and not mem.holders(bytes([1]), [a])

@@ -33,7 +33,7 @@ from edge_node.metrics import EdgeMetrics
 from edge_node.request import ActiveRequest, Chunk
 from edge_node.runtime import LlamaRuntime
 from edge_node.sampling import SamplerChain, SamplingParams
-from edge_node.slots import SlotTable
+from edge_node.slots import PREFIX_COPY_MIN, PREFIX_REUSE_MIN, SlotTable
 
 __all__ = [
     "Chunk",
@@ -139,8 +139,8 @@ class Engine:
         runtime: LlamaRuntime,
         metrics: EdgeMetrics | None = None,
         *,
-        prefix_reuse_min: int = 16,
-        prefix_copy_min: int = 32,
+        prefix_reuse_min: int = PREFIX_REUSE_MIN,
+        prefix_copy_min: int = PREFIX_COPY_MIN,
         tps_window_s: float = 5.0,
         max_queue: int | None = None,
     ) -> None:

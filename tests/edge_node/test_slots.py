@@ -55,3 +55,20 @@ def test_one_kv_buffer_keeps_the_least_cached_rule() -> None:
     table.slots[3].tokens = [1] * 5
     assert _admit(table, [7, 7]) == 0  # empty first
     assert _admit(table, [8, 8]) == 2  # then least cached, adjacency plays no part
+
+
+def test_the_shared_template_prefix_is_copied_into_each_slot_of_a_burst() -> None:
+    """One request ran; then a burst shares its first 24 tokens (chat template, system prompt). Each new slot
+    gets them by copy from the busy one instead of prefilling them again (they were not copied below 32)."""
+    table = _table(8)
+    shared = list(range(24))
+    first = _admit(table, [*shared, 500, 501])
+    table.slots[first].tokens = [*shared, 500, 501, 502]  # prefilled and generating
+    reqs = []
+    for i in range(3):
+        req = SimpleNamespace(prompt=[*shared, 600 + i, 1], n_prompt_done=0, cached=0, slot=None, admitted_at=None,
+                              sampler=None)
+        slot = table.prepare(req, table.free())  # type: ignore[arg-type]
+        table.occupy(slot, req)  # type: ignore[arg-type]
+        reqs.append(req)
+    assert [r.cached for r in reqs] == [24, 24, 24]

@@ -127,7 +127,11 @@ def run_demo(port: int = 8080, edge_nodes: int = 1) -> int:
 
     def start(name: str, args: list[str], health: str, timeout_s: float = 120) -> None:
         console.print(f"[bold]starting {name}[/bold]: {' '.join(args)}")
-        p = subprocess.Popen(args, env=env)
+        # Each in its own process group: Ctrl-C signals the terminal's foreground group, so it reaches only this
+        # supervisor, which then stops every process once. Signalled by the terminal too, a server would get a
+        # second signal from the `finally` below, and uvicorn answers a second signal by aborting its graceful
+        # shutdown (a lifespan traceback, requests cut).
+        p = subprocess.Popen(args, env=env, process_group=0)
         procs.append((name, p))
         _wait_http(health, timeout_s, p, name)
 

@@ -80,7 +80,10 @@ def test_demo_serves_and_stops_everything_it_started(tmp_path: Path, stop_signal
         assert r.headers["x-tiergate-rule"] == "long-prompt" and r.headers["x-tiergate-tier"] == "cloud"
         assert 1500 <= r.json()["usage"]["prompt_tokens"] <= promised
 
-        demo.send_signal(stop_signal)
+        if stop_signal == signal.SIGINT:  # Ctrl-C: the terminal signals the whole foreground process group
+            os.killpg(demo.pid, signal.SIGINT)
+        else:  # docker stop, systemd: the demo's own process
+            demo.send_signal(stop_signal)
         assert demo.wait(timeout=60) == 0
         _, alive = psutil.wait_procs(children, timeout=30)
         assert not alive, f"left running after the demo stopped: {[p.cmdline() for p in alive]}"

@@ -98,7 +98,7 @@ def approx_tokens(request: ParsedRequest) -> int:
 
 
 class Selector:
-    """Orders a tier's routable endpoints for one request. Keeps only a round-robin counter.
+    """Orders a tier's routable endpoints for one request. Keeps a round-robin counter and the prefix memory.
 
     (Remembering one home per key and moving it on a spill was tried: with loads fluctuating around
     the bound, homes flip-flopped between servers and fewer requests found their prefix cached. The

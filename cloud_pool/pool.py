@@ -356,7 +356,7 @@ class CloudPool:
             self._sync_breaker_gauge(server)
             return
         memory = self.selector.memory  # sized to the server's KV cache; emptied when it restarted (counters fell)
-        if server.reading is not None and reading.prefix_cache_queries < server.reading.prefix_cache_queries:
+        if server.reading is not None and reading.restarted_after(server.reading):
             log.info("cloud endpoint restarted: its prefix cache is empty", tier=self.tier, endpoint=ep.id)
             memory.forget(ep.id)
         memory.set_capacity(ep.id, reading.kv_tokens)

@@ -89,12 +89,7 @@ def rendezvous_order(key: bytes, endpoints: Sequence[Endpoint]) -> list[Endpoint
 
 def approx_tokens(request: ParsedRequest) -> int:
     """A prompt's size in tokens when the gateway has not counted it (about 4 characters per token)."""
-    if request.kind == "chat":
-        chars = sum(len(m.text()) + 8 for m in request.messages)
-    else:
-        prompt = request.prompt
-        chars = len(prompt) if isinstance(prompt, str) else sum(len(p) if isinstance(p, str) else 4 for p in prompt)
-    return max(1, chars // 4)
+    return max(1, len(request.prompt_text()) // 4)
 
 
 class Selector:

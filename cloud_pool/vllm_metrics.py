@@ -53,6 +53,10 @@ class VllmMetrics:
     kv_blocks: int | None = None  # the KV cache's size in blocks (num_gpu_blocks of vllm:cache_config_info)
     max_model_len: int | None = None  # the served model's context, from /v1/models (read with the model check)
 
+    def restarted_after(self, before: VllmMetrics) -> bool:
+        """The counters went down since `before`: the server restarted (and its prefix cache is empty)."""
+        return self.prefix_cache_queries < before.prefix_cache_queries
+
     @property
     def kv_tokens(self) -> int | None:
         """The KV cache's size in tokens, when the server says (cache_config_info)."""
@@ -157,8 +161,8 @@ class Window:
 
     def add(self, reading: VllmMetrics, now: float | None = None) -> Rates:
         now = time.monotonic() if now is None else now
-        if self._readings and reading.prefix_cache_queries < self._readings[-1][1].prefix_cache_queries:
-            self._readings.clear()  # counters went down: the server restarted
+        if self._readings and reading.restarted_after(self._readings[-1][1]):
+            self._readings.clear()
         self._readings.append((now, reading))
         while len(self._readings) > 2 and now - self._readings[1][0] >= self.span_s:
             self._readings.popleft()

@@ -16,7 +16,7 @@ import redis
 
 __all__ = ["EFS", "sweep"]
 
-EFS = (32, 50, 100, 200)
+EFS = (32, 40, 50, 100, 200)
 
 
 def sweep(url: str, key: str, ids: list[str], queries: np.ndarray, efs: tuple[int, ...] = EFS) -> list[dict[str, Any]]:

@@ -558,8 +558,9 @@ def render(rows: list[dict[str, Any]]) -> list[str]:
     r8 = sorted((r for r in rows if r["version"] == "redis8"), key=lambda r: r["entries"])
     stock = [r for r in r8 if r.get("no_embedding_stock_loop")]
     if stock:
-        lines += ["", ("Lookups run on uvloop, the gateway's event loop (`tiergate serve`). The same Redis 8 lookups on "
-                       "asyncio's own loop, which runs before 2026-11-26 used, no embedding p50 / p99 ms: "
+        lines += ["", ("Lookups run on uvloop, the gateway's event loop (`tiergate serve`); runs before 2026-11-26 used "
+                       "asyncio's own loop. The same Redis 8 lookups on asyncio's own loop in this run, no embedding "
+                       "p50 / p99 ms (p50 per pass): "
                        + "; ".join(f"{r['entries']:,}: {r['no_embedding_stock_loop']['p50_ms']} / "
                                    f"{r['no_embedding_stock_loop']['p99_ms']}{_passes(r['no_embedding_stock_loop'])}"
                                    for r in stock) + ".")]

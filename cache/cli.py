@@ -210,9 +210,13 @@ def seed_bound(
                                                        ".tiergate/embedder).")] = None,
 ) -> None:
     """Count labelled pairs as evidence for a tenant's error-bounded hits (`max_false_hit_rate`): each pair the
-    guards let through is one lookup at its cosine, right when `duplicate`. A bounded rule then serves semantic
-    hits from the start, at the cutoff this evidence certifies (docs/cache.md)."""
-    from cache.errbound import FLOOR, ErrorBound  # start-up time: the other commands need none of it
+    guards let through is one lookup at its cosine and word overlap, right when `duplicate`. A bounded rule then
+    serves semantic hits from the start, at the cutoffs this evidence certifies (docs/cache.md)."""
+    from cache.errbound import (  # start-up time: the other commands need none of it
+        FLOOR,
+        OVERLAP_EDGES,
+        ErrorBound,
+    )
     from cache.shared import RedisShared  # start-up time, as above
 
     url = redis or os.environ.get("TIERGATE_REDIS_URL")
@@ -248,13 +252,16 @@ def seed_bound(
         await store.start_admin()
         try:
             bound = ErrorBound(RedisShared(store), settings, metrics)
-            bound.seed(tenant, [scores[i].similarity for i in keep], [not labels[i] for i in keep])
+            bound.seed(tenant, [scores[i].similarity for i in keep], [scores[i].overlap for i in keep],
+                       [not labels[i] for i in keep])
             await bound.sync()
-            cutoffs = {f"{d:g}": bound.cutoff(tenant, d) for d in (0.02, 0.05, 0.10, 0.15, 0.20)}
+            cutoffs = {f"{d:g}": bound.cutoffs(tenant, d).tolist() for d in (0.02, 0.05, 0.10, 0.15, 0.20)}
         finally:
             await store.stop()
+        regions = [f"{x:g}" for x in (0.0, *OVERLAP_EDGES.tolist())]  # each overlap region by its lower edge
         return {"ok": True, "tenant": tenant, "pairs": len(pairs), "seeded": len(keep),
-                "cutoffs": {d: (None if c == float("inf") else c) for d, c in cutoffs.items()}}
+                "cutoffs": {d: {g: (None if c == float("inf") else c) for g, c in zip(regions, cs, strict=True)}
+                            for d, cs in cutoffs.items()}}
 
     try:
         result = asyncio.run(run())

@@ -20,7 +20,7 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-__all__ = ["GUARDS", "Signature", "signature", "veto"]
+__all__ = ["GUARDS", "Signature", "overlap", "signature", "veto"]
 
 GUARDS = ("numbers", "negation", "keywords", "order")
 
@@ -126,6 +126,13 @@ def _order_differs(a: tuple[str, ...], b: tuple[str, ...]) -> bool:
     if len(a) < 2 or set(a) != set(b):
         return False
     return a != b
+
+
+def overlap(a: Signature, b: Signature) -> float:
+    """The share of content words two texts have in common (Jaccard), 1.0 when neither has any: where the error
+    bound keeps its separate cutoffs (`cache.errbound`)."""
+    x, y = set(a.content), set(b.content)
+    return len(x & y) / len(x | y) if x or y else 1.0
 
 
 def veto(a: Signature, b: Signature, enabled: Iterable[str] = GUARDS) -> str | None:

@@ -47,8 +47,9 @@ class CacheMetrics:
                                      "sampled would-be hit sent to the tier), judge (a near miss), feedback "
                                      "(reported by a client); result right or wrong", ["tenant", "source", "result"],
                                      registry=r)
-        self.cutoff = Gauge(p + "semantic_cutoff", "Certified cosine cutoff per tenant and false-hit bound "
-                            "(+Inf: not enough evidence yet, no semantic hits)", ["tenant", "bound"], registry=r)
+        self.cutoff = Gauge(p + "semantic_cutoff", "Certified cosine cutoff per tenant, false-hit bound and word "
+                            "overlap region (its lower edge; +Inf: not enough evidence yet, no semantic hits)",
+                            ["tenant", "bound", "overlap"], registry=r)
         self.false_hit_rate = Gauge(p + "false_hit_rate", "Estimated false-hit rate of the semantic hits served "
                                     "at the cutoff (point and 95% upper bound)", ["tenant", "bound", "estimate"],
                                     registry=r)

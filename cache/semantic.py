@@ -30,7 +30,7 @@ import structlog
 
 from cache.batcher import EmbeddingBatcher, Vector
 from cache.errbound import FLOOR
-from cache.guards import signature, veto
+from cache.guards import Signature, overlap, signature, veto
 from cache.judge import EmbeddingJudge, Judge
 from cache.keys import RequestKey, answer_fits, normalize_text, request_key, tenant_tag, uncacheable_reason
 from cache.metrics import CacheMetrics, default_metrics
@@ -57,6 +57,7 @@ class PairScore:
     hit: bool
     similarity: float
     reason: str | None = None  # why not a hit: "below_threshold", a guard's name, "too_long", ...
+    overlap: float = 1.0  # the share of content words in common (`cache.guards.overlap`)
 
 
 class SemanticCache:
@@ -220,8 +221,9 @@ class SemanticCache:
             elif not a.strip() or not b.strip():
                 out.append(PairScore(False, sim, "empty"))
             else:
-                reason = self._judge(sim, a, b, rule.threshold)
-                out.append(PairScore(reason is None, sim, reason))
+                sa, sb = signature(a), signature(b)
+                reason = self._judge(sim, sa, sb, rule.threshold)
+                out.append(PairScore(reason is None, sim, reason, round(overlap(sa, sb), 4)))
         return out
 
     # -- internals ------------------------------------------------------------------------------------------
@@ -263,21 +265,24 @@ class SemanticCache:
                 sim = approx
             scored.append((sim, e))
         scored.sort(key=lambda se: -se[0])
+        asked = signature(key.text) if scored else None
         for sim, e in scored:
-            if self._judge(sim, e.text, key.text, floor) is not None or not answer_fits(
+            stored = signature(e.text)
+            if self._judge(sim, stored, asked, floor) is not None or not answer_fits(  # type: ignore[arg-type]
                     e.answer, e.max_tokens, key.max_tokens):
                 continue
-            hit = LookupResult(CacheHit(e.answer, "hit-semantic", round(sim, 4), e.id, e.namespace), "hit-semantic",
-                               key=key)
+            shared = round(overlap(stored, asked), 4)  # type: ignore[arg-type]
+            hit = LookupResult(CacheHit(e.answer, "hit-semantic", round(sim, 4), e.id, e.namespace, shared),
+                               "hit-semantic", key=key)
             if not bounded:
                 return hit
-            return await self.verifier.decide(key, e, sim, rule, hit)  # the best candidate the guards let through
+            return await self.verifier.decide(key, e, sim, shared, rule, hit)  # the best one the guards let through
         return miss
 
-    def _judge(self, sim: float, stored: str, asked: str, threshold: float) -> str | None:
+    def _judge(self, sim: float, stored: Signature, asked: Signature, threshold: float) -> str | None:
         if sim < threshold:
             return "below_threshold"
-        guard = veto(signature(stored), signature(asked), self.settings.guards)
+        guard = veto(stored, asked, self.settings.guards)
         if guard is not None:
             self.metrics.vetoes.labels(guard).inc()
         return guard

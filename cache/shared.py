@@ -5,7 +5,7 @@ and which entry answered which request.
 operation, so a Cluster works too); `MemoryShared` in the process, for a gateway without Redis.
 
 Keys (prefix `P`, default "tiergate:cache"):
-- `P:eb:{<tenant tag>}:cells`: hash `<row>:<cell>` -> count (rows: 0 lookups, 1 labelled, 2 wrong);
+- `P:eb:{<tenant tag>}:cells`: hash `<row>:<region>:<cell>` -> count (rows: 0 lookups, 1 labelled, 2 wrong);
 - `P:eb:th:<entry id>`: an entry's own threshold (it only rises), kept `entry_memory_s`;
 - `P:fb:<tenant tag>:<hash of the request id>`: the entry a request was answered from, kept `feedback_ttl_s`
   (keyed by tenant: another tenant's request id is simply not found).
@@ -21,13 +21,12 @@ from typing import Protocol
 import msgspec
 import numpy as np
 
-from cache.errbound import EDGES
+from cache.errbound import new_counts
 from cache.keys import tenant_tag
 from cache.redis_store import RedisStore
 
 __all__ = ["HitRecord", "MemoryShared", "RedisShared", "SharedState", "request_key_hash"]
 
-_ROWS = 3
 
 _TAKE = """
 local r = redis.call('HGET', KEYS[1], 'r')
@@ -52,6 +51,7 @@ class HitRecord(msgspec.Struct, frozen=True):
     namespace: str
     kind: str  # hit-exact | hit-semantic
     similarity: float
+    overlap: float = 1.0  # (records written before the error bound had regions: the top region)
 
 
 def request_key_hash(request_id: str) -> str:
@@ -142,9 +142,8 @@ class RedisShared:
         async def run() -> None:
             async with self._s.bg.pipeline(transaction=False) as pipe:
                 for tenant, d in deltas.items():  # plain commands: a Cluster pipeline cannot carry scripts
-                    rows, cols = np.nonzero(d)
-                    for r, c in zip(rows.tolist(), cols.tolist(), strict=True):
-                        pipe.hincrby(self._cells_key(tenant), f"{r}:{c}", int(d[r, c]))
+                    for r, g, c in zip(*(x.tolist() for x in np.nonzero(d)), strict=True):
+                        pipe.hincrby(self._cells_key(tenant), f"{r}:{g}:{c}", int(d[r, g, c]))
                 await pipe.execute()
 
         await self._s.admin(run)
@@ -161,12 +160,14 @@ class RedisShared:
         for tenant, row in zip(tenants, await self._s.call(run), strict=True):
             if not row:
                 continue
-            counts = np.zeros((_ROWS, len(EDGES) + 1), np.int64)
+            counts = new_counts()
             for field, value in row.items():
-                with contextlib.suppress(ValueError):  # a malformed field (a newer or broken gateway)
-                    r, c = (int(x) for x in field.split(b":"))
-                    if 0 <= r < _ROWS and 0 <= c < counts.shape[1]:
-                        counts[r, c] = int(value)
+                # "row:region:cell"; anything else is skipped: a malformed field, or a "row:cell" one written
+                # before the counts had regions (that evidence is not read again)
+                with contextlib.suppress(ValueError):
+                    r, g, c = (int(x) for x in field.split(b":"))
+                    if all(0 <= i < n for i, n in zip((r, g, c), counts.shape, strict=True)):
+                        counts[r, g, c] = int(value)
             out[tenant] = counts
         return out
 

@@ -34,6 +34,7 @@ class CacheHit(msgspec.Struct, frozen=True):
     similarity: float = 1.0
     entry_id: str = ""
     namespace: str = ""
+    overlap: float = 1.0  # content words shared with the stored question (`cache.guards.overlap`)
 
 
 class CacheEntry(msgspec.Struct, frozen=True):

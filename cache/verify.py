@@ -63,6 +63,7 @@ class _Pending:
     tenant: str
     entry_id: str
     similarity: float
+    overlap: float
     answer: str
     source: str  # verify | judge
 
@@ -87,19 +88,20 @@ class Verifier:
         self._pending.clear()
 
     # -- the decision --------------------------------------------------------------------------------------
-    async def decide(self, key: RequestKey, e: CacheEntry, sim: float, rule: CacheRule,
+    async def decide(self, key: RequestKey, e: CacheEntry, sim: float, overlap: float, rule: CacheRule,
                      hit: LookupResult) -> LookupResult:
-        """The error bound's verdict about the best candidate that passed the guards, at cosine `sim`."""
+        """The error bound's verdict about the best candidate that passed the guards, at cosine `sim` and word
+        overlap `overlap` (`cache.guards.overlap`)."""
         delta = float(rule.max_false_hit_rate)  # type: ignore[arg-type]
         await self.errbound.ensure(key.tenant)
         own = None
-        if sim >= self.errbound.cutoff(key.tenant, delta):  # only a would-be hit needs the entry's own threshold
+        if sim >= self.errbound.cutoff(key.tenant, delta, overlap):  # only a would-be hit needs its entry's own
             own = await self.shared.entry_threshold(e.id)
-        verdict = self.errbound.decide(key.tenant, sim, delta, rule.verify_rate, own)
+        verdict = self.errbound.decide(key.tenant, sim, overlap, delta, rule.verify_rate, own)
         if verdict.action == "hit":
             return hit
         if verdict.action in ("verify", "judge") and self.judge is not None:
-            self._pending[key.entry_id] = _Pending(key.tenant, e.id, sim, e.answer.text, verdict.action)
+            self._pending[key.entry_id] = _Pending(key.tenant, e.id, sim, overlap, e.answer.text, verdict.action)
             self._pending.move_to_end(key.entry_id)
             while len(self._pending) > _PENDING:
                 self._pending.popitem(last=False)
@@ -115,7 +117,7 @@ class Verifier:
         if same is None:
             self.metrics.errors.labels("judge").inc()
             return
-        self.errbound.record(pending.tenant, pending.similarity, not same, pending.source)
+        self.errbound.record(pending.tenant, pending.similarity, pending.overlap, not same, pending.source)
         if not same:
             await self.shared.raise_entry_threshold(pending.entry_id, pending.similarity + _TIGHTEN)
 
@@ -123,7 +125,7 @@ class Verifier:
     async def served(self, request_id: str, tenant: str, hit: CacheHit) -> None:
         try:
             await self.shared.remember_hit(request_id, HitRecord(tenant, hit.entry_id, hit.namespace, hit.kind,
-                                                                 hit.similarity))
+                                                                 hit.similarity, hit.overlap))
         except Exception as exc:  # Redis down: this hit cannot be reported later, nothing else is lost
             self.metrics.errors.labels("remember_hit").inc()
             log.debug("cache_remember_hit_failed", error=repr(exc))
@@ -144,7 +146,7 @@ class Verifier:
         threshold = None
         if record.kind == "hit-semantic":
             threshold = await self.shared.raise_entry_threshold(record.entry_id, record.similarity + _TIGHTEN)
-            self.errbound.record(tenant, record.similarity, True, "feedback")
+            self.errbound.record(tenant, record.similarity, record.overlap, True, "feedback")
         self.metrics.feedback.labels("applied").inc()
         self.metrics.invalidations.labels("feedback").inc(removed)
         log.info("cache_feedback", tenant=tenant, entry=record.entry_id, kind=record.kind, removed=removed,

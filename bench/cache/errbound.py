@@ -9,14 +9,16 @@ question (a greedy star decomposition: the question with the most unassigned pai
 the lookups are replayed in a seeded random order (5 orders).
 
 Each lookup goes through the product's own decision (`cache.verify.Verifier` and `cache.errbound.ErrorBound`,
-the objects `SemanticCache` uses after the guards), with the cosine the shipped int8 MiniLM gives and the
-guards' verdict (`cache.guards`: a vetoed lookup is a miss). A verified would-be hit or a judged near miss
+the objects `SemanticCache` uses after the guards), with the cosine the shipped int8 MiniLM gives, the two
+questions' word overlap and the guards' verdict (`cache.guards`: a vetoed lookup is a miss). A verified would-be hit or a judged near miss
 gets the pair's label as its verdict: the judge is assumed right (a real judge's errors add to the rate).
 Simplification: a lookup is judged against its own entry only (the pairs' labels are all there is).
 
 - "bounded, calibrated": the calibration half's labelled lookups seed the counts first (`ErrorBound.seed`, what
   an operator does with labelled pairs of their own), then the scoring half is replayed;
 - "bounded, cold": no seed (the product's default start: no semantic hit until the evidence certifies one);
+- "bounded, calibrated, one region": as "bounded, calibrated" with every lookup's overlap taken as 1.0, so the
+  error bound keeps one cosine cutoff (what it did before 2026-11-26): what the overlap regions add;
 - "fixed, chosen on calibration": the lowest cosine threshold (0.0025 grid, guards on, >= 50 hits) whose
   false-hit rate on the calibration half is within the bound, applied to the scoring half;
 - "best fixed at the same false-hit rate": the highest recall of any fixed threshold whose false-hit rate on
@@ -37,6 +39,19 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from prometheus_client import CollectorRegistry
+
+from bench.cache.calibrate import vetoes
+from bench.cache.pairs import load_pairs, split
+from cache.guards import overlap, signature
+from cache.keys import RequestKey
+from cache.metrics import CacheMetrics
+from cache.settings import DEFAULT_GUARDS, CacheSettings
+from cache.shared import MemoryShared
+from cache.store import MemoryStore
+from cache.types import CachedAnswer, CacheEntry, CacheHit
+from cache.verify import LookupResult, Verifier
+from core.types import CacheRule
 
 BOUNDS = (0.02, 0.05, 0.10, 0.15, 0.20)
 ORDERS = 5
@@ -49,11 +64,16 @@ class Stream:
     entry: np.ndarray  # node id of the cached question
     query: np.ndarray  # node id of the asking question
     sim: np.ndarray
+    overlap: np.ndarray  # `cache.guards.overlap` of the two questions
     dup: np.ndarray
     vetoed: np.ndarray
 
     def take(self, idx: np.ndarray) -> Stream:
-        return Stream(self.entry[idx], self.query[idx], self.sim[idx], self.dup[idx], self.vetoed[idx])
+        return Stream(self.entry[idx], self.query[idx], self.sim[idx], self.overlap[idx], self.dup[idx],
+                      self.vetoed[idx])
+
+    def one_region(self) -> Stream:
+        return Stream(self.entry, self.query, self.sim, np.ones(len(self)), self.dup, self.vetoed)
 
     def __len__(self) -> int:
         return len(self.sim)
@@ -87,15 +107,13 @@ def star_hubs(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 def streams() -> tuple[Stream, Stream, dict[str, Any]]:
     """(calibration stream, scoring stream, their statistics)."""
-    from bench.cache.calibrate import vetoes
-    from bench.cache.pairs import load_pairs, split
-    from cache.settings import DEFAULT_GUARDS
-
     pairs = load_pairs()
     ids: dict[str, int] = {}
     a = np.array([ids.setdefault(t, len(ids)) for t in pairs.a])
     b = np.array([ids.setdefault(t, len(ids)) for t in pairs.b])
     per_guard = vetoes(pairs)
+    sigs = {t: signature(t) for t in set(pairs.a) | set(pairs.b)}
+    shared = np.array([overlap(sigs[x], sigs[y]) for x, y in zip(pairs.a, pairs.b, strict=True)])
     vetoed = np.zeros(len(a), bool)
     for g in DEFAULT_GUARDS:
         vetoed |= per_guard[g]
@@ -103,7 +121,8 @@ def streams() -> tuple[Stream, Stream, dict[str, Any]]:
     for name, idx in zip(("calibration", "scoring"), split(len(a)), strict=True):
         hub = star_hubs(a[idx], b[idx])
         query = np.where(hub == a[idx], b[idx], a[idx])
-        s = Stream(hub, query, pairs.cosine[idx].astype(float), pairs.duplicate[idx].astype(bool), vetoed[idx])
+        s = Stream(hub, query, pairs.cosine[idx].astype(float), shared[idx], pairs.duplicate[idx].astype(bool),
+                   vetoed[idx])
         lookups = np.unique(hub, return_counts=True)[1]
         stats[name] = {"lookups": len(s), "duplicates": int(s.dup.sum()), "entries": int(len(lookups)),
                        "lookups_on_entries_with_2_or_more": int(lookups[lookups >= 2].sum()),
@@ -161,17 +180,6 @@ class _LabelJudge:
 
 
 async def replay(s: Stream, delta: float, *, seed: int, warm: Stream | None) -> dict[str, Any]:
-    from prometheus_client import CollectorRegistry
-
-    from cache.keys import RequestKey
-    from cache.metrics import CacheMetrics
-    from cache.settings import CacheSettings
-    from cache.shared import MemoryShared
-    from cache.store import MemoryStore
-    from cache.types import CachedAnswer, CacheEntry, CacheHit
-    from cache.verify import LookupResult, Verifier
-    from core.types import CacheRule
-
     settings = CacheSettings()
     judge = _LabelJudge()
     verifier = Verifier(MemoryStore(None, max_entries=1), MemoryShared(1e9, 1e9), judge, settings,  # type: ignore[arg-type]
@@ -179,10 +187,9 @@ async def replay(s: Stream, delta: float, *, seed: int, warm: Stream | None) -> 
     verifier.errbound._rng = random.Random(seed)
     if warm is not None:
         ok = ~warm.vetoed
-        verifier.errbound.seed(TENANT, warm.sim[ok], ~warm.dup[ok])
+        verifier.errbound.seed(TENANT, warm.sim[ok], warm.overlap[ok], ~warm.dup[ok])
     rule = CacheRule(threshold=0.94, max_false_hit_rate=delta, verify_rate=VERIFY_RATE)
     served = wrong = verified = judged = 0
-    cutoffs = []
     for i in range(len(s)):
         if s.vetoed[i]:
             continue
@@ -190,8 +197,9 @@ async def replay(s: Stream, delta: float, *, seed: int, warm: Stream | None) -> 
         key = RequestKey(TENANT, "t", "ns", f"q{i}", f"question {int(s.query[i])}", True, None)
         answer = CachedAnswer("chat", f"answer {e}", "stop", "m", "edge")
         entry = CacheEntry(f"t-e{e}", TENANT, "ns", f"question {e}", answer)
-        hit = LookupResult(CacheHit(answer, "hit-semantic", float(s.sim[i]), entry.id, "ns"), "hit-semantic", key=key)
-        res = await verifier.decide(key, entry, float(s.sim[i]), rule, hit)
+        sim, shared = float(s.sim[i]), float(s.overlap[i])
+        hit = LookupResult(CacheHit(answer, "hit-semantic", sim, entry.id, "ns", shared), "hit-semantic", key=key)
+        res = await verifier.decide(key, entry, sim, shared, rule, hit)
         if res.status == "hit-semantic":
             served += 1
             wrong += not s.dup[i]
@@ -200,18 +208,19 @@ async def replay(s: Stream, delta: float, *, seed: int, warm: Stream | None) -> 
             judged += res.reason == "judge"
             judge.truth = bool(s.dup[i])
             await verifier.settle(key, CachedAnswer("chat", "the tier's answer", "stop", "m", "edge"))
-        if i % 500 == 0:
-            cutoffs.append(verifier.errbound.cutoff(TENANT, delta))
     dups = int(s.dup.sum())
-    final = verifier.errbound.cutoff(TENANT, delta)
+    final = [None if math.isinf(c) else c for c in verifier.errbound.cutoffs(TENANT, delta).tolist()]
     return {"served": served, "fhr": round(wrong / served, 4) if served else None,
             "recall": round((served - wrong) / dups, 4), "verified_share": round(verified / len(s), 4),
-            "judged_share": round(judged / len(s), 4), "final_cutoff": None if math.isinf(final) else final}
+            "judged_share": round(judged / len(s), 4), "final_cutoffs": final}
 
 
 def _mean(rows: list[dict[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for k in rows[0]:
+        if isinstance(rows[0][k], list):  # the final cutoffs: per order
+            out[k] = [r[k] for r in rows]
+            continue
         vals = [r[k] for r in rows if r[k] is not None]
         out[k] = round(float(np.mean(vals)), 4) if vals else None
         if k == "fhr" and vals:
@@ -230,8 +239,9 @@ def run(bounds: tuple[float, ...] = BOUNDS, orders: int = ORDERS) -> dict[str, A
     for delta in bounds:
         t_cal = fixed_for(cal.take(cal_order), delta)
         row: dict[str, Any] = {"bound": delta, "fixed_calibrated": score_fixed(sco, t_cal)}
-        for name, warm in (("bounded_calibrated", cal), ("bounded_cold", None)):
-            res = _mean([asyncio.run(replay(sco.take(p), delta, seed=k, warm=warm)) for k, p in enumerate(perms)])
+        for name, stream, warm in (("bounded_calibrated", sco, cal), ("bounded_cold", sco, None),
+                                   ("bounded_calibrated_one_region", sco.one_region(), cal.one_region())):
+            res = _mean([asyncio.run(replay(stream.take(p), delta, seed=k, warm=warm)) for k, p in enumerate(perms)])
             res["best_fixed_recall_at_same_fhr"], res["best_fixed_threshold"] = best_fixed_recall(sco, res["fhr"])
             row[name] = res
         out["rows"].append(row)
@@ -258,8 +268,11 @@ def render(eb: dict[str, Any], command: str, when: str) -> list[str]:
         t = "none reaches it" if f["threshold"] is None else f"t = {f['threshold']}"
         lines.append(f"| {d:.0%} | fixed, chosen on calibration ({t}) | {f['served']} | {fhr} | {f['recall']:.3f} | "
                      "- | - |")
-        for name, label in (("bounded_calibrated", "bounded, calibrated"), ("bounded_cold", "bounded, cold")):
-            r = row[name]
+        for name, label in (("bounded_calibrated", "bounded, calibrated"), ("bounded_cold", "bounded, cold"),
+                            ("bounded_calibrated_one_region", "bounded, calibrated, one region")):
+            r = row.get(name)
+            if r is None:  # a run before the regions
+                continue
             if r["fhr"] is None:
                 fhr = "- (nothing served)"
             else:

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from cache import build_cache
-from cache.errbound import EDGES, ErrorBound, certified_cutoff, estimate
+from cache.errbound import EDGES, OVERLAP_EDGES, ErrorBound, certified_cutoffs, estimate, new_counts, region
 from cache.settings import CacheSettings
 from cache.shared import MemoryShared
 from tests.cache.helpers import RULE, SETTINGS, answer, chat, fresh_metrics, sample
@@ -21,13 +21,20 @@ BOUNDED = dataclasses.replace(RULE, max_false_hit_rate=0.10, verify_rate=0.0)
 Q, PARA = "How do I invest my money wisely?", "How can I invest my money wisely?"
 
 
-def counts(sims: np.ndarray, wrong: np.ndarray) -> np.ndarray:
-    c = np.zeros((3, len(EDGES) + 1), np.int64)
+def counts(sims: np.ndarray, wrong: np.ndarray, overlaps: np.ndarray | None = None) -> np.ndarray:
+    """Counts of labelled lookups, written out by hand (all in the top region unless `overlaps` says)."""
+    c = new_counts()
+    regions = np.searchsorted(OVERLAP_EDGES, np.ones(len(sims)) if overlaps is None else overlaps, side="right")
     cells = np.searchsorted(EDGES, sims, side="right")
-    np.add.at(c[0], cells, 1)
-    np.add.at(c[1], cells, 1)
-    np.add.at(c[2], cells[wrong], 1)
+    np.add.at(c[0], (regions, cells), 1)
+    np.add.at(c[1], (regions, cells), 1)
+    np.add.at(c[2], (regions[wrong], cells[wrong]), 1)
     return c
+
+
+def top(cutoffs: np.ndarray) -> float:
+    """The cutoff of the top overlap region (where `counts` puts everything by default)."""
+    return float(cutoffs[-1])
 
 
 def synthetic(n: int = 20_000, seed: int = 1) -> tuple[np.ndarray, np.ndarray]:
@@ -39,44 +46,84 @@ def synthetic(n: int = 20_000, seed: int = 1) -> tuple[np.ndarray, np.ndarray]:
 
 
 def test_no_evidence_certifies_nothing():
-    assert certified_cutoff(np.zeros((3, len(EDGES) + 1), np.int64), 0.1) == math.inf
+    assert np.isinf(certified_cutoffs(new_counts(), 0.1)).all()
     sims, wrong = synthetic(100)  # fewer than 30/δ lookups above any cutoff
-    assert certified_cutoff(counts(sims, wrong), 0.1) == math.inf
+    assert np.isinf(certified_cutoffs(counts(sims, wrong), 0.1)).all()
 
 
 def test_the_cutoff_holds_the_bound_and_loosens_with_it():
     sims, wrong = synthetic()
     c = counts(sims, wrong)
-    cut10, cut20 = certified_cutoff(c, 0.10), certified_cutoff(c, 0.20)
+    cuts10, cuts20 = certified_cutoffs(c, 0.10), certified_cutoffs(c, 0.20)
+    assert np.isinf(cuts10[:-1]).all()  # regions without evidence serve nothing
+    cut10, cut20 = top(cuts10), top(cuts20)
     assert 0.8 <= cut20 < cut10 < 1.0
-    for delta, cut in ((0.10, cut10), (0.20, cut20)):
+    for delta, cuts, cut in ((0.10, cuts10, cut10), (0.20, cuts20, cut20)):
         served = sims >= cut
         assert wrong[served].mean() <= delta  # the true rate above the certified cutoff
-        point, upper = estimate(c, cut)
+        point, upper = estimate(c, cuts)
         assert point <= upper <= delta
-    assert certified_cutoff(c, 0.01) == math.inf  # 2 % wrong even at the top: a 1 % bound is out of reach
+    assert np.isinf(certified_cutoffs(c, 0.01)).all()  # 2 % wrong even at the top: a 1 % bound is out of reach
+
+
+def test_each_overlap_region_gets_the_cutoff_its_own_evidence_supports():
+    """Questions sharing most content words are rarely wrong at a cosine where those sharing few often are:
+    one cutoff per region serves more under the same bound than the single cutoff that holds it."""
+    rng = np.random.default_rng(5)
+    sims = rng.uniform(0.8, 0.9999, 40_000)
+    overlaps = np.repeat([0.1, 0.8], 20_000)
+    slope = np.where(overlaps > 0.5, 0.10, 0.60)  # wrong 10 % (high overlap) / 60 % (low) at 0.8, 2 % at the top
+    wrong = rng.random(len(sims)) < 0.02 + (0.9999 - sims) / 0.2 * slope
+    c = counts(sims, wrong, overlaps)
+    cuts = certified_cutoffs(c, 0.10)
+    low, high = cuts[region(0.1)], cuts[region(0.8)]
+    assert 0.8 <= high < low < 1.0
+    served = sims >= np.where(overlaps > 0.5, high, low)
+    assert wrong[served].mean() <= 0.10
+    one = top(certified_cutoffs(counts(sims, wrong), 0.10))  # the same evidence without regions
+    assert served.sum() > (sims >= one).sum()
+    assert wrong[sims >= one].mean() <= 0.10
+
+
+def test_cells_nothing_is_known_about_are_never_served():
+    """Spotless evidence between 0.95 and 0.96 certifies the cells above it (a higher cosine is no worse), not
+    the ones below it, nor another region: serving those would cost the bound nothing on paper."""
+    sims = np.linspace(0.9501, 0.9599, 3000)
+    cuts = certified_cutoffs(counts(sims, np.zeros(len(sims), bool)), 0.10)
+    assert top(cuts) == 0.95
+    assert np.isinf(cuts[:-1]).all()
+
+
+def test_a_region_whose_rate_rises_with_cosine_is_served_from_one_cutoff_up():
+    """Noise that makes a cell look worse than the one below it never leaves a hole in what is served."""
+    sims = np.concatenate([np.full(3000, 0.9525), np.full(3000, 0.9575), np.full(3000, 0.9625)])
+    wrong = np.zeros(len(sims), bool)
+    wrong[3000:3000 + 150] = True  # the middle cell 5 % wrong, the ones around it never
+    cuts = certified_cutoffs(counts(sims, wrong), 0.10)
+    assert top(cuts) <= 0.9525  # pooled with its neighbours: all three served, not the top and bottom only
 
 
 async def test_decisions_count_lookups_and_labels_move_the_cutoff():
     metrics, reg = fresh_metrics()
     eb = ErrorBound(MemoryShared(60, 60), CacheSettings(), metrics, rng=random.Random(3))
-    v = eb.decide("acme", 0.97, 0.10, 0.0)
+    v = eb.decide("acme", 0.97, 1.0, 0.10, 0.0)
     assert v.action == "judge" and v.cutoff == math.inf  # cold: nothing served, a near miss is judged
-    assert eb.decide("acme", 0.90, 0.10, 0.0).action == "miss"
-    assert eb.decide("acme", 0.5, 0.10, 0.0).action == "miss"
+    assert eb.decide("acme", 0.90, 1.0, 0.10, 0.0).action == "miss"
+    assert eb.decide("acme", 0.5, 1.0, 0.10, 0.0).action == "miss"
     sims, wrong = synthetic()
-    eb.seed("acme", sims, wrong)
-    cut = eb.cutoff("acme", 0.10)
+    eb.seed("acme", sims, np.ones(len(sims)), wrong)
+    cut = eb.cutoff("acme", 0.10, 1.0)
     assert math.isfinite(cut)
-    assert eb.decide("acme", cut + 0.001, 0.10, 0.0).action == "hit"
-    assert eb.decide("acme", cut + 0.001, 0.10, 1.0).action == "verify"
-    assert eb.decide("acme", cut - 0.01, 0.10, 0.0).action == "judge"
-    assert eb.decide("acme", cut + 0.001, 0.10, 0.0, entry_threshold=cut + 0.002).action in ("judge", "miss")
+    assert eb.decide("acme", cut + 0.001, 1.0, 0.10, 0.0).action == "hit"
+    assert eb.decide("acme", cut + 0.001, 1.0, 0.10, 1.0).action == "verify"
+    assert eb.decide("acme", cut - 0.01, 1.0, 0.10, 0.0).action == "judge"
+    assert eb.decide("acme", cut + 0.001, 1.0, 0.10, 0.0, entry_threshold=cut + 0.002).action in ("judge", "miss")
+    assert eb.decide("acme", 0.999, 0.1, 0.10, 0.0).action == "judge"  # no evidence in the low-overlap region
     for _ in range(400):  # evidence that the served cells are wrong: the cutoff rises
-        eb.record("acme", cut + 0.002, True, "verify")
-    assert eb.cutoff("acme", 0.10) > cut
+        eb.record("acme", cut + 0.002, 1.0, True, "verify")
+    assert eb.cutoff("acme", 0.10, 1.0) > cut
     assert sample(reg, "tiergate_cache_verifications_total", tenant="acme", source="verify", result="wrong") == 400
-    assert eb.cutoff("globex", 0.10) == math.inf  # another tenant's evidence is its own
+    assert eb.cutoff("globex", 0.10, 1.0) == math.inf  # another tenant's evidence is its own
 
 
 async def test_gateways_share_their_counts():
@@ -84,11 +131,11 @@ async def test_gateways_share_their_counts():
     a = ErrorBound(shared, CacheSettings(), fresh_metrics()[0])
     b = ErrorBound(shared, CacheSettings(), fresh_metrics()[0])
     sims, wrong = synthetic()
-    a.seed("acme", sims, wrong)
-    assert b.cutoff("acme", 0.10) == math.inf
+    a.seed("acme", sims, np.linspace(0, 1, len(sims)), wrong)  # every region
+    assert np.isinf(b.cutoffs("acme", 0.10)).all()
     await a.sync()
     await b.sync()
-    assert b.cutoff("acme", 0.10) == a.cutoff("acme", 0.10) and math.isfinite(b.cutoff("acme", 0.10))
+    assert (b.cutoffs("acme", 0.10) == a.cutoffs("acme", 0.10)).all() and np.isfinite(b.cutoffs("acme", 0.10)).any()
     assert (b.counts("acme") == a.counts("acme")).all()
 
 
@@ -115,11 +162,12 @@ async def bounded_cache(onnx_embedder):
 
 
 def certify(cache, tenant: str = "acme") -> float:
-    """Evidence that everything above 0.95 is right: the cutoff comes down to there."""
+    """Evidence that everything above 0.95 is right: the cutoff of the top overlap region (where Q and PARA
+    are: they share every content word) comes down to there."""
     sims = np.concatenate([np.linspace(0.95, 0.9999, 2000), np.linspace(0.80, 0.9499, 2000)])
     wrong = np.concatenate([np.zeros(2000, bool), np.ones(2000, bool)])
-    cache.errbound.seed(tenant, sims, wrong)
-    return cache.errbound.cutoff(tenant, BOUNDED.max_false_hit_rate)
+    cache.errbound.seed(tenant, sims, np.ones(len(sims)), wrong)
+    return cache.errbound.cutoff(tenant, BOUNDED.max_false_hit_rate, 1.0)
 
 
 async def test_a_bounded_rule_serves_nothing_semantic_until_there_is_evidence(bounded_cache):
@@ -180,3 +228,5 @@ async def test_feedback_invalidates_and_tightens_and_only_for_the_tenant_that_go
     assert sample(reg, "tiergate_cache_feedback_total", result="applied") == 1
     assert sample(reg, "tiergate_cache_feedback_total", result="unknown") == 2
     assert sample(reg, "tiergate_cache_verifications_total", tenant="acme", source="feedback", result="wrong") == 1
+    assert hit.overlap == 1.0  # the label is counted in the hit's overlap region, besides the 2,000 seeded there
+    assert cache.errbound.counts("acme")[2, region(hit.overlap)].sum() == 2001

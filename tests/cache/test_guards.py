@@ -1,6 +1,6 @@
 import pytest
 
-from cache.guards import GUARDS, signature, veto
+from cache.guards import GUARDS, overlap, signature, veto
 
 
 def judge(a: str, b: str) -> str | None:
@@ -59,3 +59,11 @@ def test_only_enabled_guards_apply() -> None:
 def test_odd_text_never_raises(text: str) -> None:
     sig = signature(text)
     assert veto(sig, signature("hello")) in (None, *GUARDS)
+
+
+def test_overlap_is_the_share_of_content_words_in_common() -> None:
+    a = signature("How do I invest my money wisely?")
+    assert overlap(a, signature("How can I invest my money wisely?")) == 1.0  # only stop words differ
+    assert overlap(a, signature("How do I spend my money?")) == pytest.approx(1 / 4)  # money of invest/money/wisely/spend
+    assert overlap(signature("Is it?"), signature("Is it?")) == 1.0  # no content words on either side
+    assert overlap(a, signature("What is it?")) == 0.0

@@ -260,13 +260,15 @@ def test_seed_bound_lets_a_bounded_rule_serve_from_the_start(redis_url, onnx_emb
 
     pairs = tmp_path / "pairs.jsonl"
     with pairs.open("w") as f:
-        for i in range(400):
-            f.write(json.dumps({"a": f"How do I cook dish number {i}?", "b": f"How can I cook dish number {i}?",
-                                "duplicate": True}) + "\n")
+        for i in range(400):  # right at cosines 0.966 and 0.984: evidence for the cells between too (Q, PARA: 0.978)
+            b = f"How can I cook dish number {i}?" if i % 2 else f"What is the way to cook dish number {i}?"
+            f.write(json.dumps({"a": f"How do I cook dish number {i}?", "b": b, "duplicate": True}) + "\n")
     res = CliRunner().invoke(cache_app, ["seed-bound", str(pairs), "--tenant", "acme", "--redis", redis_url])
     assert res.exit_code == 0, res.output
     out = json.loads(res.stdout.strip().splitlines()[-1])
-    assert out["ok"] and out["seeded"] == 400 and out["cutoffs"]["0.1"] is not None
+    assert out["ok"] and out["seeded"] == 400
+    assert out["cutoffs"]["0.1"]["0.7"] is not None  # they share every content word: the top overlap region
+    assert out["cutoffs"]["0.1"]["0"] is None  # no evidence about pairs sharing few words
 
     bounded = dataclasses.replace(RULE, max_false_hit_rate=0.10, verify_rate=0.0)
 
@@ -295,10 +297,10 @@ async def test_error_bound_counts_are_shared_through_a_cluster_too(make_cache, r
     b, _ = await make_cache(redis_cluster_url)
     try:
         sims = np.linspace(0.95, 0.999, 500)
-        a.errbound.seed("acme", sims, np.zeros(500, bool))
+        a.errbound.seed("acme", sims, np.ones(500), np.zeros(500, bool))
         await a.errbound.sync()
         await b.errbound.ensure("acme")
-        assert b.errbound.cutoff("acme", 0.10) == a.errbound.cutoff("acme", 0.10) <= 0.95
+        assert b.errbound.cutoff("acme", 0.10, 1.0) == a.errbound.cutoff("acme", 0.10, 1.0) <= 0.95
         assert await a.shared.raise_entry_threshold("acme-x", 0.97) == 0.97
         assert await b.shared.entry_threshold("acme-x") == 0.97
     finally:

@@ -125,7 +125,7 @@ def certified_cutoffs(counts: np.ndarray, delta: float) -> np.ndarray:
     tail_t, tail_tp, tail_var = (np.cumsum(x.ravel()[order]) for x in (T, Tp, var))
     # a prefix may only end where the rate changes: cells of one rate are served together; never unknown ones
     ranked = flat[order]
-    ends = np.flatnonzero(np.append(np.diff(ranked) > 0, True) & np.isfinite(ranked))
+    ends = np.flatnonzero(np.append(ranked[1:] != ranked[:-1], True) & np.isfinite(ranked))
     ok = (tail_t[ends] >= 30.0 / delta) & (tail_tp[ends] + _Z95 * np.sqrt(tail_var[ends]) <= delta * tail_t[ends])
     cut = np.full(counts.shape[1], math.inf)
     if not ok.any():

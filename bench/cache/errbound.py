@@ -257,7 +257,10 @@ def render(eb: dict[str, Any], command: str, when: str) -> list[str]:
               f"({st['scoring']['duplicates']:,} labelled duplicate; {st['scoring']['vetoed_share']:.0%} vetoed by "
               f"the guards); calibration half: {st['calibration']['lookups']:,} lookups. Means over "
               f"{eb['orders']} replay orders (false-hit rate: min-max); verify rate {eb['verify_rate']:g}, judge "
-              "band 0.05, the label as the judge's verdict."), "",
+              "band 0.05, the label as the judge's verdict. \"bounded\": the product's decision, a cutoff per word-overlap "
+              "region (`cache.errbound`); \"one region\": the same with every lookup's overlap taken as 1.0, one cosine "
+              "cutoff (the error bound before 2026-11-26); \"calibrated\": the calibration half's labels counted first, "
+              "\"cold\": not; best fixed threshold: chosen in hindsight on the scored half itself."), "",
              ("| bound | method | served hits | false-hit rate | recall | verified / judged share | "
               "best fixed threshold at that false-hit rate: recall (threshold) |"),
              "|---|---|---|---|---|---|---|"]

@@ -129,7 +129,8 @@ async def test_decisions_count_lookups_and_labels_move_the_cutoff():
 async def test_gateways_share_their_counts():
     shared = MemoryShared(60, 60)
     a = ErrorBound(shared, CacheSettings(), fresh_metrics()[0])
-    b = ErrorBound(shared, CacheSettings(), fresh_metrics()[0])
+    b_metrics, b_registry = fresh_metrics()
+    b = ErrorBound(shared, CacheSettings(), b_metrics)
     sims, wrong = synthetic()
     a.seed("acme", sims, np.linspace(0, 1, len(sims)), wrong)  # every region
     assert np.isinf(b.cutoffs("acme", 0.10)).all()
@@ -137,6 +138,13 @@ async def test_gateways_share_their_counts():
     await b.sync()
     assert (b.cutoffs("acme", 0.10) == a.cutoffs("acme", 0.10)).all() and np.isfinite(b.cutoffs("acme", 0.10)).any()
     assert (b.counts("acme") == a.counts("acme")).all()
+    await b.sync()  # the gauges: each region's cutoff, labelled by the region's lower edge
+    for g, edge in enumerate(("0", "0.2", "0.34", "0.5", "0.7")):
+        shown = sample(b_registry, "tiergate_cache_semantic_cutoff", tenant="acme", bound="0.1", overlap=edge)
+        assert shown == b.cutoffs("acme", 0.10)[g]
+    point, upper = (sample(b_registry, "tiergate_cache_false_hit_rate", tenant="acme", bound="0.1", estimate=e)
+                    for e in ("point", "upper95"))
+    assert point <= upper <= 0.10
 
 
 class Judge:

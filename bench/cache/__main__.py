@@ -118,8 +118,7 @@ def embedding_latency() -> dict[str, float]:
 # -- report ---------------------------------------------------------------------------------------------------
 def render(out: dict[str, Any]) -> str:
     acc, emb, command, when = out["accuracy"], out["embedding"], out.get("command", ""), out.get("when")
-    machine = out.get("machine")
-    facts = machine_line(machine["start"], machine["end"]) if machine else "Machine: not recorded by this run."
+    facts = _facts(out, "accuracy")
     lines = [HEADING, "", (f"Command: `{command}` ({when or time.strftime('%Y-%m-%d')}). Raw results: "
                            f"`bench/results/cache.json`. {facts}"), ""]
     lines += [(f"Accuracy on the held-out half of `qqp_pairs_dev.jsonl` ({acc['held_out_pairs']} pairs, "
@@ -132,7 +131,7 @@ def render(out: dict[str, Any]) -> str:
     sizes = sorted({r["entries"] for r in out["scales"]})
     lines += [f"### Redis 8 (vector sets) beside Redis 7 (stream layout) at {', '.join(f'{n:,}' for n in sizes)} "
               "entries", ""]
-    lines += [f"Command: `{out.get('scales_command', command)}` ({out.get('scales_when', when)})."
+    lines += [f"Command: `{out.get('scales_command', command)}` ({out.get('scales_when', when)}). {_facts(out, 'scales')}"
               + (f" {out['scales_note']}" if out.get("scales_note") else ""), ""]
     lines += scale.render(out["scales"])
     lines += ["", (f"Embedding one {emb['words']}-word prompt, one thread: p50 {emb['p50_ms']} ms, "
@@ -155,11 +154,17 @@ def render(out: dict[str, Any]) -> str:
     ]
     if "errbound" in out:
         lines += errbound.render(out["errbound"], out["errbound"].get("command", command),
-                                 out["errbound"].get("when", when or ""))
+                                 out["errbound"].get("when", when or ""), _facts(out, "errbound"))
         lines += [""]
     if out.get("e2e"):
-        lines += e2e_render(out["e2e"])
+        lines += e2e_render(out["e2e"], _facts(out, "e2e"))
     return "\n".join(lines)
+
+
+def _facts(out: dict[str, Any], part: str) -> str:
+    """The machine as the run of that part found it (each part keeps its own: they run at different times)."""
+    machine = out.get("machines", {}).get(part)
+    return machine_line(machine["start"], machine["end"]) if machine else "Machine: not recorded with this part."
 
 
 def write_docs(section: str) -> None:
@@ -238,7 +243,9 @@ def main() -> None:
         e2e = run_e2e(args.e2e_requests, stores, args.upstream_ttft_ms, args.upstream_tbt_ms)
         e2e["command"] = command
         out["e2e"] = e2e
-    out["machine"] = {"start": started, "end": machine_facts()}
+    ended = machine_facts()
+    out.pop("machine", None)  # one snapshot for every part (before 2026-11-26): it named the last part's machine
+    out["machines"] = out.get("machines", {}) | {p: {"start": started, "end": ended} for p in parts}
     results_file.parent.mkdir(parents=True, exist_ok=True)
     results_file.write_text(json.dumps(out, indent=1) + "\n")
     missing = [k for k in ("accuracy", "embedding", "scales") if k not in out]

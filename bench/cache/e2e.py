@@ -350,7 +350,7 @@ def run(n: int = 300, stores: tuple[str, ...] = ("memory", "redis7", "redis8"), 
     return result
 
 
-def render(e2e: dict[str, Any]) -> list[str]:
+def render(e2e: dict[str, Any], machine: str = "") -> list[str]:
     up = e2e["upstream"]
     lines = ["### End to end through the gateway: hit vs miss", "",
              (f"Command: `{e2e.get('command', '.venv/bin/python -m bench.cache --only e2e')}` "
@@ -361,7 +361,8 @@ def render(e2e: dict[str, Any]) -> list[str]:
               f"(upstream, redis-server and client on CPU 1). One client, one request at a time, "
               f"{e2e['requests_per_kind']} requests per kind and mode, in blocks of {e2e['block']} (misses, their "
               f"exact repeats, their paraphrases); paraphrases are duplicate-labelled pairs from "
-              "`qqp_pairs_dev.jsonl` that the shipped threshold and guards accept, a different set per mode."), "",
+              "`qqp_pairs_dev.jsonl` that the shipped threshold and guards accept, a different set per mode. "
+              f"{machine}"), "",
              ("| store | mode | kind | p50 / p99 ms (to last byte) | SSE first byte p50 / p99 ms | "
               "p50 vs miss | gateway's own ms p50 (`x-tiergate-overhead-ms`) | `x-tiergate-cache` tally |"),
              "|---|---|---|---|---|---|---|---|"]

@@ -249,10 +249,10 @@ def run(bounds: tuple[float, ...] = BOUNDS, orders: int = ORDERS) -> dict[str, A
     return out
 
 
-def render(eb: dict[str, Any], command: str, when: str) -> list[str]:
+def render(eb: dict[str, Any], command: str, when: str, machine: str = "") -> list[str]:
     st = eb["streams"]
     lines = ["### Error-bounded hits on the labelled pairs", "",
-             (f"Command: `{command}` ({when}); raw results: `bench/results/cache.json` (`errbound`). "
+             (f"Command: `{command}` ({when}); raw results: `bench/results/cache.json` (`errbound`). {machine} "
               f"Scoring half: {st['scoring']['lookups']:,} lookups of {st['scoring']['entries']:,} entries "
               f"({st['scoring']['duplicates']:,} labelled duplicate; {st['scoring']['vetoed_share']:.0%} vetoed by "
               f"the guards); calibration half: {st['calibration']['lookups']:,} lookups. Means over "

@@ -94,6 +94,15 @@ def test_cells_nothing_is_known_about_are_never_served():
     assert np.isinf(cuts[:-1]).all()
 
 
+def test_a_gap_nothing_is_known_about_ends_what_a_region_serves():
+    """Spotless evidence at the top, nothing just below it, and a few poor labels further down (worse than the
+    no-evidence prior, so nothing pools the gap with them): the few poor cells are cheap enough for the bound,
+    but serving them would serve the unknown gap too, so the region is served from the top run only."""
+    sims = np.concatenate([np.linspace(0.9701, 0.9799, 3000), np.full(20, 0.8525)])
+    wrong = np.concatenate([np.zeros(3000, bool), np.arange(20) < 12])  # 60 % wrong, little traffic
+    assert top(certified_cutoffs(counts(sims, wrong), 0.10)) == 0.97
+
+
 def test_a_region_whose_rate_rises_with_cosine_is_served_from_one_cutoff_up():
     """Noise that makes a cell look worse than the one below it never leaves a hole in what is served."""
     sims = np.concatenate([np.full(3000, 0.9525), np.full(3000, 0.9575), np.full(3000, 0.9625)])

@@ -174,11 +174,13 @@ Ctrl-C stops everything.""")
         console.print(f"[red]error:[/red] {exc}")
         return 1
     finally:
+        # One at a time, last started first: edge nodes deregister from a gateway that is still up, and the
+        # gateway stops before the cloud stand-in (else its health poll logs the stand-in as unreachable).
         for _, p in reversed(procs):
             if p.poll() is None:
                 p.send_signal(signal.SIGTERM)
-        for _, p in procs:
             try:
                 p.wait(timeout=20)
             except subprocess.TimeoutExpired:
                 p.kill()
+                p.wait()

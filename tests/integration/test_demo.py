@@ -80,6 +80,7 @@ def test_demo_serves_and_stops_everything_it_started(tmp_path: Path, stop_signal
         assert r.headers["x-tiergate-rule"] == "long-prompt" and r.headers["x-tiergate-tier"] == "cloud"
         assert 1500 <= r.json()["usage"]["prompt_tokens"] <= promised
 
+        logged_before_stop = len((tmp_path / "demo.log").read_text(errors="replace"))
         if stop_signal == signal.SIGINT:  # Ctrl-C: the terminal signals the whole foreground process group
             os.killpg(demo.pid, signal.SIGINT)
         else:  # docker stop, systemd: the demo's own process
@@ -90,6 +91,8 @@ def test_demo_serves_and_stops_everything_it_started(tmp_path: Path, stop_signal
         assert not any(_busy(p) for p in PORTS)
         output = (tmp_path / "demo.log").read_text(errors="replace")
         assert "Traceback" not in output, output[-3000:]  # every process stopped cleanly on the signal
+        stopping = output[logged_before_stop:]
+        assert "unreachable" not in stopping, stopping[-3000:]  # stopped in order: nothing polled a stopped server
     finally:
         if demo.poll() is None:
             demo.kill()

@@ -265,13 +265,15 @@ class SemanticCache:
                 sim = approx
             scored.append((sim, e))
         scored.sort(key=lambda se: -se[0])
-        asked = signature(key.text) if scored else None
+        if not scored:
+            return miss
+        asked = signature(key.text)
         for sim, e in scored:
             stored = signature(e.text)
-            if self._judge(sim, stored, asked, floor) is not None or not answer_fits(  # type: ignore[arg-type]
+            if self._judge(sim, stored, asked, floor) is not None or not answer_fits(
                     e.answer, e.max_tokens, key.max_tokens):
                 continue
-            shared = round(overlap(stored, asked), 4)  # type: ignore[arg-type]
+            shared = round(overlap(stored, asked), 4)
             hit = LookupResult(CacheHit(e.answer, "hit-semantic", round(sim, 4), e.id, e.namespace, shared),
                                "hit-semantic", key=key)
             if not bounded:

@@ -214,7 +214,7 @@ def seed_bound(
     serves semantic hits from the start, at the cutoffs this evidence certifies (docs/cache.md)."""
     from cache.errbound import (  # start-up time: the other commands need none of it
         FLOOR,
-        OVERLAP_EDGES,
+        REGION_LABELS,
         ErrorBound,
     )
     from cache.shared import RedisShared  # start-up time, as above
@@ -258,9 +258,8 @@ def seed_bound(
             cutoffs = {f"{d:g}": bound.cutoffs(tenant, d).tolist() for d in (0.02, 0.05, 0.10, 0.15, 0.20)}
         finally:
             await store.stop()
-        regions = [f"{x:g}" for x in (0.0, *OVERLAP_EDGES.tolist())]  # each overlap region by its lower edge
         return {"ok": True, "tenant": tenant, "pairs": len(pairs), "seeded": len(keep),
-                "cutoffs": {d: {g: (None if c == float("inf") else c) for g, c in zip(regions, cs, strict=True)}
+                "cutoffs": {d: {g: (None if c == float("inf") else c) for g, c in zip(REGION_LABELS, cs, strict=True)}
                             for d, cs in cutoffs.items()}}
 
     try:

@@ -56,7 +56,8 @@ from cache.settings import CacheSettings
 if TYPE_CHECKING:
     from cache.shared import SharedState
 
-__all__ = ["EDGES", "OVERLAP_EDGES", "ErrorBound", "Verdict", "certified_cutoffs", "estimate", "new_counts", "region"]
+__all__ = ["EDGES", "OVERLAP_EDGES", "REGION_LABELS", "ErrorBound", "Verdict", "certified_cutoffs", "estimate",
+           "new_counts", "region"]
 
 log = structlog.get_logger("tiergate.cache.errbound")
 
@@ -65,7 +66,7 @@ FLOOR = float(EDGES[0])  # candidates below this are neither counted nor served
 OVERLAP_EDGES = np.array([0.2, 0.34, 0.5, 0.7])  # region lower edges of word overlap (region 0: below 0.2)
 REGIONS = len(OVERLAP_EDGES) + 1
 CELLS = len(EDGES) + 1
-_REGION_LABELS = [f"{x:g}" for x in (0.0, *OVERLAP_EDGES.tolist())]  # a region by its lower edge
+REGION_LABELS = [f"{x:g}" for x in (0.0, *OVERLAP_EDGES.tolist())]  # a region by its lower edge (gauges, CLI)
 _Z95 = 1.6448536269514722  # one-sided 95 %
 _T, _L, _E = 0, 1, 2
 Action = Literal["hit", "verify", "judge", "miss"]
@@ -108,7 +109,8 @@ def _non_increasing(p: np.ndarray, w: np.ndarray) -> np.ndarray:
 
 
 def _ranked(counts: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Every servable cell (region, cell >= 1) best first: (pooled rate, traffic, stratified T·p, variance)."""
+    """Every servable cell (region, cell >= 1): (pooled rate, the one cells are ranked by; traffic; stratified
+    T·p; variance)."""
     T, L, E = (counts[i, :, 1:].astype(float) for i in (_T, _L, _E))  # cell 0 (below FLOOR) is never served
     p = (E + 0.5) / (L + 1.0)
     pooled = np.vstack([_non_increasing(p[g], L[g] + 1.0) for g in range(counts.shape[1])])
@@ -130,7 +132,7 @@ def certified_cutoffs(counts: np.ndarray, delta: float) -> np.ndarray:
     cut = np.full(counts.shape[1], math.inf)
     if not ok.any():
         return cut
-    served = pooled <= flat[order[ends[np.flatnonzero(ok)[-1]]]]
+    served = pooled <= ranked[ends[np.flatnonzero(ok)[-1]]]
     for g in range(len(cut)):
         # the region's rate falls with cosine, so its served cells are a tail; but a cell nothing is known about
         # is never served, so the cutoff is where the unbroken run of served cells from the top begins
@@ -318,7 +320,7 @@ class ErrorBound:
                 point, upper = estimate(counts, cuts)
                 label = f"{delta:g}"
                 for g, c in enumerate(cuts.tolist()):
-                    self.metrics.cutoff.labels(tenant, label, _REGION_LABELS[g]).set(c)
+                    self.metrics.cutoff.labels(tenant, label, REGION_LABELS[g]).set(c)
                 self.metrics.false_hit_rate.labels(tenant, label, "point").set(point)
                 self.metrics.false_hit_rate.labels(tenant, label, "upper95").set(upper)
 

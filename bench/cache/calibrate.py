@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from bench.cache.pairs import DEFAULT_PAIRS, Pairs, load_pairs, split
-from cache.guards import GUARDS, signature, veto
+from cache.guards import GUARDS, Signature, signature, veto
 
 
 @dataclass(frozen=True)
@@ -37,9 +37,14 @@ def score(hit: np.ndarray, duplicate: np.ndarray) -> Score:
     return Score(tp / n if n else 1.0, tp / max(int(duplicate.sum()), 1), n)
 
 
-def vetoes(pairs: Pairs) -> dict[str, np.ndarray]:
+def signatures(pairs: Pairs) -> dict[str, Signature]:
+    """Every question's signature, once (a question appears in several pairs)."""
+    return {t: signature(t) for t in set(pairs.a) | set(pairs.b)}
+
+
+def vetoes(pairs: Pairs, sigs: dict[str, Signature] | None = None) -> dict[str, np.ndarray]:
     """For each guard alone: which pairs it vetoes (guards are independent, so subsets are unions)."""
-    sigs = {t: signature(t) for t in set(pairs.a) | set(pairs.b)}
+    sigs = sigs if sigs is not None else signatures(pairs)
     out = {g: np.zeros(len(pairs.a), bool) for g in GUARDS}
     for i, (a, b) in enumerate(zip(pairs.a, pairs.b, strict=True)):
         for g in GUARDS:
@@ -88,14 +93,15 @@ def main() -> None:
     if args.search_guards:
         subsets = [s for k in range(len(GUARDS) + 1) for s in itertools.combinations(GUARDS, k)]
     threshold, guards, cal_score = calibrate(pairs, cal, args.min_precision, subsets)
-    cal_vetoes = {g: v[cal] for g, v in vetoes(pairs).items()}
+    per_guard = vetoes(pairs)
+    cal_vetoes = {g: v[cal] for g, v in per_guard.items()}
     ablation = {
         f"without {g}": score((pairs.cosine[cal] >= threshold)
                               & ~_union(cal_vetoes, [x for x in guards if x != g], len(cal)),
                               pairs.duplicate[cal]).__dict__
         for g in guards
     }
-    held_vetoes = {g: v[held] for g, v in vetoes(pairs).items()}
+    held_vetoes = {g: v[held] for g, v in per_guard.items()}
     held_score = score((pairs.cosine[held] >= threshold) & ~_union(held_vetoes, guards, len(held)),
                        pairs.duplicate[held])
     print(json.dumps({

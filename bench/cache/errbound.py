@@ -41,9 +41,9 @@ from typing import Any
 import numpy as np
 from prometheus_client import CollectorRegistry
 
-from bench.cache.calibrate import vetoes
+from bench.cache.calibrate import signatures, vetoes
 from bench.cache.pairs import load_pairs, split
-from cache.guards import overlap, signature
+from cache.guards import overlap
 from cache.keys import RequestKey
 from cache.metrics import CacheMetrics
 from cache.settings import DEFAULT_GUARDS, CacheSettings
@@ -111,8 +111,8 @@ def streams() -> tuple[Stream, Stream, dict[str, Any]]:
     ids: dict[str, int] = {}
     a = np.array([ids.setdefault(t, len(ids)) for t in pairs.a])
     b = np.array([ids.setdefault(t, len(ids)) for t in pairs.b])
-    per_guard = vetoes(pairs)
-    sigs = {t: signature(t) for t in set(pairs.a) | set(pairs.b)}
+    sigs = signatures(pairs)
+    per_guard = vetoes(pairs, sigs)
     shared = np.array([overlap(sigs[x], sigs[y]) for x, y in zip(pairs.a, pairs.b, strict=True)])
     vetoed = np.zeros(len(a), bool)
     for g in DEFAULT_GUARDS:

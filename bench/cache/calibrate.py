@@ -52,11 +52,12 @@ def vetoes(pairs: Pairs, sigs: dict[str, Signature] | None = None) -> dict[str, 
     return out
 
 
-def calibrate(pairs: Pairs, cal: np.ndarray, min_precision: float,
-              subsets: list[tuple[str, ...]]) -> tuple[float, tuple[str, ...], Score]:
+def calibrate(pairs: Pairs, cal: np.ndarray, min_precision: float, subsets: list[tuple[str, ...]],
+              all_vetoes: dict[str, np.ndarray] | None = None) -> tuple[float, tuple[str, ...], Score]:
+    """`all_vetoes`: `vetoes(pairs)` when the caller has it already."""
     cos = pairs.cosine[cal]
     dup = pairs.duplicate[cal]
-    per_guard = {g: v[cal] for g, v in vetoes(pairs).items()}
+    per_guard = {g: v[cal] for g, v in (all_vetoes if all_vetoes is not None else vetoes(pairs)).items()}
     best: tuple[float, tuple[str, ...], Score] | None = None
     for subset in subsets:
         vetoed = _union(per_guard, subset, len(cal))
@@ -92,8 +93,8 @@ def main() -> None:
     subsets = [GUARDS]
     if args.search_guards:
         subsets = [s for k in range(len(GUARDS) + 1) for s in itertools.combinations(GUARDS, k)]
-    threshold, guards, cal_score = calibrate(pairs, cal, args.min_precision, subsets)
     per_guard = vetoes(pairs)
+    threshold, guards, cal_score = calibrate(pairs, cal, args.min_precision, subsets, per_guard)
     cal_vetoes = {g: v[cal] for g, v in per_guard.items()}
     ablation = {
         f"without {g}": score((pairs.cosine[cal] >= threshold)

@@ -15,7 +15,7 @@ One run prints, side by side:
   from start to its first semantic hit and its RSS, the Redis server's RSS;
 - the error-bound table (bench/cache/errbound.py): for bounds 2 %, 5 %, 10 % (and 15 %, 20 %), the measured
   false-hit rate and recall of the product's error-bounded decision replayed on the labelled pairs, beside
-  fixed thresholds;
+  fixed thresholds, and the hindsight ceiling of three rankings at each bound (bench/cache/ceiling.py);
 - embedding p50 for a ~20-word prompt on one thread;
 - end to end (bench/cache/e2e.py): `tiergate serve` with the exported embedder, in-process store, Redis 7 and
   Redis 8, in front of the instant upstream with a fixed generation time; p50/p99 of misses, exact hits and

@@ -22,6 +22,7 @@ import numpy as np
 
 from bench.cache.pairs import DEFAULT_PAIRS, Pairs, load_pairs, split
 from cache.guards import GUARDS, Signature, signature, veto
+from cache.settings import DEFAULT_GUARDS
 
 
 @dataclass(frozen=True)
@@ -50,6 +51,25 @@ def vetoes(pairs: Pairs, sigs: dict[str, Signature] | None = None) -> dict[str, 
         for g in GUARDS:
             out[g][i] = veto(sigs[a], sigs[b], (g,)) is not None
     return out
+
+
+@dataclass(frozen=True)
+class Labelled:
+    """The labelled pairs with what the shipped guards make of them, computed once for every use."""
+
+    pairs: Pairs
+    sigs: dict[str, Signature]  # every question's signature
+    vetoed: np.ndarray  # per pair: one of the default guards vetoes it
+
+
+def labelled(pairs: Pairs | None = None) -> Labelled:
+    pairs = pairs if pairs is not None else load_pairs()
+    sigs = signatures(pairs)
+    per_guard = vetoes(pairs, sigs)
+    vetoed = np.zeros(len(pairs.a), bool)
+    for g in DEFAULT_GUARDS:
+        vetoed |= per_guard[g]
+    return Labelled(pairs, sigs, vetoed)
 
 
 def calibrate(pairs: Pairs, cal: np.ndarray, min_precision: float, subsets: list[tuple[str, ...]],

@@ -27,14 +27,14 @@ import numpy as np
 from sklearn.ensemble import HistGradientBoostingClassifier
 from sklearn.linear_model import LogisticRegression
 
-from bench.cache.calibrate import signatures, vetoes
-from bench.cache.pairs import Pairs, load_pairs, split
+from bench.cache.calibrate import Labelled
+from bench.cache.pairs import Pairs, split
 from cache.errbound import FLOOR, OVERLAP_EDGES
 from cache.guards import Signature, overlap
-from cache.settings import DEFAULT_GUARDS
 
 MIN_HITS = 50
 RANKINGS = ("cosine", "cosine per overlap region", "cosine + surface features")
+
 
 
 def features(pairs: Pairs, sigs: dict[str, Signature]) -> np.ndarray:
@@ -69,14 +69,9 @@ def frontier(score: np.ndarray, wrong: np.ndarray, duplicates: int, bound: float
             "served": int(n[k])}
 
 
-def run(bounds: tuple[float, ...]) -> dict[str, Any]:
-    pairs = load_pairs()
-    sigs = signatures(pairs)
-    vetoed = np.zeros(len(pairs.a), bool)
-    for g, v in vetoes(pairs, sigs).items():
-        if g in DEFAULT_GUARDS:
-            vetoed |= v
-    x = features(pairs, sigs)
+def run(bounds: tuple[float, ...], data: Labelled) -> dict[str, Any]:
+    pairs, vetoed = data.pairs, data.vetoed
+    x = features(pairs, data.sigs)
     wrong = ~pairs.duplicate.astype(bool)
     cal, sco = split(len(wrong))
     fit = cal[~vetoed[cal] & (x[cal, 0] >= FLOOR)]

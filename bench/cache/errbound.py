@@ -42,12 +42,12 @@ import numpy as np
 from prometheus_client import CollectorRegistry
 
 from bench.cache import ceiling
-from bench.cache.calibrate import signatures, vetoes
-from bench.cache.pairs import load_pairs, split
+from bench.cache.calibrate import Labelled, labelled
+from bench.cache.pairs import split
 from cache.guards import overlap
 from cache.keys import RequestKey
 from cache.metrics import CacheMetrics
-from cache.settings import DEFAULT_GUARDS, CacheSettings
+from cache.settings import CacheSettings
 from cache.shared import MemoryShared
 from cache.store import MemoryStore
 from cache.types import CachedAnswer, CacheEntry, CacheHit
@@ -106,18 +106,13 @@ def star_hubs(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return hub
 
 
-def streams() -> tuple[Stream, Stream, dict[str, Any]]:
+def streams(data: Labelled) -> tuple[Stream, Stream, dict[str, Any]]:
     """(calibration stream, scoring stream, their statistics)."""
-    pairs = load_pairs()
+    pairs, sigs, vetoed = data.pairs, data.sigs, data.vetoed
     ids: dict[str, int] = {}
     a = np.array([ids.setdefault(t, len(ids)) for t in pairs.a])
     b = np.array([ids.setdefault(t, len(ids)) for t in pairs.b])
-    sigs = signatures(pairs)
-    per_guard = vetoes(pairs, sigs)
     shared = np.array([overlap(sigs[x], sigs[y]) for x, y in zip(pairs.a, pairs.b, strict=True)])
-    vetoed = np.zeros(len(a), bool)
-    for g in DEFAULT_GUARDS:
-        vetoed |= per_guard[g]
     out, stats = [], {}
     for name, idx in zip(("calibration", "scoring"), split(len(a)), strict=True):
         hub = star_hubs(a[idx], b[idx])
@@ -233,7 +228,8 @@ def _mean(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def run(bounds: tuple[float, ...] = BOUNDS, orders: int = ORDERS) -> dict[str, Any]:
-    cal, sco, stats = streams()
+    data = labelled()
+    cal, sco, stats = streams(data)
     rng = np.random.default_rng(7)
     perms = [rng.permutation(len(sco)) for _ in range(orders)]
     cal_order = np.random.default_rng(8).permutation(len(cal))
@@ -249,7 +245,7 @@ def run(bounds: tuple[float, ...] = BOUNDS, orders: int = ORDERS) -> dict[str, A
             row[name] = res
         out["rows"].append(row)
         print(f"errbound: bound {delta}: {row}", flush=True)
-    out["ceiling"] = ceiling.run(bounds)
+    out["ceiling"] = ceiling.run(bounds, data)
     return out
 
 

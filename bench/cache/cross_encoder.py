@@ -6,8 +6,11 @@ Fine-tunes all-MiniLM-L6-v2 (the embedder's own weights, fresh 1-logit head, BCE
 calibration half of the labelled question pairs (the first 85 % of it; the last 15 % only picks thresholds), then
 scores the held-out half, which never trains or tunes anything. Prints average precision, precision at the
 threshold chosen for recall 0.40 on the threshold slice, the best precision reachable at recall >= 0.40, and the
-same with a cosine pre-filter (what a lookup would see), next to cosine alone. Needs torch and transformers
-(`pip install -e '.[export]'`); ~10 minutes on 2 cores. The result is in docs/benchmarks.md and docs/cache.md.
+same with a cosine pre-filter (what a lookup would see), next to cosine alone. Then, as the error bound would use
+it (guards on, cosine >= its floor), the recall of each ranking cut in hindsight at each false-hit bound
+(`bench.cache.ceiling.frontier`): cosine, the cross-encoder, and both (a logistic fit on the threshold slice).
+Needs torch and transformers (`pip install -e '.[export]'`); ~10 minutes on 2 cores. Writes
+bench/results/cache_cross_encoder.json; the result is in docs/benchmarks.md and docs/cache.md.
 """
 
 from __future__ import annotations
@@ -20,11 +23,18 @@ import time
 from pathlib import Path
 
 import numpy as np
+from sklearn.linear_model import LogisticRegression
+from sklearn.metrics import average_precision_score
 
+from bench.cache.calibrate import labelled
+from bench.cache.ceiling import frontier
+from bench.cache.errbound import BOUNDS
 from bench.cache.pairs import DEFAULT_PAIRS, load_pairs, split
+from cache.errbound import FLOOR
 from cache.export import default_embedder_dir
 
 RECALL = 0.40
+RESULTS = Path(__file__).resolve().parents[1] / "results" / "cache_cross_encoder.json"
 
 
 def threshold_for_recall(scores: np.ndarray, y: np.ndarray, recall: float) -> float:
@@ -48,6 +58,7 @@ def best_precision_at_recall(scores: np.ndarray, y: np.ndarray, recall: float) -
 
 def train(a: list[str], b: list[str], y: np.ndarray, idx: np.ndarray, out: Path, *, epochs: float, seed: int,
           max_length: int = 96, batch: int = 32, lr: float = 5e-5):
+    # torch, transformers and the model package: the optional `export` extra, imported only by this experiment
     import torch
     from tqdm import tqdm
     from transformers import (
@@ -100,7 +111,7 @@ def train(a: list[str], b: list[str], y: np.ndarray, idx: np.ndarray, out: Path,
 
 
 def score(model, tok, a: list[str], b: list[str], idx: np.ndarray, max_length: int = 96) -> np.ndarray:
-    import torch
+    import torch  # the optional `export` extra
 
     out = np.zeros(len(idx), np.float32)
     order = np.argsort([len(a[i]) + len(b[i]) for i in idx])
@@ -125,7 +136,7 @@ def main() -> None:
     args = ap.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-    import torch
+    import torch  # the optional `export` extra (after the offline switches above)
 
     torch.set_num_threads(args.threads)
     pairs = load_pairs(Path(args.pairs))  # texts, labels and (cached) embeddings for the cosine rows
@@ -138,8 +149,6 @@ def main() -> None:
     train_s = time.perf_counter() - started
     s_tune, s_held = score(model, tok, a, b, tune), score(model, tok, a, b, held)
     cosine = pairs.cosine
-    from sklearn.metrics import average_precision_score
-
     y_tune, y_held = y[tune], y[held]
     rows = []
     for label, st, sh in [("cosine alone", cosine[tune], cosine[held]), ("cross-encoder", s_tune, s_held),
@@ -153,15 +162,44 @@ def main() -> None:
     top = np.argsort(-s_held)[:200]
     report = {"train_pairs": len(fit), "threshold_pairs": len(tune), "held_out_pairs": len(held),
               "epochs": args.epochs, "seed": args.seed, "train_seconds": round(train_s, 1), "rows": rows,
-              "precision_of_top_200": float(y_held[top].mean())}
+              "precision_of_top_200": float(y_held[top].mean()),
+              "ceiling": ceiling(cosine, y, labelled(pairs).vetoed, tune, held, s_tune, s_held),
+              "command": "python -m bench.cache.cross_encoder", "when": time.strftime("%Y-%m-%d")}
     (Path(args.out) / "report.json").write_text(json.dumps(report, indent=2))
+    RESULTS.write_text(json.dumps(report, indent=1) + "\n")
     print("| verifier | held-out AP | precision / recall at the threshold chosen for recall 0.40 "
           "| best precision at recall >= 0.40 |\n|---|---|---|---|")
     for r in rows:
         print(f"| {r['verifier']} | {r['held_ap']:.3f} | {r['held_precision']:.3f} / {r['held_recall']:.3f} "
               f"| {r['best_precision_at_recall']:.3f} |")
     print(f"\nThe 200 highest-scored held-out pairs: {report['precision_of_top_200']:.1%} labelled duplicate. "
-          f"Training: {len(fit)} pairs, {args.epochs:g} epoch(s), {train_s:.0f} s.")
+          f"Training: {len(fit)} pairs, {args.epochs:g} epoch(s), {train_s:.0f} s.\n")
+    c = report["ceiling"]
+    print(f"Guards on, cosine >= {FLOOR:g} ({c['scored']:,} held-out lookups): recall (false-hit rate) at the best "
+          "hindsight cut\n\n| bound | " + " | ".join(CEILING_RANKINGS) + " |\n|---|" + "---|" * len(CEILING_RANKINGS))
+    for row in c["rows"]:
+        print(f"| {row['bound']:.0%} | " + " | ".join(
+            f"{row[r]['recall']:.3f} ({'-' if row[r]['fhr'] is None else format(row[r]['fhr'], '.3f')})"
+            for r in CEILING_RANKINGS) + " |")
+
+
+CEILING_RANKINGS = ("cosine", "cross-encoder", "cosine and cross-encoder")
+
+
+def ceiling(cosine: np.ndarray, duplicate: np.ndarray, vetoed: np.ndarray, tune: np.ndarray, held: np.ndarray,
+            s_tune: np.ndarray, s_held: np.ndarray) -> dict:
+    """Each ranking's recall at the best hindsight cut per bound, on the guard-passed held-out lookups the error
+    bound would see; "both" is a logistic fit on the guard-passed threshold slice."""
+    ok_t = ~vetoed[tune] & (cosine[tune] >= FLOOR)
+    ok_h = ~vetoed[held] & (cosine[held] >= FLOOR)
+    both = LogisticRegression(max_iter=2000).fit(np.column_stack([cosine[tune][ok_t], s_tune[ok_t]]),
+                                                 duplicate[tune][ok_t])
+    scores = {"cosine": cosine[held][ok_h], "cross-encoder": s_held[ok_h],
+              "cosine and cross-encoder": both.predict_proba(np.column_stack([cosine[held][ok_h], s_held[ok_h]]))[:, 1]}
+    wrong = ~duplicate[held][ok_h].astype(bool)
+    dups = int(duplicate[held].sum())
+    return {"scored": int(ok_h.sum()), "duplicates": dups,
+            "rows": [{"bound": d} | {k: frontier(v, wrong, dups, d) for k, v in scores.items()} for d in BOUNDS]}
 
 
 if __name__ == "__main__":

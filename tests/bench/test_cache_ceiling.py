@@ -6,6 +6,7 @@ import numpy as np
 
 from bench.cache import ceiling
 from bench.cache.ceiling import RANKINGS, frontier, render
+from bench.cache.cross_encoder import ceiling as ce_ceiling
 
 
 def test_frontier_takes_the_longest_prefix_within_the_bound() -> None:
@@ -33,3 +34,23 @@ def test_render_names_every_ranking_and_its_numbers() -> None:
     assert "| 10% | 0.100 (0.099) | 0.110 (0.099) | 0.120 (0.099) |" in text
     assert "| 2% | 0.000 (-) | 0.000 (-) | 0.000 (-) |" in text
     assert "5,767 guard-passed lookups" in text and "5,678" in text
+
+
+def test_the_cross_encoder_experiment_ranks_only_what_the_error_bound_would_see() -> None:
+    """bench/cache/cross_encoder's ceiling: guard-vetoed and below-floor lookups are left out; a score that knows
+    the labels reaches every right hit at any bound, the cosine does not."""
+    rng = np.random.default_rng(3)
+    n = 2000
+    duplicate = rng.random(n) < 0.5
+    cosine = np.clip(0.9 + 0.05 * rng.standard_normal(n), 0.0, 1.0)  # says nothing about the label
+    vetoed = rng.random(n) < 0.2
+    perfect = duplicate.astype(float) + 0.01 * rng.random(n)
+    tune, held = np.arange(0, n, 2), np.arange(1, n, 2)
+    got = ce_ceiling(cosine, duplicate, vetoed, tune, held, perfect[tune], perfect[held])
+    seen = ~vetoed[held] & (cosine[held] >= 0.8)
+    assert got["scored"] == int(seen.sum()) and got["duplicates"] == int(duplicate[held].sum())
+    row = next(r for r in got["rows"] if r["bound"] == 0.02)
+    assert row["cross-encoder"]["fhr"] == 0.0
+    assert row["cross-encoder"]["recall"] == round(int((duplicate[held] & seen).sum()) / got["duplicates"], 4)
+    assert row["cosine and cross-encoder"]["recall"] == row["cross-encoder"]["recall"]
+    assert row["cosine"]["recall"] < 0.2  # a label-blind ranking cannot stay within 2 %

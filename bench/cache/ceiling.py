@@ -36,7 +36,6 @@ MIN_HITS = 50
 RANKINGS = ("cosine", "cosine per overlap region", "cosine + surface features")
 
 
-
 def features(pairs: Pairs, sigs: dict[str, Signature]) -> np.ndarray:
     """(n, 8): cosine, overlap, content words a / b, a's missing in b, b's missing in a, length gap, same start."""
     rows = []
@@ -94,10 +93,15 @@ def render(ceiling: dict[str, Any]) -> list[str]:
                   f"guard-passed lookups at cosine >= {FLOOR:g}; the learnt rankings fitted on the calibration half's "
                   f"{ceiling['fitted_on']:,}). This cut pays no confidence margin and learns nothing online: a method "
                   "that ranks by one of these signals can only beat its column by chance."), "",
-             "| bound | " + " | ".join(f"{r}: recall (false-hit rate)" for r in RANKINGS) + " |",
-             "|---|" + "---|" * len(RANKINGS)]
-    for row in ceiling["rows"]:
+             *table(ceiling["rows"], RANKINGS, "{}: recall (false-hit rate)")]
+    return lines
+
+
+def table(rows: list[dict[str, Any]], rankings: tuple[str, ...], heading: str = "{}") -> list[str]:
+    """One line per bound: each ranking's recall (and false-hit rate) at its hindsight cut."""
+    lines = ["| bound | " + " | ".join(heading.format(r) for r in rankings) + " |", "|---|" + "---|" * len(rankings)]
+    for row in rows:
         cells = [f"{row[r]['recall']:.3f} ({'-' if row[r]['fhr'] is None else format(row[r]['fhr'], '.3f')})"
-                 for r in RANKINGS]
+                 for r in rankings]
         lines.append(f"| {row['bound']:.0%} | " + " | ".join(cells) + " |")
     return lines

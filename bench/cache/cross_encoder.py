@@ -27,9 +27,10 @@ from sklearn.linear_model import LogisticRegression
 from sklearn.metrics import average_precision_score
 
 from bench.cache.calibrate import labelled
-from bench.cache.ceiling import frontier
+from bench.cache.ceiling import frontier, table
 from bench.cache.errbound import BOUNDS
 from bench.cache.pairs import DEFAULT_PAIRS, load_pairs, split
+from bench.report import machine_facts, machine_line
 from cache.errbound import FLOOR
 from cache.export import default_embedder_dir
 
@@ -144,6 +145,7 @@ def main() -> None:
     cal, held = split(len(a))
     k = int(len(cal) * 0.85)
     fit, tune = cal[:k], cal[k:]
+    machine = machine_facts()
     started = time.perf_counter()
     model, tok = train(a, b, y, fit, Path(args.out), epochs=args.epochs, seed=args.seed)
     train_s = time.perf_counter() - started
@@ -164,7 +166,8 @@ def main() -> None:
               "epochs": args.epochs, "seed": args.seed, "train_seconds": round(train_s, 1), "rows": rows,
               "precision_of_top_200": float(y_held[top].mean()),
               "ceiling": ceiling(cosine, y, labelled(pairs).vetoed, tune, held, s_tune, s_held),
-              "command": "python -m bench.cache.cross_encoder", "when": time.strftime("%Y-%m-%d")}
+              "command": "python -m bench.cache.cross_encoder", "when": time.strftime("%Y-%m-%d"),
+              "machine": {"start": machine, "end": machine_facts()}}
     (Path(args.out) / "report.json").write_text(json.dumps(report, indent=2))
     RESULTS.write_text(json.dumps(report, indent=1) + "\n")
     print("| verifier | held-out AP | precision / recall at the threshold chosen for recall 0.40 "
@@ -176,11 +179,9 @@ def main() -> None:
           f"Training: {len(fit)} pairs, {args.epochs:g} epoch(s), {train_s:.0f} s.\n")
     c = report["ceiling"]
     print(f"Guards on, cosine >= {FLOOR:g} ({c['scored']:,} held-out lookups): recall (false-hit rate) at the best "
-          "hindsight cut\n\n| bound | " + " | ".join(CEILING_RANKINGS) + " |\n|---|" + "---|" * len(CEILING_RANKINGS))
-    for row in c["rows"]:
-        print(f"| {row['bound']:.0%} | " + " | ".join(
-            f"{row[r]['recall']:.3f} ({'-' if row[r]['fhr'] is None else format(row[r]['fhr'], '.3f')})"
-            for r in CEILING_RANKINGS) + " |")
+          "hindsight cut\n")
+    print("\n".join(table(c["rows"], CEILING_RANKINGS)))
+    print("\n" + machine_line(report["machine"]["start"], report["machine"]["end"]))
 
 
 CEILING_RANKINGS = ("cosine", "cross-encoder", "cosine and cross-encoder")

@@ -50,41 +50,34 @@ QUERIES = 400
 
 # -- accuracy -------------------------------------------------------------------------------------------------
 def accuracy() -> dict[str, Any]:
-    from bench.cache.calibrate import score, vetoes
+    from bench.cache.calibrate import labelled, score
     from bench.cache.pairs import load_pairs, split
-    from cache.settings import DEFAULT_GUARDS, DEFAULT_THRESHOLD
+    from cache.settings import DEFAULT_THRESHOLD
 
     pairs = load_pairs()
     _, held = split(len(pairs.a))
     hp = pairs.take(held)
     cos, dup = hp.cosine, hp.duplicate
-    per_guard = vetoes(hp)
-    vetoed = np.zeros(len(held), bool)
-    for g in DEFAULT_GUARDS:
-        vetoed |= per_guard[g]
+    vetoed = labelled(hp).vetoed
     rows = {
         f"tiergate (cos >= {DEFAULT_THRESHOLD} + guards)": score((cos >= DEFAULT_THRESHOLD) & ~vetoed, dup),
         f"cosine >= {DEFAULT_THRESHOLD} alone (no guards)": score(cos >= DEFAULT_THRESHOLD, dup),
         "plain cosine >= 0.8 (LiteLLM / GPTCache default)": score(cos >= 0.8, dup),
     }
-    consistency = _consistency(hp)
+    consistency = _consistency(hp, (cos >= DEFAULT_THRESHOLD) & ~vetoed)
     return {"held_out_pairs": len(held), "duplicates": int(dup.sum()),
             "rows": {k: v.__dict__ for k, v in rows.items()}, "product_agreement": consistency}
 
 
-def _consistency(hp: Any, n: int = 300) -> float:
-    """Share of pairs where the product's own `score_many` agrees with the vectorised evaluation above."""
-    from bench.cache.calibrate import vetoes
+def _consistency(hp: Any, hits: np.ndarray, n: int = 300) -> float:
+    """Share of pairs where the product's own `score_many` agrees with the vectorised evaluation above (`hits`)."""
     from cache import build_cache
     from cache.export import default_embedder_dir
-    from cache.settings import DEFAULT_GUARDS, DEFAULT_THRESHOLD
+    from cache.settings import DEFAULT_THRESHOLD
     from core.types import CacheRule
 
     sub = hp.take(np.arange(min(n, len(hp.a))))
-    per_guard = vetoes(sub)
-    expected = sub.cosine >= DEFAULT_THRESHOLD
-    for g in DEFAULT_GUARDS:
-        expected &= ~per_guard[g]
+    expected = hits[: len(sub.a)]
 
     async def run() -> list[bool]:
         cache = build_cache(None, default_embedder_dir())

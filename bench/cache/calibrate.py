@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from bench.cache.pairs import DEFAULT_PAIRS, Pairs, load_pairs, split
-from cache.guards import GUARDS, Signature, signature, veto
+from cache.guards import GUARDS, Signature, overlap, signature, veto
 from cache.settings import DEFAULT_GUARDS
 
 
@@ -60,6 +60,7 @@ class Labelled:
     pairs: Pairs
     sigs: dict[str, Signature]  # every question's signature
     vetoed: np.ndarray  # per pair: one of the default guards vetoes it
+    overlap: np.ndarray  # per pair: `cache.guards.overlap` of its two questions
 
 
 def labelled(pairs: Pairs | None = None) -> Labelled:
@@ -69,7 +70,8 @@ def labelled(pairs: Pairs | None = None) -> Labelled:
     vetoed = np.zeros(len(pairs.a), bool)
     for g in DEFAULT_GUARDS:
         vetoed |= per_guard[g]
-    return Labelled(pairs, sigs, vetoed)
+    shared = np.array([overlap(sigs[a], sigs[b]) for a, b in zip(pairs.a, pairs.b, strict=True)])
+    return Labelled(pairs, sigs, vetoed, shared)
 
 
 def calibrate(pairs: Pairs, cal: np.ndarray, min_precision: float, subsets: list[tuple[str, ...]],

@@ -28,24 +28,21 @@ from sklearn.ensemble import HistGradientBoostingClassifier
 from sklearn.linear_model import LogisticRegression
 
 from bench.cache.calibrate import Labelled
-from bench.cache.pairs import Pairs, split
+from bench.cache.pairs import split
 from cache.errbound import FLOOR, OVERLAP_EDGES
-from cache.guards import Signature, overlap
 
 MIN_HITS = 50
 RANKINGS = ("cosine", "cosine per overlap region", "cosine + surface features")
 
 
-def features(pairs: Pairs, sigs: dict[str, Signature]) -> np.ndarray:
+def features(data: Labelled) -> np.ndarray:
     """(n, 8): cosine, overlap, content words a / b, a's missing in b, b's missing in a, length gap, same start."""
     rows = []
-    for a, b in zip(pairs.a, pairs.b, strict=True):
-        sa, sb = sigs[a], sigs[b]
-        ca, cb = set(sa.content), set(sb.content)
-        rows.append([overlap(sa, sb), len(ca), len(cb), len(ca - cb), len(cb - ca),
-                     abs(len(a) - len(b)) / max(len(a), len(b), 1),
+    for a, b in zip(data.pairs.a, data.pairs.b, strict=True):
+        ca, cb = set(data.sigs[a].content), set(data.sigs[b].content)
+        rows.append([len(ca), len(cb), len(ca - cb), len(cb - ca), abs(len(a) - len(b)) / max(len(a), len(b), 1),
                      float(a.lower().split()[:1] == b.lower().split()[:1])])
-    return np.column_stack([pairs.cosine.astype(float), np.array(rows, float)])
+    return np.column_stack([data.pairs.cosine.astype(float), data.overlap, np.array(rows, float)])
 
 
 def _region_design(x: np.ndarray) -> np.ndarray:
@@ -70,7 +67,7 @@ def frontier(score: np.ndarray, wrong: np.ndarray, duplicates: int, bound: float
 
 def run(bounds: tuple[float, ...], data: Labelled) -> dict[str, Any]:
     pairs, vetoed = data.pairs, data.vetoed
-    x = features(pairs, data.sigs)
+    x = features(data)
     wrong = ~pairs.duplicate.astype(bool)
     cal, sco = split(len(wrong))
     fit = cal[~vetoed[cal] & (x[cal, 0] >= FLOOR)]

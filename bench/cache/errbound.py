@@ -44,7 +44,6 @@ from prometheus_client import CollectorRegistry
 from bench.cache import ceiling
 from bench.cache.calibrate import Labelled, labelled
 from bench.cache.pairs import split
-from cache.guards import overlap
 from cache.keys import RequestKey
 from cache.metrics import CacheMetrics
 from cache.settings import CacheSettings
@@ -108,11 +107,10 @@ def star_hubs(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 def streams(data: Labelled) -> tuple[Stream, Stream, dict[str, Any]]:
     """(calibration stream, scoring stream, their statistics)."""
-    pairs, sigs, vetoed = data.pairs, data.sigs, data.vetoed
+    pairs, vetoed, shared = data.pairs, data.vetoed, data.overlap
     ids: dict[str, int] = {}
     a = np.array([ids.setdefault(t, len(ids)) for t in pairs.a])
     b = np.array([ids.setdefault(t, len(ids)) for t in pairs.b])
-    shared = np.array([overlap(sigs[x], sigs[y]) for x, y in zip(pairs.a, pairs.b, strict=True)])
     out, stats = [], {}
     for name, idx in zip(("calibration", "scoring"), split(len(a)), strict=True):
         hub = star_hubs(a[idx], b[idx])
@@ -280,9 +278,8 @@ def render(eb: dict[str, Any], command: str, when: str, machine: str = "") -> li
                 fhr = "- (nothing served)"
             else:
                 lo, hi = r["fhr_min_max"]
-                over = r.get("orders_over")
                 fhr = f"{r['fhr']:.3f} ({lo:.3f}-{hi:.3f})" + (
-                    "" if hi <= d else f" **over** in {over} of {r['orders']}" if over is not None else " **over**")
+                    f" **over** in {r['orders_over']} of {r['orders']}" if hi > d else "")
             best = "-" if r["fhr"] is None else f"{r['best_fixed_recall_at_same_fhr']:.3f} ({r['best_fixed_threshold']})"
             lines.append(f"| {d:.0%} | {label} | {r['served']:g} | {fhr} | {r['recall']:.3f} | "
                          f"{r['verified_share']:.3f} / {r['judged_share']:.3f} | {best} |")

@@ -50,6 +50,7 @@ QUERIES = 400
 
 # -- accuracy -------------------------------------------------------------------------------------------------
 def accuracy() -> dict[str, Any]:
+    # start-up time: only this part loads the pairs (and, below, the product's cache); --render needs none of it
     from bench.cache.calibrate import labelled, score
     from bench.cache.pairs import load_pairs, split
     from cache.settings import DEFAULT_THRESHOLD
@@ -71,7 +72,7 @@ def accuracy() -> dict[str, Any]:
 
 def _consistency(hp: Any, hits: np.ndarray, n: int = 300) -> float:
     """Share of pairs where the product's own `score_many` agrees with the vectorised evaluation above (`hits`)."""
-    from cache import build_cache
+    from cache import build_cache  # start-up time, as in accuracy()
     from cache.export import default_embedder_dir
     from cache.settings import DEFAULT_THRESHOLD
     from core.types import CacheRule

@@ -4,7 +4,17 @@ from __future__ import annotations
 
 import numpy as np
 
-from bench.cache.errbound import Stream, best_fixed_recall, fixed_for, render, star_hubs
+from bench.cache.calibrate import labelled
+from bench.cache.errbound import (
+    Stream,
+    best_fixed_recall,
+    fixed_for,
+    render,
+    render_splits,
+    star_hubs,
+    streams,
+)
+from bench.cache.pairs import Pairs
 
 
 def test_star_hubs_make_the_busiest_question_the_entry() -> None:
@@ -50,3 +60,38 @@ def test_the_table_says_how_many_orders_went_over_the_bound() -> None:
     assert "| 10% | bounded, calibrated | 100 | 0.096 (0.090-0.102) **over** in 1 of 3 | 0.200 |" in text
     assert "| 15% | bounded, calibrated | 100 | 0.120 (0.100-0.140) | 0.200 |" in text
     assert "Ceiling" not in text  # no ceiling in these results: no table
+
+
+def _split(seed: int, fhr: float | None, fhr_max: float | None, recall: float, hindsight: float,
+           fixed_fhr: float | None, fixed_recall: float) -> dict:
+    return {"seed": seed, "fhr": fhr, "fhr_max": fhr_max, "recall": recall, "hindsight_recall": hindsight,
+            "fixed_fhr": fixed_fhr, "fixed_recall": fixed_recall}
+
+
+def test_the_splits_table_compares_each_split_with_its_own_hindsight_threshold() -> None:
+    sp = {"splits": 2, "orders": 3, "rows": [
+        {"bound": 0.10, "per_split": [_split(1000, 0.08, 0.09, 0.12, 0.10, 0.105, 0.19),
+                                      _split(1001, 0.09, 0.101, 0.10, 0.125, 0.095, 0.17)]},
+        {"bound": 0.05, "per_split": [_split(1000, None, None, 0.0, 0.0, None, 0.0),
+                                      _split(1001, None, None, 0.0, 0.0, None, 0.0)]}]}
+    text = "\n".join(render_splits(sp))
+    # ratios 1.2 and 0.8: mean 1.0, one split higher; one split's worst order went over; the fixed one over in one
+    assert ("| 10% | 0.085 (0.080-0.090), an order **over** in 1 of 2 splits | 0.110 | 0.113 | 1.000 (0.800-1.200), "
+            "1 of 2 | 0.100 (0.095-0.105), **over** in 1 of 2 | 0.180 |") in text
+    assert "| 5% | - (nothing served) | 0 | - | - | - (none reaches it) | 0.000 |" in text
+
+
+def test_other_splits_are_other_halves_of_the_same_pairs() -> None:
+    rng = np.random.default_rng(0)
+    n = 400
+    va = rng.normal(size=(n, 8)).astype(np.float32)
+    va /= np.linalg.norm(va, axis=1, keepdims=True)
+    pairs = Pairs([f"question number {i}" for i in range(n)], [f"another question {i}" for i in range(n)],
+                  rng.random(n) < 0.5, va, va)
+    data = labelled(pairs)
+    fixed = streams(data)
+    one, other = streams(data, seed=1000), streams(data, seed=1001)
+    for cal, sco, stats in (fixed, one, other):
+        assert stats["calibration"]["lookups"] + stats["scoring"]["lookups"] == n
+    assert sorted(one[1].query.tolist()) != sorted(other[1].query.tolist())
+    assert sorted(fixed[1].query.tolist()) == sorted(streams(data)[1].query.tolist())

@@ -3,7 +3,8 @@ client feedback (`SemanticCache` delegates here; the statistics are in `cache.er
 
 - `decide`: for a rule with `max_false_hit_rate`, the error bound's verdict about the best candidate. A
   `verify` or `judge` verdict is a miss whose candidate is remembered (by the request's entry id) until the
-  tier's answer for that request is offered to the cache;
+  tier's answer for that request is offered to the cache; with `verify_mode: shadow` a `verify` verdict is a
+  hit (reason "verify") whose request the caller also sends to the tier in the background;
 - `settle`: then the two answers are compared (`cache.judge`), the label counted, and a wrong entry's own
   threshold raised above that similarity;
 - `served` / `feedback`: which entry answered which request, and a client's report that it was wrong.
@@ -41,7 +42,8 @@ _TIGHTEN = 1e-4  # an entry found wrong at cosine s is served afterwards only fr
 class LookupResult:
     hit: CacheHit | None
     status: CacheStatus  # what the x-tiergate-cache header says
-    reason: str | None = None  # why it bypassed (not cacheable, store down, ...) or missed (verify, judge)
+    reason: str | None = None  # why it bypassed (not cacheable, store down, ...) or missed (verify, judge); on a
+    # hit, "verify": a shadow check, the caller also sends the request to the tier and offers its answer
     key: RequestKey | None = None  # hand it back to `store` so the request is not hashed twice
 
 
@@ -98,13 +100,16 @@ class Verifier:
         if sim >= self.errbound.cutoff(key.tenant, delta, overlap):  # only a would-be hit needs its entry's own
             own = await self.shared.entry_threshold(e.id)
         verdict = self.errbound.decide(key.tenant, sim, overlap, delta, rule.verify_rate, own)
-        if verdict.action == "hit":
+        shadow = verdict.action == "verify" and rule.verify_mode == "shadow"
+        if verdict.action == "hit" or shadow and self.judge is None:  # nothing to check it with: a plain hit
             return hit
         if verdict.action in ("verify", "judge") and self.judge is not None:
             self._pending[key.entry_id] = _Pending(key.tenant, e.id, sim, overlap, e.answer.text, verdict.action)
             self._pending.move_to_end(key.entry_id)
             while len(self._pending) > _PENDING:
                 self._pending.popitem(last=False)
+            if shadow:  # served now; the caller also sends the request to the tier and offers its answer (`store`)
+                return LookupResult(hit.hit, hit.status, "verify", key)
             return LookupResult(None, "miss", verdict.action, key)
         return LookupResult(None, "miss", None, key)
 

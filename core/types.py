@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import IntEnum
+from typing import Literal
 
 __all__ = ["CacheRule", "Cascade", "Decision", "Features", "Priority", "Reject", "Timeouts"]
 
@@ -61,6 +62,10 @@ class CacheRule:
     # semantic hits to allow, and the share of would-be hits sent to the tier to check them.
     max_false_hit_rate: float | None = None
     verify_rate: float = 0.03
+    # Who answers a would-be hit sampled for verification: "tier" (the client gets the tier's answer, which is then
+    # compared with the cached one) or "shadow" (the client gets the cached answer at once and the request is also
+    # sent to the tier in the background, to compare; the hit counts as served).
+    verify_mode: Literal["tier", "shadow"] = "tier"
 
 
 @dataclass(frozen=True, slots=True)

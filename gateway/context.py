@@ -54,6 +54,13 @@ class RequestContext:
     def request_id(self) -> str:
         return self.arrival.request_id
 
+    def max_tokens(self) -> int | None:
+        """The answer's length as backends are asked for it: the client's, under the policy's and the tenant's cap."""
+        asked, cap = self.req.effective_max_tokens(), self.decision.max_tokens_cap
+        if cap is None:
+            return asked
+        return cap if asked is None else min(asked, cap)
+
 
 @dataclass(slots=True)
 class Outcome:
@@ -66,6 +73,7 @@ class Outcome:
     sent_max_tokens: int | None = None  # the max_tokens the backend was asked for
     streaming: bool = False  # a backend's stream is being relayed: it releases the tenant's slot when it ends
     cascade: Verdict | None = None  # a cascade's judgment of its first tier's answer
+    shadow_check: bool = False  # a cache hit sampled for verification: its request also goes to the tier after it
 
 
 def answer_headers(ctx: RequestContext, outcome: Outcome, tier: str, overhead_s: float | None = None) -> dict[str, str]:

@@ -30,6 +30,7 @@ from gateway.distill import Distiller, JsonlRecords, RedisRecords
 from gateway.limits import Limiter
 from gateway.metrics import GatewayMetrics
 from gateway.settings import Settings
+from gateway.shadow import ShadowChecks
 from gateway.stats import Stats
 from gateway.tiers import Tiers
 from gateway.upstream import UpstreamClient
@@ -69,6 +70,7 @@ class Gateway:
         self.accounting = Accounting(self.metrics, self.stats, self.limiter)
         self.distill = Distiller(self, RedisRecords(self.redis) if self.redis is not None
                                  else JsonlRecords(settings.distill_file))
+        self.shadow = ShadowChecks(self)  # cache hits checked against a tier after they were served
         self.draining = False
         self.started_at = time.time()
 
@@ -94,6 +96,7 @@ class Gateway:
 
     async def shutdown(self) -> None:
         self.draining = True
+        await self.shadow.stop()
         await self.policy_store.stop()
         await self.tiers.stop()
         if self.cache is not None:

@@ -47,6 +47,10 @@ class GatewayMetrics:
                                        ["tier", "kind"], registry=r)
         self.stream_errors = Counter("tiergate_stream_errors_total",
                                      "Streams ended by an SSE error event after they began.", ["tier"], registry=r)
+        self.shadow_checks = Counter("tiergate_cache_shadow_checks_total",
+                                     "Cache hits checked against a tier after they were served (verify_mode: shadow), "
+                                     "by result: checked, dropped (no room), failed (no usable answer).", ["result"],
+                                     registry=r)
         self.shed = Counter("tiergate_shed_total",
                             "Requests refused because a tier stayed saturated, by tier and priority.",
                             ["tier", "priority"], registry=r)

@@ -2,6 +2,7 @@
 
     authenticate → read the body → decode it once → check parameters → tenant limits → classify (Features)
     → policy (Decision) → cache lookup → dispatch to a tier (falling back as the decision allows) → relay
+    (a cache hit sampled for a shadow check: relay it, then send the request to a tier too: `gateway.shadow`)
 
 Each step either moves on or raises an `OpenAIError`, which becomes the answer; nothing else escapes. The
 request's state is the frozen `RequestContext` (from the decision on) plus its small `Outcome`.
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -103,7 +105,8 @@ class Completions:
             ctx = RequestContext(arrival, tenant, req, raw, extra, plain, features, decision, slot)
             hit = await self._lookup(ctx, outcome)
             if hit is not None:
-                return self._relay.cached(ctx, outcome, hit)
+                then = functools.partial(gw.shadow.start, ctx, outcome) if outcome.shadow_check else None
+                return self._relay.cached(ctx, outcome, hit, then)
             return await self._dispatch_while_connected(ctx, outcome, request)
         except OpenAIError as exc:
             return gw.accounting.refused(arrival, exc, tenant=tenant, decision=decision, features=features,
@@ -130,6 +133,7 @@ class Completions:
             outcome.cache = result.status  # "miss", or "bypass" when uncacheable or the store is unreachable
             return None
         outcome.cache = hit.kind
+        outcome.shadow_check = result.reason == "verify"
         outcome.similarity = hit.similarity if hit.kind == "hit-semantic" else None
         return hit
 
@@ -173,10 +177,7 @@ class Completions:
         Built from the client's own JSON (`raw`), so every field the structs do not model, at any depth, is
         forwarded byte for byte; only these fields are the gateway's.
         """
-        req, cap = ctx.req, ctx.decision.max_tokens_cap
-        max_tokens = req.effective_max_tokens()
-        if cap is not None:
-            max_tokens = cap if max_tokens is None else min(max_tokens, cap)
+        req, max_tokens = ctx.req, ctx.max_tokens()
         changes: dict[str, object] = {"model": None, "max_tokens": max_tokens, "max_completion_tokens": None}
         if req.stream:
             changes["stream_options"] = _STREAM_OPTIONS

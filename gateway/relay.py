@@ -45,7 +45,9 @@ class Relay:
 
     # ---- from the cache ---------------------------------------------------------------------------------------
 
-    def cached(self, ctx: RequestContext, outcome: Outcome, hit: CacheHit) -> Response:
+    def cached(self, ctx: RequestContext, outcome: Outcome, hit: CacheHit,
+               then: Callable[[], Awaitable[None]] | None = None) -> Response:
+        """`then`: more to do once the client has the answer (a shadow check of this hit)."""
         overhead = time.perf_counter() - ctx.arrival.started
         headers = answer_headers(ctx, outcome, "cache", overhead)
         # Accounting runs after the answer has gone out (a background task), so the client does not wait for it;
@@ -54,6 +56,8 @@ class Relay:
         task.add_task(self._gw.accounting.answered, ctx, outcome, "cache", 200, overhead, elapsed=overhead)
         if self._gw.cache is not None:
             task.add_task(self._gw.cache.served, ctx.request_id, ctx.tenant.id, hit)
+        if then is not None:
+            task.add_task(then)
         self._gw.metrics.tokens.labels("cache", "completion").inc(hit.answer.completion_tokens)
         if ctx.req.stream:
             include_usage = bool(ctx.req.stream_options and ctx.req.stream_options.include_usage)
@@ -65,6 +69,12 @@ class Relay:
     # ---- a backend's JSON answer --------------------------------------------------------------------------------
 
     async def json(self, ctx: RequestContext, outcome: Outcome, attempt: Attempt) -> Response:
+        body, upstream_s = await self.whole(attempt)
+        return self.answer(ctx, outcome, attempt.tier, body, upstream_s, attempt.fallback_from)
+
+    async def whole(self, attempt: Attempt) -> tuple[bytes, float]:
+        """A backend's whole JSON body and the seconds it took, or the OpenAIError its failure is for a client;
+        the attempt is finished either way."""
         metrics = self._gw.metrics
         try:
             body = await attempt.response.read()
@@ -86,7 +96,7 @@ class Relay:
             raise
         upstream_s = time.perf_counter() - attempt.upstream_started
         attempt.finish()
-        return self.answer(ctx, outcome, attempt.tier, body, upstream_s, attempt.fallback_from)
+        return body, upstream_s
 
     def answer(self, ctx: RequestContext, outcome: Outcome, tier: str, body: bytes, upstream_s: float,
                fallback_from: str | None = None) -> Response:

@@ -37,6 +37,7 @@ class Settings(BaseSettings):
     cache_judge_url: str | None = None  # error-bounded rules: an OpenAI-compatible model judging answers
     cache_judge_model: str | None = None  # (default judge: the cache's embedder); see docs/cache.md
     cache_judge_key: str | None = None
+    cache_shadow_concurrency: int = Field(4, ge=1)  # shadow checks of sampled hits running at once (gateway.shadow)
     max_body_bytes: int = 1 << 20
     max_prompt_chars: int = 400_000
     log_format: str = "json"  # json | console

@@ -305,6 +305,10 @@ class CacheOverride(_Model):
         "to allow (e.g. 0.05); `threshold` then no longer decides (docs/cache.md)")
     verify_rate: float | None = Field(None, ge=0.0, le=1.0, description="with max_false_hit_rate: the share of "
                                       "would-be semantic hits sent to the tier to check them")
+    verify_mode: Literal["tier", "shadow"] | None = Field(
+        None, description="with max_false_hit_rate: who answers a would-be hit sampled for verification: `tier` "
+        "(default; the client waits for the tier's answer) or `shadow` (the client gets the cached answer at once "
+        "and the request is also sent to the tier in the background)")
 
 
 class TimeoutsOverride(_Model):

@@ -222,6 +222,21 @@ async def test_a_verified_hit_found_wrong_raises_its_entry_threshold(bounded_cac
     assert again.status == "miss"  # that entry is no longer served at that similarity
 
 
+async def test_a_shadow_check_serves_the_hit_and_learns_from_the_tier_answer_offered_after_it(bounded_cache):
+    cache, reg, judge = bounded_cache
+    certify(cache)
+    await cache.store(chat(Q), "acme", BOUNDED, answer("Diversify."))
+    shadow = dataclasses.replace(BOUNDED, verify_rate=1.0, verify_mode="shadow")
+    res = await cache.check(chat(PARA), "acme", shadow)
+    assert res.status == "hit-semantic" and res.reason == "verify"  # served, and to be checked
+    assert res.hit.answer.text == "Diversify."
+    judge.verdict = False
+    await cache.store(chat(PARA), "acme", shadow, answer("Buy lottery tickets."), res.key)  # the tier's answer
+    assert judge.calls == [(PARA, "Diversify.", "Buy lottery tickets.")]
+    assert sample(reg, "tiergate_cache_verifications_total", tenant="acme", source="verify", result="wrong") == 1
+    assert await cache.shared.entry_threshold(res.hit.entry_id) > res.hit.similarity  # found wrong: tightened
+
+
 async def test_feedback_invalidates_and_tightens_and_only_for_the_tenant_that_got_the_answer(bounded_cache):
     cache, reg, _ = bounded_cache
     certify(cache)

@@ -3,6 +3,7 @@ registry, feedback), the headers and /readyz, and answers that must never be sto
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -13,7 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from bench.instant_upstream import MODE, make_app
+from bench.instant_upstream import HITS, LAST_BODY, MODE, make_app
 from gateway.auth import KeyRing
 from gateway.settings import Settings
 from tests.gateway.conftest import write_policy
@@ -177,3 +178,56 @@ def test_error_answers_and_cut_streams_are_never_stored(tmp_path: Path, version,
                        what="the complete answer to be stored (after its response)")
             stores = gw.gateway.registry.get_sample_value("tiergate_cache_stores_total", {"result": "stored"})
             assert stores == 2  # the two complete answers, nothing else
+
+
+def test_a_shadow_check_serves_the_hit_and_sends_the_request_to_the_tier_too(tmp_path: Path, redis8_server,
+                                                                             embedder_dir):
+    url = flushed(redis8_server)
+    q, para = "How do I invest my money wisely?", "How can I invest my money wisely?"
+    pairs = tmp_path / "pairs.jsonl"  # labelled evidence that pairs like this one are right: a certified cutoff
+    pairs.write_text("".join(json.dumps({"a": q, "b": para, "duplicate": True}) + "\n" for _ in range(400)))
+    seeded = subprocess.run([str(Path(sys.executable).parent / "tiergate"), "cache", "seed-bound", str(pairs),
+                             "--tenant", "acme", "--redis", url, "--embedder", str(embedder_dir)],
+                            capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+    assert seeded.returncode == 0, seeded.stderr
+    assert json.loads(seeded.stdout)["cutoffs"]["0.1"]["0.7"] is not None  # they share every content word
+    with ExitStack() as es:
+        cloud = es.enter_context(aiohttp_server(make_app(4, "ok", model="cloud-model", echo=True)))
+        policy = POLICY.format(cloud=cloud.url).replace(
+            "max_temperature: 0.3}", "max_temperature: 0.3, max_false_hit_rate: 0.1, verify_rate: 1.0, "
+                                     "verify_mode: shadow}")
+        (tmp_path / "policy.yaml").write_text(policy)
+        (tmp_path / "keys.yaml").write_text(KEYS)
+        gw = es.enter_context(serve(tmp_path, "gw", {
+            "TIERGATE_POLICY": str(tmp_path / "policy.yaml"), "TIERGATE_API_KEYS_FILE": str(tmp_path / "keys.yaml"),
+            "TIERGATE_REDIS_URL": url, "TIERGATE_EMBEDDER": str(embedder_dir)}))
+
+        first = ask(gw, q)
+        assert first.headers["x-tiergate-cache"] == "miss" and cloud.app[HITS] == 1
+        cached = first.json()["choices"][0]["message"]["content"]
+        wait_until(lambda: ask(gw, q).headers["x-tiergate-cache"] == "hit-exact", what="the answer to be stored")
+
+        def metric(name: str) -> str:
+            return next((line for line in httpx.get(gw + "/metrics", timeout=5).text.splitlines()
+                         if line.startswith(name)), "")
+
+        cloud.app[MODE] = "error500"  # the check cannot get an answer: the client never notices
+        hit = ask(gw, para)
+        assert hit.status_code == 200 and hit.headers["x-tiergate-cache"] == "hit-semantic", hit.text
+        wait_until(lambda: metric('tiergate_cache_shadow_checks_total{result="failed"}').endswith(" 1.0"),
+                   what="the failed shadow check to be counted")
+        cloud.app[MODE] = "ok"
+        hit = ask(gw, para, stream=True)  # sampled for a check again (verify_rate 1.0): served from the cache anyway
+        assert hit.status_code == 200 and hit.headers["x-tiergate-cache"] == "hit-semantic", hit.text
+        chunks = [json.loads(line[6:]) for line in hit.text.splitlines()
+                  if line.startswith("data: ") and line != "data: [DONE]"]
+        assert "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"]) == cached
+        wait_until(lambda: metric('tiergate_cache_shadow_checks_total{result="checked"}').endswith(" 1.0"),
+                   what="the shadow check to get the tier's answer and compare it")
+        assert cloud.app[HITS] == 3  # the paraphrase went to the tier as well, as JSON, both times
+        sent = json.loads(cloud.app[LAST_BODY])
+        assert sent["messages"][-1]["content"] == para and "stream" not in sent and "stream_options" not in sent
+        labels = [line for line in httpx.get(gw + "/metrics", timeout=5).text.splitlines()
+                  if line.startswith("tiergate_cache_verifications_total{")]
+        assert len(labels) == 1 and 'source="verify"' in labels[0] and labels[0].endswith(" 1.0")  # right or wrong
+        assert ask(gw, para).headers["x-tiergate-cache"] == "hit-exact"  # the tier's answer was stored for it

@@ -88,6 +88,8 @@ CASES = [
      ["less than or equal to 1", "1.5"]),
     ("cache-threshold-out-of-range", "threshold: 0.9", "threshold: 9", "threshold: 9", "defaults.cache.threshold",
      ["less than or equal to 1"]),
+    ("cache-verify-mode", "threshold: 0.9", "threshold: 0.9, verify_mode: audit", "verify_mode: audit",
+     "defaults.cache.verify_mode", ["'tier' or 'shadow'", "'audit'"]),
     ("min-greater-than-max", "{prompt_tokens: {min: 2000}}", "{prompt_tokens: {min: 2000, max: 10}}",
      "max: 10", "rules[0].when.prompt_tokens", ["min (2000) is greater than max (10)"]),
     ("unknown-field", "    tokenizer: builtin:default", "    tokeniser: builtin:default", "tokeniser",

@@ -1,0 +1,100 @@
+"""Shadow checks: a cache hit sampled for verification is served at once, and its request also goes to a tier.
+
+An error-bounded rule (`max_false_hit_rate`, docs/cache.md) learns whether its hits are right from a sample of
+would-be hits whose cached answer is compared with a tier's. With `verify_mode: tier` the sampled request is a
+miss and the client waits for the tier; with `verify_mode: shadow` the cache serves it as a hit and says so
+(`LookupResult.reason == "verify"`), and once the client has its answer this sends the same request to the rule's
+tiers (as JSON, with the max_tokens the client would have been given) and offers the tier's answer to the cache,
+which compares the two (`cache.verify.Verifier.settle`) and counts the label for the bound.
+
+The check runs detached from the request (a task, not the response's background: a keep-alive connection must not
+wait for a generation its client never asked for). It is the operator's cost, not the tenant's: nothing is charged
+and no tenant slot is held. At most `Settings.cache_shadow_concurrency` checks run at once per gateway; one that
+finds no room is dropped (counted): the checks are a random sample, so dropping some biases nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import TYPE_CHECKING
+
+import msgspec
+import structlog
+
+from core import tracing
+from core.errors import OpenAIError
+from core.pool import Endpoint
+from core.wire import upstream_body
+from gateway.context import Outcome, RequestContext
+from gateway.relay import Relay
+from gateway.render import cacheable, summarize
+
+if TYPE_CHECKING:
+    from gateway.lifecycle import Gateway
+
+__all__ = ["ShadowChecks"]
+
+log = structlog.get_logger("tiergate.gateway")
+
+
+class ShadowChecks:
+    """The gateway's running shadow checks: started after a sampled hit's response, stopped with the gateway."""
+
+    def __init__(self, gateway: Gateway) -> None:
+        self._gw = gateway
+        self._relay = Relay(gateway)
+        self._running: set[asyncio.Task[None]] = set()
+
+    async def start(self, ctx: RequestContext, outcome: Outcome) -> None:
+        """Start one check (a response's background task: async, so that it runs on the event loop)."""
+        metrics = self._gw.metrics
+        if self._gw.cache is None or self._gw.draining or \
+                len(self._running) >= self._gw.settings.cache_shadow_concurrency:
+            metrics.shadow_checks.labels("dropped").inc()
+            return
+        task = asyncio.create_task(self._check(ctx, outcome), name=f"tiergate-shadow-{ctx.request_id}")
+        self._running.add(task)
+        task.add_done_callback(self._running.discard)
+
+    async def stop(self) -> None:
+        """Cancel what is still running (shutdown): an unfinished check is a label not counted, nothing more."""
+        for task in list(self._running):
+            task.cancel()
+        for task in list(self._running):
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def _check(self, ctx: RequestContext, outcome: Outcome) -> None:
+        gw, metrics = self._gw, self._gw.metrics
+        try:
+            with tracing.span("cache.shadow", **{"tiergate.request_id": ctx.request_id}):
+                req = ctx.req
+                changes: dict[str, object] = {"model": None, "max_tokens": ctx.max_tokens(),
+                                              "max_completion_tokens": None, "stream": None, "stream_options": None}
+
+                def body_for(ep: Endpoint) -> bytes:
+                    changes["model"] = ep.model
+                    return upstream_body(ctx.raw, changes)
+
+                attempt = await gw.dispatcher.open(
+                    request=req, features=ctx.features, decision=ctx.decision,
+                    path="/v1/chat/completions" if req.kind == "chat" else "/v1/completions", body_for=body_for,
+                    request_id=ctx.request_id, stream=False)
+                body, _ = await self._relay.whole(attempt)
+                answer = cacheable(summarize(body), req.kind, attempt.tier)
+        except (OpenAIError, msgspec.ValidationError, msgspec.DecodeError) as exc:
+            metrics.shadow_checks.labels("failed").inc()
+            log.info("cache_shadow_check_failed", request_id=ctx.request_id,
+                     error=exc.message if isinstance(exc, OpenAIError) else "malformed answer")
+            return
+        except Exception:  # a bug of ours: seen in the log, and the client was answered long ago
+            metrics.shadow_checks.labels("failed").inc()
+            log.exception("cache_shadow_check_error", request_id=ctx.request_id)
+            return
+        if answer is None:  # cut short or several choices: nothing to compare with
+            metrics.shadow_checks.labels("failed").inc()
+            return
+        assert gw.cache is not None  # checked in start; the cache lives as long as the gateway
+        await gw.cache.store(req, ctx.tenant.id, ctx.decision.cache, answer, outcome.cache_key)
+        metrics.shadow_checks.labels("checked").inc()

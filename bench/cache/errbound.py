@@ -19,14 +19,16 @@ Simplification: a lookup is judged against its own entry only (the pairs' labels
 - "bounded, cold": no seed (the product's default start: no semantic hit until the evidence certifies one);
 - "bounded, calibrated, one region": as "bounded, calibrated" with every lookup's overlap taken as 1.0, so the
   error bound keeps one cosine cutoff (what it did before 2026-11-26): what the overlap regions add;
+- "bounded, calibrated, shadow checks": as "bounded, calibrated" with `verify_mode: shadow`: a would-be hit
+  sampled for verification is served (and counts as a served hit, right or wrong) while the tier is asked too;
 - "fixed, chosen on calibration": the lowest cosine threshold (0.0025 grid, guards on, >= 50 hits) whose
   false-hit rate on the calibration half is within the bound, applied to the scoring half;
 - "best fixed at the same false-hit rate": the highest recall of any fixed threshold whose false-hit rate on
   the scoring half itself is at most the bounded method's (chosen in hindsight: not achievable in practice).
 
 Definitions: false-hit rate = wrong served hits / served hits; recall = right served hits / duplicate-labelled
-lookups; verified = would-be hits sent to the tier instead (extra tier calls) / lookups; judged = near misses
-whose tier answer was compared / lookups.
+lookups; verified = would-be hits whose answer was compared with the tier's (extra tier calls; with shadow
+checks the hit is served as well) / lookups; judged = near misses whose tier answer was compared / lookups.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ import heapq
 import math
 import random
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 from prometheus_client import CollectorRegistry
@@ -177,7 +179,8 @@ class _LabelJudge:
         return self.truth
 
 
-async def replay(s: Stream, delta: float, *, seed: int, warm: Stream | None) -> dict[str, Any]:
+async def replay(s: Stream, delta: float, *, seed: int, warm: Stream | None,
+                 mode: Literal["tier", "shadow"] = "tier") -> dict[str, Any]:
     settings = CacheSettings()
     judge = _LabelJudge()
     verifier = Verifier(MemoryStore(None, max_entries=1), MemoryShared(1e9, 1e9), judge, settings,  # type: ignore[arg-type]
@@ -186,7 +189,7 @@ async def replay(s: Stream, delta: float, *, seed: int, warm: Stream | None) -> 
     if warm is not None:
         ok = ~warm.vetoed
         verifier.errbound.seed(TENANT, warm.sim[ok], warm.overlap[ok], ~warm.dup[ok])
-    rule = CacheRule(threshold=0.94, max_false_hit_rate=delta, verify_rate=VERIFY_RATE)
+    rule = CacheRule(threshold=0.94, max_false_hit_rate=delta, verify_rate=VERIFY_RATE, verify_mode=mode)
     served = wrong = verified = judged = 0
     for i in range(len(s)):
         if s.vetoed[i]:
@@ -198,10 +201,10 @@ async def replay(s: Stream, delta: float, *, seed: int, warm: Stream | None) -> 
         sim, shared = float(s.sim[i]), float(s.overlap[i])
         hit = LookupResult(CacheHit(answer, "hit-semantic", sim, entry.id, "ns", shared), "hit-semantic", key=key)
         res = await verifier.decide(key, entry, sim, shared, rule, hit)
-        if res.status == "hit-semantic":
+        if res.status == "hit-semantic":  # a shadow-checked one too
             served += 1
             wrong += not s.dup[i]
-        elif res.reason in ("verify", "judge"):
+        if res.reason in ("verify", "judge"):
             verified += res.reason == "verify"
             judged += res.reason == "judge"
             judge.truth = bool(s.dup[i])
@@ -252,6 +255,18 @@ def across_splits(data: Labelled, bounds: tuple[float, ...] = BOUNDS, splits: in
     return {"splits": splits, "orders": orders, "rows": [{"bound": d, "per_split": per[d]} for d in bounds]}
 
 
+def methods(sco: Stream, cal: Stream) -> list[tuple[str, Stream, Stream | None, Literal["tier", "shadow"]]]:
+    """(name, scored stream, seed stream, verify_mode) of each bounded method the table replays."""
+    return [("bounded_calibrated", sco, cal, "tier"), ("bounded_cold", sco, None, "tier"),
+            ("bounded_calibrated_one_region", sco.one_region(), cal.one_region(), "tier"),
+            ("bounded_calibrated_shadow", sco, cal, "shadow")]
+
+
+LABELS = {"bounded_calibrated": "bounded, calibrated", "bounded_cold": "bounded, cold",
+          "bounded_calibrated_one_region": "bounded, calibrated, one region",
+          "bounded_calibrated_shadow": "bounded, calibrated, shadow checks"}
+
+
 def run(bounds: tuple[float, ...] = BOUNDS, orders: int = ORDERS) -> dict[str, Any]:
     data = labelled()
     cal, sco, stats = streams(data)
@@ -262,9 +277,9 @@ def run(bounds: tuple[float, ...] = BOUNDS, orders: int = ORDERS) -> dict[str, A
     for delta in bounds:
         t_cal = fixed_for(cal.take(cal_order), delta)
         row: dict[str, Any] = {"bound": delta, "fixed_calibrated": score_fixed(sco, t_cal)}
-        for name, stream, warm in (("bounded_calibrated", sco, cal), ("bounded_cold", sco, None),
-                                   ("bounded_calibrated_one_region", sco.one_region(), cal.one_region())):
-            res = _mean([asyncio.run(replay(stream.take(p), delta, seed=k, warm=warm)) for k, p in enumerate(perms)])
+        for name, stream, warm, mode in methods(sco, cal):
+            res = _mean([asyncio.run(replay(stream.take(p), delta, seed=k, warm=warm, mode=mode))
+                         for k, p in enumerate(perms)])
             res["best_fixed_recall_at_same_fhr"], res["best_fixed_threshold"] = best_fixed_recall(sco, res["fhr"])
             res["orders_over"] = sum(f > delta for f in res.get("fhr_per_order", []))
             row[name] = res
@@ -286,7 +301,9 @@ def render(eb: dict[str, Any], command: str, when: str, machine: str = "") -> li
               "band 0.05, the label as the judge's verdict. \"bounded\": the product's decision, a cutoff per word-overlap "
               "region (`cache.errbound`); \"one region\": the same with every lookup's overlap taken as 1.0, one cosine "
               "cutoff (the error bound before 2026-11-26); \"calibrated\": the calibration half's labels counted first, "
-              "\"cold\": not; best fixed threshold: chosen in hindsight on the scored half itself."), "",
+              "\"cold\": not; \"shadow checks\": `verify_mode: shadow`, a hit sampled for verification is served "
+              "while the tier is asked too (the default sends it to the tier instead); best fixed threshold: chosen "
+              "in hindsight on the scored half itself."), "",
              ("| bound | method | served hits | false-hit rate | recall | verified / judged share | "
               "best fixed threshold at that false-hit rate: recall (threshold) |"),
              "|---|---|---|---|---|---|---|"]
@@ -297,10 +314,9 @@ def render(eb: dict[str, Any], command: str, when: str, machine: str = "") -> li
         t = "none reaches it" if f["threshold"] is None else f"t = {f['threshold']}"
         lines.append(f"| {d:.0%} | fixed, chosen on calibration ({t}) | {f['served']} | {fhr} | {f['recall']:.3f} | "
                      "- | - |")
-        for name, label in (("bounded_calibrated", "bounded, calibrated"), ("bounded_cold", "bounded, cold"),
-                            ("bounded_calibrated_one_region", "bounded, calibrated, one region")):
+        for name, label in LABELS.items():
             r = row.get(name)
-            if r is None:  # a run before the regions
+            if r is None:  # a run before the regions (or the shadow checks)
                 continue
             if r["fhr"] is None:
                 fhr = "- (nothing served)"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import numpy as np
 
 from bench.cache.calibrate import labelled
@@ -11,6 +13,7 @@ from bench.cache.errbound import (
     fixed_for,
     render,
     render_splits,
+    replay,
     star_hubs,
     streams,
 )
@@ -95,3 +98,14 @@ def test_other_splits_are_other_halves_of_the_same_pairs() -> None:
         assert stats["calibration"]["lookups"] + stats["scoring"]["lookups"] == n
     assert sorted(one[1].query.tolist()) != sorted(other[1].query.tolist())
     assert sorted(fixed[1].query.tolist()) == sorted(streams(data)[1].query.tolist())
+
+
+def test_the_replay_counts_shadow_checked_hits_as_served_and_tier_checked_ones_as_not() -> None:
+    n = 2000
+    s = _stream([0.99] * n, [True] * n)  # every lookup right, at one cosine, certified by the warm stream
+    warm = _stream([0.99] * n, [True] * n)
+    tier = asyncio.run(replay(s, 0.10, seed=1, warm=warm, mode="tier"))
+    shadow = asyncio.run(replay(s, 0.10, seed=1, warm=warm, mode="shadow"))
+    assert 0 < tier["verified_share"] == shadow["verified_share"] < 0.1  # the same sample checked (3 %)
+    assert tier["served"] == round(n * (1 - tier["verified_share"]))  # sent to the tier instead
+    assert shadow["served"] == n and shadow["recall"] == 1.0 and shadow["fhr"] == 0.0

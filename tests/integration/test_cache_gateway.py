@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from bench.instant_upstream import HITS, LAST_BODY, MODE, make_app
+from bench.instant_upstream import GATE, HITS, LAST_BODY, MODE, make_app
 from gateway.auth import KeyRing
 from gateway.settings import Settings
 from tests.gateway.conftest import write_policy
@@ -200,7 +200,7 @@ def test_a_shadow_check_serves_the_hit_and_sends_the_request_to_the_tier_too(tmp
         (tmp_path / "keys.yaml").write_text(KEYS)
         gw = es.enter_context(serve(tmp_path, "gw", {
             "TIERGATE_POLICY": str(tmp_path / "policy.yaml"), "TIERGATE_API_KEYS_FILE": str(tmp_path / "keys.yaml"),
-            "TIERGATE_REDIS_URL": url, "TIERGATE_EMBEDDER": str(embedder_dir)}))
+            "TIERGATE_REDIS_URL": url, "TIERGATE_EMBEDDER": str(embedder_dir), "TIERGATE_CACHE_SHADOW_CONCURRENCY": "1"}))
 
         first = ask(gw, q)
         assert first.headers["x-tiergate-cache"] == "miss" and cloud.app[HITS] == 1
@@ -216,15 +216,21 @@ def test_a_shadow_check_serves_the_hit_and_sends_the_request_to_the_tier_too(tmp
         assert hit.status_code == 200 and hit.headers["x-tiergate-cache"] == "hit-semantic", hit.text
         wait_until(lambda: metric('tiergate_cache_shadow_checks_total{result="failed"}').endswith(" 1.0"),
                    what="the failed shadow check to be counted")
-        cloud.app[MODE] = "ok"
+        cloud.app[MODE] = "gated"  # the tier holds the next check until the test lets it answer
         hit = ask(gw, para, stream=True)  # sampled for a check again (verify_rate 1.0): served from the cache anyway
         assert hit.status_code == 200 and hit.headers["x-tiergate-cache"] == "hit-semantic", hit.text
         chunks = [json.loads(line[6:]) for line in hit.text.splitlines()
                   if line.startswith("data: ") and line != "data: [DONE]"]
         assert "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"]) == cached
+        wait_until(lambda: cloud.app[HITS] == 3, what="the shadow check to reach the tier")
+        busy = ask(gw, para)  # its check finds no room (one at a time here): dropped, the client served all the same
+        assert busy.status_code == 200 and busy.headers["x-tiergate-cache"] == "hit-semantic"
+        wait_until(lambda: metric('tiergate_cache_shadow_checks_total{result="dropped"}').endswith(" 1.0"),
+                   what="the check that found no room to be counted (after the response)")
+        cloud.app[GATE].set()
         wait_until(lambda: metric('tiergate_cache_shadow_checks_total{result="checked"}').endswith(" 1.0"),
                    what="the shadow check to get the tier's answer and compare it")
-        assert cloud.app[HITS] == 3  # the paraphrase went to the tier as well, as JSON, both times
+        assert cloud.app[HITS] == 3  # the paraphrase went to the tier as well, as JSON; the dropped check did not
         sent = json.loads(cloud.app[LAST_BODY])
         assert sent["messages"][-1]["content"] == para and "stream" not in sent and "stream_options" not in sent
         labels = [line for line in httpx.get(gw + "/metrics", timeout=5).text.splitlines()

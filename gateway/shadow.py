@@ -46,6 +46,11 @@ class ShadowChecks:
         self._relay = Relay(gateway)
         self._running: set[asyncio.Task[None]] = set()
 
+    @property
+    def running(self) -> int:
+        """Checks under way now."""
+        return len(self._running)
+
     async def start(self, ctx: RequestContext, outcome: Outcome) -> None:
         """Start one check (a response's background task: async, so that it runs on the event loop)."""
         metrics = self._gw.metrics

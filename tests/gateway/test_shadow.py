@@ -1,0 +1,107 @@
+"""Shadow checks' bookkeeping: room, draining, a tier that fails, shutdown (fakes at the dispatcher and cache
+boundary; tests/integration/test_cache_gateway.py runs them through a real gateway on Redis 8)."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from core.errors import OpenAIError
+from gateway.metrics import GatewayMetrics
+from gateway.settings import Settings
+from gateway.shadow import ShadowChecks
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def anyio_backend():
+    return "asyncio"
+
+
+class _Dispatcher:
+    """Holds every request until `release` is set, then fails it as a tier would (no backend answered)."""
+
+    def __init__(self) -> None:
+        self.release = asyncio.Event()
+        self.opened = 0
+
+    async def open(self, **_: Any) -> Any:
+        self.opened += 1
+        await self.release.wait()
+        raise OpenAIError(503, "Tier `cloud`: no backend available.", type="upstream_error", code="upstream_down")
+
+
+class _Cache:
+    def __init__(self) -> None:
+        self.stored: list[Any] = []
+
+    async def store(self, *args: Any) -> bool:
+        self.stored.append(args)
+        return True
+
+
+@dataclass
+class _Gateway:
+    settings: Settings
+    metrics: GatewayMetrics = field(default_factory=lambda: GatewayMetrics(CollectorRegistry()))
+    dispatcher: _Dispatcher = field(default_factory=_Dispatcher)
+    cache: _Cache | None = field(default_factory=_Cache)
+    draining: bool = False
+
+
+class _Request:
+    kind = "chat"
+
+
+@dataclass
+class _Ctx:
+    request_id: str
+    req: _Request = field(default_factory=_Request)
+    raw: dict = field(default_factory=dict)
+    features: None = None
+    decision: None = None
+
+    def max_tokens(self) -> int:
+        return 16
+
+
+def _count(gw: _Gateway, result: str) -> float:
+    return gw.metrics.shadow_checks.labels(result)._value.get()
+
+
+async def _until(cond) -> None:
+    while not cond():
+        await asyncio.sleep(0)  # let the checks' tasks run
+
+
+async def test_checks_beyond_the_room_are_dropped_and_a_failed_tier_is_counted() -> None:
+    gw = _Gateway(Settings(cache_shadow_concurrency=2))
+    shadow = ShadowChecks(gw)  # type: ignore[arg-type]
+    for i in range(3):
+        await shadow.start(_Ctx(f"r{i}"), None)  # type: ignore[arg-type]
+    await _until(lambda: gw.dispatcher.opened == 2)
+    assert _count(gw, "dropped") == 1  # the third found both places taken
+    gw.dispatcher.release.set()
+    await _until(lambda: shadow.running == 0)
+    assert _count(gw, "failed") == 2 and _count(gw, "dropped") == 1
+    assert gw.cache.stored == [] and _count(gw, "checked") == 0  # nothing to compare with: nothing stored
+    await shadow.start(_Ctx("r3"), None)  # type: ignore[arg-type]
+    await _until(lambda: gw.dispatcher.opened == 3)  # room again once they ended
+
+
+async def test_no_check_starts_while_draining_and_shutdown_cancels_the_running_ones() -> None:
+    gw = _Gateway(Settings())
+    shadow = ShadowChecks(gw)  # type: ignore[arg-type]
+    await shadow.start(_Ctx("r0"), None)  # type: ignore[arg-type]
+    await _until(lambda: gw.dispatcher.opened == 1)
+    gw.draining = True
+    await shadow.start(_Ctx("r1"), None)  # type: ignore[arg-type]
+    assert _count(gw, "dropped") == 1
+    await shadow.stop()  # the held check is cancelled, not waited for
+    assert shadow.running == 0 and _count(gw, "failed") == 0 and _count(gw, "checked") == 0
+    assert gw.dispatcher.opened == 1

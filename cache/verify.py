@@ -101,7 +101,7 @@ class Verifier:
             own = await self.shared.entry_threshold(e.id)
         verdict = self.errbound.decide(key.tenant, sim, overlap, delta, rule.verify_rate, own)
         shadow = verdict.action == "verify" and rule.verify_mode == "shadow"
-        if verdict.action == "hit" or shadow and self.judge is None:  # nothing to check it with: a plain hit
+        if verdict.action == "hit" or (shadow and self.judge is None):  # nothing to check it with: a plain hit
             return hit
         if verdict.action in ("verify", "judge") and self.judge is not None:
             self._pending[key.entry_id] = _Pending(key.tenant, e.id, sim, overlap, e.answer.text, verdict.action)

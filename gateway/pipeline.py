@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import functools
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -105,8 +104,7 @@ class Completions:
             ctx = RequestContext(arrival, tenant, req, raw, extra, plain, features, decision, slot)
             hit = await self._lookup(ctx, outcome)
             if hit is not None:
-                then = functools.partial(gw.shadow.start, ctx, outcome) if outcome.shadow_check else None
-                return self._relay.cached(ctx, outcome, hit, then)
+                return self._relay.cached(ctx, outcome, hit)
             return await self._dispatch_while_connected(ctx, outcome, request)
         except OpenAIError as exc:
             return gw.accounting.refused(arrival, exc, tenant=tenant, decision=decision, features=features,

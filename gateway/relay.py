@@ -45,9 +45,7 @@ class Relay:
 
     # ---- from the cache ---------------------------------------------------------------------------------------
 
-    def cached(self, ctx: RequestContext, outcome: Outcome, hit: CacheHit,
-               then: Callable[[], Awaitable[None]] | None = None) -> Response:
-        """`then`: more to do once the client has the answer (a shadow check of this hit)."""
+    def cached(self, ctx: RequestContext, outcome: Outcome, hit: CacheHit) -> Response:
         overhead = time.perf_counter() - ctx.arrival.started
         headers = answer_headers(ctx, outcome, "cache", overhead)
         # Accounting runs after the answer has gone out (a background task), so the client does not wait for it;
@@ -56,8 +54,8 @@ class Relay:
         task.add_task(self._gw.accounting.answered, ctx, outcome, "cache", 200, overhead, elapsed=overhead)
         if self._gw.cache is not None:
             task.add_task(self._gw.cache.served, ctx.request_id, ctx.tenant.id, hit)
-        if then is not None:
-            task.add_task(then)
+        if outcome.shadow_check:  # sampled for verification: the request goes to a tier too (gateway.shadow)
+            task.add_task(self._gw.shadow.start, ctx, outcome)
         self._gw.metrics.tokens.labels("cache", "completion").inc(hit.answer.completion_tokens)
         if ctx.req.stream:
             include_usage = bool(ctx.req.stream_options and ctx.req.stream_options.include_usage)

@@ -351,11 +351,9 @@ def render_splits(sp: dict[str, Any]) -> list[str]:
         if served:
             rates = [r["fhr"] for r in served]
             over = sum(r["fhr_max"] > d for r in served)
-            bounded = (f"{np.mean(rates):.3f} ({min(rates):.3f}-{max(rates):.3f})"
-                       + (f", an order **over** in {over} of {n} splits" if over else ""))
+            bounded = _spread(rates) + (f", an order **over** in {over} of {n} splits" if over else "")
             ratios = [r["recall"] / r["hindsight_recall"] for r in served if r["hindsight_recall"] > 0]
-            ratio = (f"{np.mean(ratios):.3f} ({min(ratios):.3f}-{max(ratios):.3f}), "
-                     f"{sum(x > 1 for x in ratios)} of {len(ratios)}") if ratios else "-"
+            ratio = f"{_spread(ratios)}, {sum(x > 1 for x in ratios)} of {len(ratios)}" if ratios else "-"
             recall = f"{np.mean([r['recall'] for r in per]):.3f}"
             hindsight = f"{np.mean([r['hindsight_recall'] for r in served]):.3f}"
         else:
@@ -363,10 +361,14 @@ def render_splits(sp: dict[str, Any]) -> list[str]:
         fixed_rates = [r["fixed_fhr"] for r in per if r["fixed_fhr"] is not None]
         if fixed_rates:
             over = sum(x > d for x in fixed_rates)
-            fixed = (f"{np.mean(fixed_rates):.3f} ({min(fixed_rates):.3f}-{max(fixed_rates):.3f}), "
-                     + (f"**over** in {over} of {n}" if over else f"over in none of {n}"))
+            fixed = f"{_spread(fixed_rates)}, " + (f"**over** in {over} of {n}" if over else f"over in none of {n}")
         else:
             fixed = "- (none reaches it)"
         lines.append(f"| {d:.0%} | {bounded} | {recall} | {hindsight} | {ratio} | {fixed} | "
                      f"{np.mean([r['fixed_recall'] for r in per]):.3f} |")
     return lines
+
+
+def _spread(values: list[float]) -> str:
+    """Mean (min-max)."""
+    return f"{np.mean(values):.3f} ({min(values):.3f}-{max(values):.3f})"

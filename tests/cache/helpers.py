@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
-import time
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 from prometheus_client import CollectorRegistry
@@ -46,15 +43,3 @@ def fresh_metrics() -> tuple[CacheMetrics, CollectorRegistry]:
 def sample(registry: CollectorRegistry, name: str, **labels: str) -> float:
     return registry.get_sample_value(name, labels) or 0.0
 
-
-async def eventually(predicate: Callable[[], bool | Awaitable[bool]], what: str, timeout_s: float = 20.0) -> None:
-    """Poll until the predicate holds (propagation between processes is asynchronous by design)."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        result = predicate()
-        if not isinstance(result, bool):
-            result = await result
-        if result:
-            return
-        await asyncio.sleep(0.02)
-    raise AssertionError(f"timed out waiting for {what}")

@@ -26,7 +26,8 @@ from tests.chaos.policies import edge_then_cloud
 from tests.chaos.record import record
 from tests.chaos.traffic import Traffic, summarize
 from tests.support.edge import parse_metrics, registered_node
-from tests.support.servers import aiohttp_server, gateway_server, wait_until
+from tests.support.servers import aiohttp_server, gateway_server
+from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 KEYS = KeyRing.from_inline("chaos-key-1=chaos:normal")

@@ -19,7 +19,8 @@ from policies.store import policy_version
 from tests.chaos.record import record
 from tests.chaos.traffic import Traffic, summarize
 from tests.gateway.conftest import KEYS
-from tests.support.servers import aiohttp_server, gateway_server, wait_until
+from tests.support.servers import aiohttp_server, gateway_server
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -101,13 +102,13 @@ def test_broken_policy_written_during_traffic(tmp_path: Path):
                 wait_until(lambda: _reloads(url, "invalid") >= invalid_before + 1, timeout_s=15,
                            what="the half-written file to be rejected")
                 versions.append((time.monotonic(), _version(url)))
-                time.sleep(0.5)
+                _answered_since(traffic, versions[-1][0], "answers while the half-written file is in place")
                 # 2. complete YAML, semantically invalid
                 path.write_text(invalid_text(good1))
                 wait_until(lambda: _reloads(url, "invalid") >= invalid_before + 2, timeout_s=15,
                            what="the invalid policy to be rejected")
                 versions.append((time.monotonic(), _version(url)))
-                time.sleep(0.5)
+                _answered_since(traffic, versions[-1][0], "answers while the invalid file is in place")
                 # 3. the fix
                 fixed_at = time.monotonic()
                 path.write_text(good2)
@@ -134,6 +135,11 @@ def test_broken_policy_written_during_traffic(tmp_path: Path):
     assert figures["recovery_s"] is not None
     assert figures["in_flight_streams_across_reloads"] > 0
 
+
+
+def _answered_since(traffic: Traffic, t: float, what: str) -> None:
+    """Traffic kept flowing after `t`: six requests that started after it were answered in full."""
+    traffic.wait_for(lambda o: o.started > t and o.kind == "complete", 6, timeout_s=30, what=what)
 
 def test_policy_whose_model_file_does_not_load_is_rejected(tmp_path: Path):
     with aiohttp_server(make_app(4, "ok", model="edge-model")) as edge, \

@@ -24,7 +24,8 @@ from gateway.settings import Settings
 from tests.chaos.record import record
 from tests.chaos.traffic import Traffic, summarize
 from tests.gateway.conftest import write_policy
-from tests.support.servers import aiohttp_server, gateway_server, wait_until
+from tests.support.servers import aiohttp_server, gateway_server
+from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 

@@ -4,6 +4,7 @@ import pytest
 
 from core.types import Priority
 from gateway.admission import Admission
+from tests.support.waiting import eventually
 
 pytestmark = pytest.mark.anyio
 
@@ -31,13 +32,12 @@ async def test_higher_priority_waiter_goes_first():
         order.append(name)
 
     low = asyncio.create_task(wait("low", Priority.LOW))
-    await asyncio.sleep(0.01)
+    await eventually(lambda: adm.waiting == 1, "LOW queued")
     high = asyncio.create_task(wait("high", Priority.HIGH))
-    await asyncio.sleep(0.01)
-    assert adm.waiting == 2
+    await eventually(lambda: adm.waiting == 2, "HIGH queued behind it")
     adm.release()  # the slot passes to HIGH although LOW queued first
-    await asyncio.sleep(0.01)
-    assert order == ["high"]
+    await eventually(lambda: order != [], "a waiter admitted")
+    assert order == ["high"] and adm.waiting == 1
     adm.release()
     await asyncio.gather(low, high)
     assert order == ["high", "low"]
@@ -59,7 +59,7 @@ async def test_bounded_queue_sheds_excess_waiters():
     adm = Admission(lambda: 1, max_waiting=1)
     assert await adm.acquire(Priority.NORMAL, 0)
     waiter = asyncio.create_task(adm.acquire(Priority.NORMAL, 5))
-    await asyncio.sleep(0.01)
+    await eventually(lambda: adm.waiting == 1, "the first waiter queued")
     assert not await adm.acquire(Priority.CRITICAL, 5)  # queue full: refused at once
     adm.release()
     assert await waiter
@@ -69,7 +69,7 @@ async def test_cancelled_waiter_does_not_leak_a_slot():
     adm = Admission(lambda: 1)
     assert await adm.acquire(Priority.NORMAL, 0)
     waiter = asyncio.create_task(adm.acquire(Priority.NORMAL, 5))
-    await asyncio.sleep(0.01)
+    await eventually(lambda: adm.waiting == 1, "the waiter queued")
     waiter.cancel()
     with pytest.raises(asyncio.CancelledError):
         await waiter
@@ -82,8 +82,7 @@ async def test_waiters_are_admitted_when_the_tier_grows_without_any_release():
     adm = Admission(lambda: size[0])
     assert await adm.acquire(Priority.NORMAL, 0)
     waiters = [asyncio.create_task(adm.acquire(Priority.NORMAL, 5)) for _ in range(2)]
-    await asyncio.sleep(0.01)
-    assert adm.waiting == 2
+    await eventually(lambda: adm.waiting == 2, "both waiters queued")
     size[0] = 3  # a node joined: two more slots, and the request holding the first one is still busy
     assert await asyncio.wait_for(asyncio.gather(*waiters), 2) == [True, True]
     assert adm.inflight == 3 and adm.waiting == 0
@@ -94,13 +93,12 @@ async def test_waiters_that_gave_up_do_not_count_against_the_queue_bound():
     assert await adm.acquire(Priority.NORMAL, 0)
     # Two waiters behind a higher-priority one time out; their heap entries stay until they reach the top.
     high = asyncio.create_task(adm.acquire(Priority.HIGH, 5))
-    await asyncio.sleep(0.01)
+    await eventually(lambda: adm.waiting == 1, "HIGH queued")
     assert not await adm.acquire(Priority.LOW, 0.05)
     assert adm.waiting == 1
     assert not await adm.acquire(Priority.LOW, 0.05)
     late = asyncio.create_task(adm.acquire(Priority.NORMAL, 5))
-    await asyncio.sleep(0.01)
-    assert adm.waiting == 2  # high and late: the queue has room for exactly these two
+    await eventually(lambda: adm.waiting == 2, "high and late queued")  # the queue has room for exactly these two
     adm.release()
     assert await high
     adm.release()

@@ -10,7 +10,7 @@ import pytest
 from bench.instant_upstream import GATE
 from gateway.auth import KeyRing
 from tests.gateway.conftest import stack
-from tests.support.servers import wait_until
+from tests.support.waiting import eventually, wait_until
 
 CHAT = {"model": "auto", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 4, "temperature": 1}
 
@@ -100,18 +100,12 @@ def test_a_client_leaving_before_its_json_answer_is_charged_what_the_backend_was
             async with httpx.AsyncClient(timeout=30) as c:
                 holder = asyncio.create_task(c.post(url, json={**CHAT, "max_tokens": 60},
                                                     headers={"Authorization": "Bearer other-key-1"}))
-                for _ in range(100):  # until the holder has the tier's one slot
-                    if admission.inflight:
-                        break
-                    await asyncio.sleep(0.02)
+                await eventually(lambda: admission.inflight == 1, "the holder has the tier's one slot")
                 with pytest.raises(httpx.ReadTimeout):
                     await c.post(url, json={**CHAT, "max_tokens": 60},
                                  headers={"Authorization": "Bearer metered-key-1"}, timeout=0.5)
-                for _ in range(100):
-                    if not admission.waiting:
-                        break
-                    await asyncio.sleep(0.02)
-                assert admission.waiting == 0 and admission.inflight == 1  # it left the queue; the holder still runs
+                await eventually(lambda: admission.waiting == 0, "the leaver out of the queue")
+                assert admission.inflight == 1  # it left the queue; the holder still runs
                 holder.cancel()
 
         asyncio.run(queued_then_gone())
@@ -128,10 +122,10 @@ def test_client_leaving_the_queue_gives_up_its_place(tmp_path):
         async def main() -> None:
             async with httpx.AsyncClient(timeout=30) as c:
                 holder = asyncio.create_task(c.post(url, json=CHAT, headers={"Authorization": "Bearer key-alpha-1"}))
-                await _until(lambda: admission.inflight == 1, "the holder has the tier's one slot")
+                await eventually(lambda: admission.inflight == 1, "the holder has the tier's one slot")
                 with pytest.raises(httpx.ReadTimeout):
                     await c.post(url, json=CHAT, headers={"Authorization": "Bearer key-gold-1"}, timeout=0.5)
-                await _until(lambda: admission.waiting == 0, "the leaver out of the queue")  # long before 30 s
+                await eventually(lambda: admission.waiting == 0, "the leaver out of the queue")  # long before 30 s
                 assert admission.inflight == 1  # the holder still has its slot
                 holder.cancel()
 
@@ -139,13 +133,6 @@ def test_client_leaving_the_queue_gives_up_its_place(tmp_path):
         wait_until(lambda: admission.inflight == 0, timeout_s=3, what="the holder's slot freed")
 
 
-async def _until(predicate, what: str, timeout_s: float = 30.0) -> None:
-    """Wait for a condition on the gateway's state (checked every 10 ms), from the test's own event loop."""
-    for _ in range(int(timeout_s / 0.01)):
-        if predicate():
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
 
 
 def test_saturated_tier_serves_high_priority_first_and_sheds_with_retry_after(tmp_path):
@@ -166,11 +153,11 @@ def test_saturated_tier_serves_high_priority_first_and_sheds_with_retry_after(tm
         async def main() -> list[int]:
             async with httpx.AsyncClient(timeout=60) as c:
                 first = asyncio.create_task(one(c, "key-alpha-1", "first"))
-                await _until(lambda: admission.inflight == 1, "first running")
+                await eventually(lambda: admission.inflight == 1, "first running")
                 low = asyncio.create_task(one(c, "key-beta-1", "low"))
-                await _until(lambda: admission.waiting == 1, "low queued")
+                await eventually(lambda: admission.waiting == 1, "low queued")
                 high = asyncio.create_task(one(c, "key-gold-1", "high"))
-                await _until(lambda: admission.waiting == 2, "high queued behind low")
+                await eventually(lambda: admission.waiting == 2, "high queued behind low")
                 gate.set()
                 return list(await asyncio.gather(first, low, high))
 
@@ -186,7 +173,7 @@ def test_saturated_tier_serves_high_priority_first_and_sheds_with_retry_after(tm
         async def shed() -> httpx.Response:
             async with httpx.AsyncClient(timeout=30) as c:
                 hold = asyncio.create_task(c.post(url, json=CHAT, headers={"Authorization": "Bearer key-alpha-1"}))
-                await _until(lambda: admission.inflight == 1, "the holder has the tier's one slot")
+                await eventually(lambda: admission.inflight == 1, "the holder has the tier's one slot")
                 r = await c.post(url, json=CHAT, headers={"Authorization": "Bearer key-alpha-1"})
                 hold.cancel()
                 return r
@@ -210,9 +197,9 @@ def test_the_policys_queue_bound_sheds_at_once_beyond_max_waiting(tmp_path):
         async def main() -> list[tuple[int, str | None]]:
             async with httpx.AsyncClient(timeout=60) as c:
                 held = [asyncio.create_task(one(c))]
-                await _until(lambda: admission.inflight == 1, "one running")
+                await eventually(lambda: admission.inflight == 1, "one running")
                 held += [asyncio.create_task(one(c)) for _ in range(2)]
-                await _until(lambda: admission.waiting == 2, "two waiting")
+                await eventually(lambda: admission.waiting == 2, "two waiting")
                 shed = await asyncio.gather(one(c), one(c))  # answered while the gate is still shut
                 gate.set()
                 return list(await asyncio.gather(*held)) + list(shed)

@@ -20,7 +20,8 @@ from gateway.distill import STREAM_KEY, JsonlRecords, Redactor, RedisRecords
 from gateway.distill_cli import distill_app
 from gateway.settings import Settings
 from policies.distill_config import DistillConfig
-from tests.support.servers import aiohttp_server, gateway_server, wait_until
+from tests.support.servers import aiohttp_server, gateway_server
+from tests.support.waiting import wait_until
 
 KEYS = KeyRing.from_inline("key-acme-1=acme:normal,key-beta-1=beta:normal")
 SECRET = "my card is 4111-1111-1111-1111"

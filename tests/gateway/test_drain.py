@@ -15,7 +15,8 @@ import pytest
 
 from bench.instant_upstream import HITS, make_app
 from tests.gateway.conftest import write_policy
-from tests.support.servers import aiohttp_server, free_port, wait_until
+from tests.support.servers import aiohttp_server, free_port
+from tests.support.waiting import wait_until
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["sigterm", "sigint"])

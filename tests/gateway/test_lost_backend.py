@@ -19,7 +19,8 @@ import pytest
 from bench.instant_upstream import HITS, MODE, make_app
 from gateway.settings import Settings
 from tests.gateway.conftest import KEYS
-from tests.support.servers import aiohttp_server, gateway_server, wait_until
+from tests.support.servers import aiohttp_server, gateway_server
+from tests.support.waiting import wait_until
 
 AUTH = {"Authorization": "Bearer key-alpha-1"}
 HEARTBEAT = {"node_id": "frozen-node", "model": "edge-model", "slots": 4}

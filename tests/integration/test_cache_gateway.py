@@ -19,7 +19,8 @@ from gateway.auth import KeyRing
 from gateway.settings import Settings
 from tests.gateway.conftest import write_policy
 from tests.support.redis import flushed
-from tests.support.servers import aiohttp_server, free_port, gateway_server, wait_until
+from tests.support.servers import aiohttp_server, free_port, gateway_server
+from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 

@@ -11,7 +11,8 @@ import textwrap
 import pytest
 
 from cache import build_cache
-from tests.cache.helpers import RULE, SETTINGS, chat, eventually, fresh_metrics
+from tests.cache.helpers import RULE, SETTINGS, chat, fresh_metrics
+from tests.support.waiting import eventually
 
 pytestmark = [pytest.mark.integration, pytest.mark.anyio]
 

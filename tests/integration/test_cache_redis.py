@@ -12,8 +12,9 @@ import redis
 import redis.asyncio
 
 from cache import CacheSettings, SemanticCache, build_cache
-from tests.cache.helpers import RULE, SETTINGS, answer, chat, eventually, fresh_metrics, sample
+from tests.cache.helpers import RULE, SETTINGS, answer, chat, fresh_metrics, sample
 from tests.support.redis import flushed
+from tests.support.waiting import eventually
 
 pytestmark = [pytest.mark.integration, pytest.mark.anyio]
 

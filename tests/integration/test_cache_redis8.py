@@ -16,8 +16,9 @@ from structlog.testing import capture_logs
 from cache import build_cache
 from cache.keys import request_key
 from cache.redis_conn import Capabilities, vector_sets
-from tests.cache.helpers import RULE, SETTINGS, answer, chat, eventually, fresh_metrics, sample
+from tests.cache.helpers import RULE, SETTINGS, answer, chat, fresh_metrics, sample
 from tests.support.redis import flushed
+from tests.support.waiting import eventually
 
 pytestmark = [pytest.mark.integration, pytest.mark.anyio]
 

@@ -17,8 +17,9 @@ from core.errors import OpenAIError
 from gateway.auth import Tenant
 from gateway.limits import Limiter
 from gateway.metrics import GatewayMetrics
-from tests.cache.helpers import RULE, SETTINGS, answer, chat, eventually, fresh_metrics, sample
+from tests.cache.helpers import RULE, SETTINGS, answer, chat, fresh_metrics, sample
 from tests.support.servers import free_port
+from tests.support.waiting import eventually
 
 pytestmark = [pytest.mark.integration, pytest.mark.anyio]
 

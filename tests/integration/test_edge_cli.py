@@ -7,7 +7,8 @@ import pytest
 from aiohttp import web
 
 from tests.support.edge import run_cli
-from tests.support.servers import aiohttp_server, free_port, wait_until
+from tests.support.servers import aiohttp_server, free_port
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.integration
 

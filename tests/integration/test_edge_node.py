@@ -11,7 +11,7 @@ from collections import Counter
 import httpx
 import pytest
 
-from tests.support.servers import wait_until
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.integration
 

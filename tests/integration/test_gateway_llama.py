@@ -14,7 +14,8 @@ import pytest
 from gateway.auth import KeyRing
 from gateway.settings import Settings
 from tests.support.edge import registered_node
-from tests.support.servers import gateway_server, wait_until
+from tests.support.servers import gateway_server
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.integration
 KEYS = KeyRing.from_inline("int-key-1=acme:normal")

@@ -11,7 +11,8 @@ from bench.instant_upstream import make_app
 from gateway.auth import KeyRing
 from gateway.settings import Settings
 from tests.gateway.conftest import write_policy
-from tests.support.servers import aiohttp_server, gateway_server, wait_until
+from tests.support.servers import aiohttp_server, gateway_server
+from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 

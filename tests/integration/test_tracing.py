@@ -21,7 +21,8 @@ import pytest
 
 from bench.instant_upstream import make_app
 from tests.gateway.conftest import write_policy
-from tests.support.servers import aiohttp_server, free_port, wait_until
+from tests.support.servers import aiohttp_server, free_port
+from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"

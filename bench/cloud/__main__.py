@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -32,7 +33,7 @@ from bench.report import RESULTS, machine_facts, pct, publish
 from bench.versions import VLLM_ROUTER
 from cloud_pool.process import VllmProcess, free_port
 from cloud_pool.spec import CpuOptions, NoSpeculation, VllmSpec
-from cloud_pool.vllm_env import missing_reason, vllm_python
+from cloud_pool.vllm_env import REPO_ROOT, missing_reason, vllm_python
 from core.paths import tiergate_home
 
 SECTION = "## Cloud pool (bench/cloud)"
@@ -48,10 +49,6 @@ def model_dir(name: str, python: Path) -> Path:
         return d
     d = tiergate_home() / "tiny-llama"
     if not (d / "config.json").exists():
-        import subprocess
-
-        from cloud_pool.vllm_env import REPO_ROOT
-
         print(f"==> building the tiny model in {d}", file=sys.stderr)
         subprocess.run([str(python), str(REPO_ROOT / "cloud_pool" / "tiny_model.py"), str(d)], check=True)
     return d

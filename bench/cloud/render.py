@@ -5,11 +5,13 @@
 
 from __future__ import annotations
 
+import json
+import sys
 from pathlib import Path
 
 from bench.cloud.fronts import ROWS
 from bench.cloud.workloads import REGIMES
-from bench.report import machine_line
+from bench.report import RESULTS, machine_line, write_section
 
 __all__ = ["goals", "render"]
 
@@ -83,10 +85,5 @@ def render(report: dict, out: Path) -> str:
 
 
 if __name__ == "__main__":
-    import json
-    import sys
-
-    from bench.report import RESULTS, write_section
-
     path = Path(sys.argv[1]) if len(sys.argv) > 1 else RESULTS / "cloud.json"
     write_section("## Cloud pool (bench/cloud)", render(json.loads(path.read_text()), path.resolve()))

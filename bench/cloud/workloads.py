@@ -12,6 +12,8 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
+from cloud_pool.tiny_model import words
+
 __all__ = ["REGIMES", "Regime", "requests", "text"]
 
 _VOCAB: list[str] = []
@@ -19,8 +21,6 @@ _VOCAB: list[str] = []
 
 def _words() -> list[str]:
     if not _VOCAB:
-        from cloud_pool.tiny_model import words
-
         _VOCAB.extend(words(600))
     return _VOCAB
 

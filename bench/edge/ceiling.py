@@ -18,6 +18,7 @@ __all__ = ["kernel_ceiling"]
 
 
 def _measure(model: Path, steps: int = 48) -> dict[int, float]:
+    # only in the measuring child process: it loads llama.cpp's library, which the parent never needs
     from edge_node.batch import Batch
     from edge_node.runtime import LlamaRuntime, RuntimeConfig
 

@@ -40,9 +40,7 @@ _RULES = (
 )
 def _decode_line() -> str:
     """The frame py-spy shows while the engine is inside llama_decode (the call's line in edge_node/batch.py)."""
-    import edge_node.batch as b
-
-    lines = Path(b.__file__).read_text().splitlines()
+    lines = (Path(__file__).resolve().parents[2] / "edge_node" / "batch.py").read_text().splitlines()
     n = next(i for i, ln in enumerate(lines, 1) if "llama_decode(" in ln and "rc =" in ln)
     return f"DecodeStep.run (edge_node/batch.py:{n})"
 

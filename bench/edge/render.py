@@ -5,10 +5,12 @@
 
 from __future__ import annotations
 
+import json
 import statistics
+import sys
 from pathlib import Path
 
-from bench.report import machine_line
+from bench.report import RESULTS, machine_line, write_section
 
 __all__ = ["goals", "render"]
 
@@ -101,10 +103,5 @@ def render(report: dict, out: Path) -> str:
 
 
 if __name__ == "__main__":
-    import json
-    import sys
-
-    from bench.report import RESULTS, write_section
-
     path = Path(sys.argv[1]) if len(sys.argv) > 1 else RESULTS / "edge.json"
     write_section("## Edge node (bench/edge)", render(json.loads(path.read_text()), path.resolve()))

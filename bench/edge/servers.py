@@ -28,6 +28,7 @@ import httpx
 
 from bench.procs import Server, free_port
 from core.paths import tiergate_home
+from edge_node.demo_model import build_demo_model
 
 __all__ = ["MODELS", "ModelSpec", "banned_tokens", "base_url", "make_servers", "prompt_tokens", "resolve_model"]
 
@@ -53,8 +54,6 @@ def resolve_model(key: str) -> Path:
         from edge_node.packaged import packaged_path  # verifies the file (size, sha256) before it is used
 
         return packaged_path({"smollm2": "smollm2-135m-instruct", "gemma": "gemma-3-270m"}[key])
-    from edge_node.demo_model import build_demo_model
-
     size = "tiny" if key == "demo" else "bench"
     out = tiergate_home() / "bench" / f"edge-{size}"
     path = out / f"tiergate-demo-{size}-q4_0.gguf"

@@ -38,14 +38,17 @@ import shutil
 import statistics
 import sys
 import time
+import urllib.request
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import aiohttp
+import uvloop
 
 from bench.procs import Server, cpu_seconds, free_port, peak_rss_mib
 from bench.report import write_section
+from edge_node.demo_model import build_demo_model
 
 REPO = Path(__file__).resolve().parents[2]
 DOCS = REPO / "docs" / "benchmarks.md"
@@ -63,8 +66,6 @@ WORDS = ["river", "stone", "cloud", "lantern", "harbor", "meadow", "signal", "co
 def build_model() -> tuple[Path, Path]:
     gguf, tok = MODEL_DIR / "tiergate-demo-tiny-q4_0.gguf", MODEL_DIR / "tokenizer.json"
     if not (gguf.exists() and tok.exists()):
-        from edge_node.demo_model import build_demo_model
-
         print("building the tiny demo model (once) ...", flush=True)
         m = build_demo_model(MODEL_DIR, size="tiny", quant="q4_0", seed=0)
         gguf, tok = Path(m.gguf), Path(m.tokenizer_json)
@@ -398,20 +399,13 @@ def main() -> None:
                 f"http://127.0.0.1:{p}/health", env={"HF_HUB_OFFLINE": "1"}, log=WORK / f"edge-{i + 1}.log").start(180)
         deadline = time.monotonic() + 60
         while True:  # every node registered
-            import urllib.request
-
             with urllib.request.urlopen(gw_url + "/readyz", timeout=5) as r:
                 if r.status == 200 and len(_edge_endpoints(gw_url)) == args.nodes:
                     break
             if time.monotonic() > deadline:
                 raise RuntimeError("edge nodes did not register with the gateway")
             time.sleep(0.5)
-        try:
-            import uvloop
-
-            uvloop.install()
-        except ImportError:
-            pass
+        uvloop.install()
         print(f"load: {args.clients} clients, ramp {args.ramp:g}s, {args.duration:g}s ...", flush=True)
         cpu0 = time.process_time()
         run, wall = asyncio.run(drive(args, gw_url + "/v1/chat/completions", procs["gateway"].pid))
@@ -429,8 +423,6 @@ def main() -> None:
 
 
 def _edge_endpoints(gw_url: str) -> list:
-    import urllib.request
-
     req = urllib.request.Request(gw_url + "/v1/models", headers={"Authorization": f"Bearer {KEY}"})
     with urllib.request.urlopen(req, timeout=5) as r:
         data = json.loads(r.read())["data"]

@@ -19,6 +19,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import uvloop
+
 
 async def _drive(app, key: str, batches: int, gap_s: float) -> str:
     """Start the app's lifespan, measure, shut it down (as uvicorn would)."""
@@ -104,6 +106,7 @@ def main() -> None:
     args = ap.parse_args()
     if args.tree:
         sys.path.insert(0, str(args.tree.resolve()))
+    # after --tree is on sys.path: the bench's own modules and the gateway come from the tree measured
     from bench.overhead.targets import KEY, POLICY
     from bench.procs import Server, free_port
 
@@ -116,9 +119,7 @@ def main() -> None:
         os.environ.update({"TIERGATE_POLICY": str(tmp / "policy.yaml"), "TIERGATE_API_KEYS": f"{KEY}=bench",
                            "TIERGATE_LOG_LEVEL": "warning", "TIERGATE_EMBEDDER": ""})
         os.sched_setaffinity(0, {0})
-        import uvloop
-
-        from gateway.app import create_app
+        from gateway.app import create_app  # after --tree (above) and after the environment it reads
 
         print(f"{args.tree or 'this checkout'}: "
               f"{uvloop.run(_drive(create_app(), KEY, args.batches, args.gap_ms / 1000))}")

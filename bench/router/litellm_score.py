@@ -12,10 +12,12 @@ from __future__ import annotations
 import json
 import sys
 import time
+from importlib import metadata
 from unittest.mock import MagicMock
 
 
 def main() -> None:
+    # LiteLLM exists only in its own virtualenv (this script's), never in tiergate's
     import litellm
     from litellm.router_strategy.complexity_router.complexity_router import ComplexityRouter
 
@@ -32,9 +34,7 @@ def main() -> None:
         tiers.append(str(getattr(tier, "value", tier)))
     version = getattr(litellm, "__version__", None)
     if version is None:
-        from importlib.metadata import version as _v
-
-        version = _v("litellm")
+        version = metadata.version("litellm")
     json.dump({"version": version, "scores": scores, "tiers": tiers, "latency_ms": lat}, open(sys.argv[2], "w"))
 
 

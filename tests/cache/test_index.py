@@ -1,3 +1,6 @@
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
@@ -76,9 +79,6 @@ def test_wrong_dimension_is_refused() -> None:
 
 def test_onnxruntime_still_imports_after_an_hnsw_graph_was_built() -> None:
     # usearch loaded before onnxruntime used to crash the process at onnxruntime's import.
-    import subprocess
-    import sys
-
     code = (
         "import numpy as np\n"
         "from cache.index import VectorIndex\n"

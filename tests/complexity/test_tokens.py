@@ -7,7 +7,7 @@ from pathlib import Path
 
 import msgspec
 import pytest
-from tokenizers import Tokenizer
+from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
 from complexity.tokens import (
     DEFAULT_TOKENIZER_FILE,
@@ -24,8 +24,6 @@ TEXT = "The quick brown fox jumps over the lazy dog; naïve café, 日本語 and
 
 def _bpe(path: Path) -> Path:
     """A tiny byte-level BPE tokenizer.json that counts very differently from BERT WordPiece."""
-    from tokenizers import models, pre_tokenizers, trainers
-
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     trainer = trainers.BpeTrainer(vocab_size=300, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),

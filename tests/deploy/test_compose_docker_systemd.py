@@ -13,8 +13,11 @@ import subprocess
 import tomllib
 from pathlib import Path
 
+import typer
 import yaml
 
+from gateway.settings import Settings
+from policies.loader import load_policy
 from tests.support.tools import require_tool
 
 REPO = Path(__file__).resolve().parents[2]
@@ -27,8 +30,8 @@ COMPOSE_ENV = {"TIERGATE_ADMIN_KEY": "admin-test", "TIERGATE_EDGE_TOKEN": "edge-
 
 def _edge_serve_options() -> set[str]:
     """Every option `edge-node serve` accepts, read from its click command (not from help text)."""
-    import typer
-
+    # optional dependency: edge_node.cli imports llama-cpp-python (the edge extra) and loads libllama;
+    # the rest of this module checks files and runs without it
     from edge_node.cli import app
 
     serve = typer.main.get_command(app).commands["serve"]
@@ -36,8 +39,6 @@ def _edge_serve_options() -> set[str]:
 
 
 def _gateway_settings() -> set[str]:
-    from gateway.settings import Settings
-
     return {f"TIERGATE_{name.upper()}" for name in Settings.model_fields}
 
 
@@ -94,8 +95,6 @@ def test_compose_services_fit_together(tmp_path: Path):
 
 
 def test_compose_policy_loads(tmp_path: Path):
-    from policies.loader import load_policy
-
     policy = load_policy(DEPLOY / "compose" / "policy.yaml")
     assert {t.kind for t in policy.tiers.values()} == {"edge", "cloud"}
 

@@ -9,6 +9,7 @@ render` runs for the same spec.
 
 from __future__ import annotations
 
+import base64
 import copy
 import json
 import os
@@ -21,7 +22,10 @@ import jsonschema
 import pytest
 import yaml
 
+from cloud_pool.render import kubernetes_objects
+from cloud_pool.spec import KubernetesOptions, ModelCache, VllmSpec
 from gateway.settings import Settings
+from policies.loader import load_policy
 from tests.support.kube import CHART, KUBE_VERSIONS, REPO, helm, render_chart, validate_object
 
 SCENARIOS = ["defaults", *sorted(p.name for p in (CHART / "ci").glob("*-values.yaml"))]
@@ -145,8 +149,6 @@ def test_services_select_pods_the_chart_runs(rendered, scenario: str):
 
 @pytest.mark.parametrize("scenario", SCENARIOS)
 def test_gateway_reads_only_settings_it_has(rendered, scenario: str):
-    from gateway.settings import Settings
-
     container = _gateway(rendered[scenario])["spec"]["template"]["spec"]["containers"][0]
     names = [e["name"] for e in container["env"] if e["name"].startswith("TIERGATE_")]
     assert len(names) == len(set(names))
@@ -177,8 +179,6 @@ def test_redis_url_follows_the_redis_mode(rendered):
 
 @pytest.mark.parametrize("scenario", SCENARIOS)
 def test_policy_is_a_hot_reloadable_file_naming_rendered_services(rendered, scenario: str, tmp_path: Path):
-    from policies.loader import load_policy
-
     objs = rendered[scenario]
     pod = _gateway(objs)["spec"]["template"]["spec"]
     container = pod["containers"][0]
@@ -226,8 +226,6 @@ def test_secret_changes_roll_the_gateway_policy_changes_do_not():
 
 
 def test_secret_values_land_in_the_secret_and_keys_file_is_mounted(rendered):
-    import base64
-
     objs = rendered["small-values.yaml"]
     secret = _by_kind(objs, "Secret")[0]
     data = {k: base64.b64decode(v).decode() for k, v in secret["data"].items()}
@@ -307,9 +305,6 @@ def _normalise_container(c: dict[str, Any]) -> dict[str, Any]:
 
 @pytest.mark.parametrize("scenario", [s for s in SCENARIOS if _merged_values(s)["vllm"]["enabled"]])
 def test_vllm_pods_run_what_cloud_pool_renders(rendered, scenario: str):
-    from cloud_pool.render import kubernetes_objects
-    from cloud_pool.spec import VllmSpec
-
     objs = rendered[scenario]
     pools = _merged_values(scenario)["vllm"]["pools"]
     assert pools
@@ -404,8 +399,6 @@ def test_values_schema_rejects_typos():
 
 def test_pool_schema_has_exactly_the_cloud_pool_spec_fields():
     """A pool entry is a cloud-pool spec: the chart's values schema must follow VllmSpec as it evolves."""
-    from cloud_pool.spec import KubernetesOptions, ModelCache, VllmSpec
-
     schema = json.loads((CHART / "values.schema.json").read_text())
     pool = schema["properties"]["vllm"]["properties"]["pools"]["items"]
     assert set(pool["properties"]) == set(VllmSpec.model_fields)

@@ -1,6 +1,6 @@
 import pytest
 
-from edge_node.chat import ChatTemplate, ChatTemplateError
+from edge_node.chat import ChatTemplate, ChatTemplateError, choose_template
 from edge_node.demo_model import CHAT_TEMPLATE
 
 
@@ -35,8 +35,6 @@ def test_broken_or_hostile_templates_fail_cleanly():
 
 def test_a_model_without_a_template_gets_llama_cpps_own_for_its_architecture():
     import llama_cpp  # optional dependency: the edge extra
-
-    from edge_node.chat import choose_template
 
     gemma = choose_template(llama_cpp, None, "gemma3")
     assert gemma.origin == "llama.cpp:gemma"

@@ -1,7 +1,9 @@
 import json
 
+import gguf
 import numpy as np
 import pytest
+from tokenizers import Tokenizer
 
 from edge_node.demo_model import CHAT_TEMPLATE, SHAPES, build_demo_model
 
@@ -20,9 +22,6 @@ def test_same_seed_same_bytes(built, tmp_path):
 
 
 def test_tokenizer_json_matches_the_gguf_vocabulary(built):
-    import gguf
-    from tokenizers import Tokenizer
-
     tok = Tokenizer.from_file(str(built.tokenizer_json))
     reader = gguf.GGUFReader(str(built.gguf))
     f = reader.fields["tokenizer.ggml.tokens"]
@@ -37,8 +36,6 @@ def test_tokenizer_json_matches_the_gguf_vocabulary(built):
 
 def test_unprintable_and_special_tokens_can_never_win(built):
     """Their output rows put a large negative weight on the constant residual dimension, nothing else."""
-    import gguf
-
     reader = gguf.GGUFReader(str(built.gguf))
     t = {x.name: x for x in reader.tensors}
     out = np.asarray(t["output.weight"].data, dtype=np.float32)

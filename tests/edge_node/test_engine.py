@@ -8,16 +8,15 @@ import time
 
 import pytest
 
-from edge_node.engine import ContextOverflowError, Engine
-from edge_node.sampling import SamplingParams
+from edge_node.engine import ContextOverflowError, Engine, EngineError, EngineFailedError, QueueFullError
+from edge_node.runtime import LlamaRuntime, RuntimeConfig
+from edge_node.sampling import SamplerChain, SamplingParams
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=40)
 
 
 @pytest.fixture(scope="module", params=[False, True], ids=["kv-per-slot", "kv-unified"])
 def engine(request, edge_model):
-    from edge_node.runtime import LlamaRuntime, RuntimeConfig
-
     rt = LlamaRuntime(RuntimeConfig(model_path=edge_model.gguf, ctx_per_seq=512, parallel=4,
                                     kv_unified=request.param))
     eng = Engine(rt, prefix_reuse_min=8, prefix_copy_min=8)
@@ -198,8 +197,6 @@ def forget_cached_prefixes(engine: Engine) -> None:
 @pytest.fixture
 def own_engine(edge_model):
     """A fresh engine for tests that break it (the module's shared one must stay healthy)."""
-    from edge_node.runtime import LlamaRuntime, RuntimeConfig
-
     rt = LlamaRuntime(RuntimeConfig(model_path=edge_model.gguf, ctx_per_seq=256, parallel=2))
     eng = Engine(rt)
     eng.start()
@@ -209,9 +206,6 @@ def own_engine(edge_model):
 
 @pytest.mark.parametrize("where", ["sample", "__init__"])
 def test_a_crash_in_the_decode_loop_fails_every_request_and_refuses_new_ones(own_engine, monkeypatch, where):
-    from edge_node.engine import EngineError, EngineFailedError
-    from edge_node.sampling import SamplerChain
-
     eng = own_engine
 
     def broken(self, *args, **kwargs):  # a bug (or a llama.cpp failure) inside the loop: on the first
@@ -265,8 +259,6 @@ def test_close_leaves_the_model_loaded_while_the_thread_still_runs(own_engine, m
 def test_close_after_a_timed_out_stop_still_waits_for_the_thread(own_engine, monkeypatch):
     """What `edge-node serve` does: the server's shutdown stops the engine (join may time out mid-decode),
     then the CLI closes it. The model must stay loaded while the thread is still inside a step."""
-    from edge_node.sampling import SamplerChain
-
     eng = own_engine
     sample, in_step, leave = SamplerChain.sample, threading.Event(), threading.Event()
 
@@ -298,8 +290,6 @@ def test_close_after_a_timed_out_stop_still_waits_for_the_thread(own_engine, mon
 def test_the_queue_bound_counts_only_requests_that_cannot_get_a_slot(own_engine, max_queue):
     """Free slots take requests whatever the bound (--max-queue 0 still serves `parallel` at once); past
     the slots, `max_queue` more may wait and the next is refused, even before the engine has admitted any."""
-    from edge_node.engine import QueueFullError
-
     eng = own_engine
     eng.max_queue = max_queue
     no_end = {t: float("-inf") for t in range(eng.rt.n_vocab) if eng.rt.is_eog(t)}

@@ -1,12 +1,11 @@
 import pytest
 
+from edge_node.demo_model import build_demo_model
 from edge_node.model_file import ModelFileError, check_gguf, check_memory
 
 
 @pytest.fixture(scope="module")
 def f16_model(tmp_path_factory):
-    from edge_node.demo_model import build_demo_model
-
     return build_demo_model(tmp_path_factory.mktemp("f16"), size="tiny", quant="f16").gguf
 
 

@@ -5,9 +5,11 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+import redis.asyncio as aioredis
 from aiohttp import web
 from structlog.testing import capture_logs
 
+from cache.redis_conn import open_redis
 from core.pool import Pool
 from edge_node.pool import EdgePool, HeartbeatError, parse_heartbeat
 from tests.support.servers import aiohttp_server
@@ -172,8 +174,6 @@ def redis_url(request) -> str:
 
 @pytest.mark.integration
 def test_replicas_share_the_registry_through_redis(redis_url, clock):
-    from cache.redis_conn import open_redis
-
     async def scenario():
         r1, r2 = open_redis(redis_url), open_redis(redis_url)
         prefix = "test-edge-share"
@@ -206,8 +206,6 @@ def test_replicas_share_the_registry_through_redis(redis_url, clock):
 
 @pytest.mark.integration
 def test_a_node_leaving_through_one_replica_leaves_them_all_but_lost_data_does_not(redis_url, clock):
-    from cache.redis_conn import open_redis
-
     prefix = "test-edge-last"
     keys = [f"{{{prefix}:edge}}:{k}" for k in ("seen", "info", "gone")]
 
@@ -245,8 +243,6 @@ def test_a_node_leaving_through_one_replica_leaves_them_all_but_lost_data_does_n
 
 @pytest.mark.integration
 def test_redis_outage_keeps_the_local_view(clock):
-    import redis.asyncio as aioredis
-
     async def scenario():
         dead = aioredis.from_url("redis://127.0.0.1:1", socket_connect_timeout=0.2)
         pool = EdgePool("edge", [], "m", redis=dead, clock=clock)

@@ -1,6 +1,7 @@
 import pytest
 
-from edge_node.sampling import SamplingParams
+from core.wire import decode_chat
+from edge_node.sampling import DEFAULT_MIN_P, DEFAULT_TOP_K, SamplingParams
 
 
 def test_defaults_are_valid():
@@ -27,9 +28,9 @@ def test_validation_names_the_field(params, field):
 
 
 def test_requests_that_do_not_say_get_llama_cpp_defaults_and_may_turn_them_off():
-    from core.wire import decode_chat
+    # optional dependency: edge_node.completions imports llama-cpp-python (the edge extra); the other tests
+    # here need only edge_node.sampling
     from edge_node.completions import sampling_params as _params
-    from edge_node.sampling import DEFAULT_MIN_P, DEFAULT_TOP_K
 
     plain = decode_chat(b'{"model": "m", "messages": [{"role": "user", "content": "hi"}], "temperature": 0.7}')
     p = _params(plain, 8, 1000)

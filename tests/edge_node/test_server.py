@@ -21,6 +21,7 @@ from structlog.testing import LogCapture
 
 from edge_node import completions as edge_server
 from edge_node.engine import Engine
+from edge_node.runtime import LlamaRuntime, RuntimeConfig
 from edge_node.sampling import SamplerChain
 from edge_node.server import ServerState, create_app
 from tests.support.servers import free_port
@@ -37,8 +38,6 @@ class Node:
 @pytest.fixture
 def node(edge_model) -> Iterator[Node]:
     """A fresh engine and server per test: several tests leave the engine dead."""
-    from edge_node.runtime import LlamaRuntime, RuntimeConfig
-
     engine = Engine(LlamaRuntime(RuntimeConfig(model_path=edge_model.gguf, ctx_per_seq=256, parallel=2)))
     port = free_port()
     config = uvicorn.Config(create_app(ServerState(engine=engine, model_name="tiny")), host="127.0.0.1", port=port,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import socket
 from contextlib import contextmanager
 
 import httpx
@@ -11,7 +12,7 @@ import openai
 import pytest
 from aiohttp import web
 
-from bench.instant_upstream import HITS, make_app
+from bench.instant_upstream import HITS, LAST_BODY, make_app
 from gateway.settings import Settings
 from tests.gateway.conftest import KEYS, stack, write_policy
 from tests.support.servers import aiohttp_server, gateway_server
@@ -309,8 +310,6 @@ def test_backend_rejecting_the_gateway_itself_is_an_endpoint_failure(tmp_path):
 
 
 def test_fields_the_gateway_does_not_model_reach_the_backend_and_bypass_the_cache(basic):
-    from bench.instant_upstream import LAST_BODY
-
     backend = basic["edges"][0].app
     extra = {"reasoning_effort": "low", "parallel_tool_calls": False, "functions": [{"name": "f", "parameters": {}}]}
     for _ in range(2):
@@ -355,8 +354,6 @@ def test_fields_that_would_step_around_the_gateways_limits_are_refused(basic, pa
 
 
 def test_the_values_of_controlled_fields_that_change_nothing_are_forwarded(basic):
-    from bench.instant_upstream import LAST_BODY
-
     neutral = {"n_predict": None, "n_cmpl": 1, "best_of": 1, "use_beam_search": False, "min_tokens": 0,
                "ignore_eos": False, "priority": 0, "id_slot": -1, "prompt_logprobs": None, "n_probs": 5,
                "n_keep": 10, "min_p": 0.1}
@@ -367,8 +364,6 @@ def test_the_values_of_controlled_fields_that_change_nothing_are_forwarded(basic
 
 
 def test_fields_the_structs_do_not_model_at_any_depth_reach_the_backend_as_sent(basic):
-    from bench.instant_upstream import LAST_BODY
-
     messages = [
         {"role": "user", "content": [{"type": "text", "text": "what is in this?"},
                                      {"type": "input_audio", "input_audio": {"data": "AAAA", "format": "wav"}},
@@ -432,8 +427,6 @@ def test_a_stream_that_breaks_before_its_usage_chunk_is_still_charged(tmp_path):
 
 
 def test_client_leaving_while_sending_its_body_is_no_internal_error(basic):
-    import socket
-
     def gone() -> float:
         return basic["gw"].gateway.registry.get_sample_value("tiergate_client_disconnects_total",
                                                              {"tier": "none"}) or 0.0

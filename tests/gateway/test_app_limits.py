@@ -7,9 +7,10 @@ import asyncio
 import httpx
 import pytest
 
-from bench.instant_upstream import GATE
+from bench.instant_upstream import GATE, make_app
 from gateway.auth import KeyRing
 from tests.gateway.conftest import stack
+from tests.support.servers import aiohttp_server
 from tests.support.waiting import eventually, wait_until
 
 CHAT = {"model": "auto", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 4, "temperature": 1}
@@ -223,9 +224,6 @@ def test_edge_nodes_register_by_heartbeat_and_get_traffic(tmp_path):
         base = s["gw"].url
         assert httpx.post(base + "/v1/chat/completions", json={**CHAT, "model": "tiergate-edge"},
                           headers={"Authorization": "Bearer key-alpha-1"}).headers["x-tiergate-tier"] == "cloud"
-        from bench.instant_upstream import make_app
-        from tests.support.servers import aiohttp_server
-
         with aiohttp_server(make_app(4, "ok", model="edge-node-model")) as node:
             hb = {"node_id": "n1", "url": node.url, "model": "edge-node-model", "slots": 4, "busy": 0, "queued": 0}
             assert httpx.post(base + "/edge/v1/heartbeat", json=hb).status_code == 200

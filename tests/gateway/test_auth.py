@@ -2,7 +2,9 @@ import pytest
 
 from core.errors import OpenAIError
 from core.types import Priority
+from gateway.app import create_app
 from gateway.auth import DEMO_KEY, KeyFileError, KeyRing, hash_key
+from gateway.settings import Settings
 
 
 def test_demo_key_maps_to_demo_tenant():
@@ -61,9 +63,6 @@ def test_inline_keys():
     ({"api_keys": "k-1=alpha"}, False),  # configured keys replace the demo key
 ])
 def test_the_gateway_accepts_the_demo_key_only_when_allowed_and_no_keys_are_configured(settings, demo_accepted):
-    from gateway.app import create_app
-    from gateway.settings import Settings
-
     base = {"api_keys_file": None, "api_keys": None, "embedder": None, "redis_url": None}
     keyring = create_app(Settings(**(base | settings))).state.gateway.keyring
     if demo_accepted:

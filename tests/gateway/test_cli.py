@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import uvicorn
 from typer.testing import CliRunner
 
 from gateway.cli import app
@@ -10,8 +11,6 @@ from gateway.cli import app
 
 @pytest.fixture
 def captured(monkeypatch) -> dict:
-    import uvicorn
-
     seen: dict = {}
     monkeypatch.setattr(uvicorn, "run", lambda target, **kw: seen.update(target=target, **kw))
     # `serve` writes its options into os.environ: set-then-delete makes monkeypatch restore each one

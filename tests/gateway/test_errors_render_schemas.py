@@ -4,7 +4,7 @@ import pytest
 from cache.types import CachedAnswer
 from core.errors import OpenAIError, from_validation, rate_limited
 from core.wire import decode_chat, decode_completion, encode
-from gateway.render import StreamAccumulator, render_json, render_sse, summarize
+from gateway.render import StreamAccumulator, cacheable, render_json, render_sse, summarize
 
 
 def test_chat_request_decodes_and_keeps_the_kind_out_of_the_wire_format():
@@ -85,8 +85,6 @@ def _chat_body(*finish_reasons: str | None) -> bytes:
     (("stop",), True), (("length",), True), (("tool_calls",), False), (("content_filter",), False),
     ((None,), False), ((), False), (("stop", "stop"), False)])
 def test_only_complete_single_choice_answers_are_cacheable_from_json_and_from_a_stream(finish_reasons, stored):
-    from gateway.render import cacheable
-
     summary = summarize(_chat_body(*finish_reasons))
     acc = StreamAccumulator()
     for i, r in enumerate(finish_reasons):  # the same answer, streamed: one content delta, then its finish reason

@@ -7,6 +7,7 @@ import asyncio
 import pytest
 from prometheus_client import CollectorRegistry
 
+from core.errors import OpenAIError
 from gateway.auth import Tenant
 from gateway.limits import Limiter
 from gateway.metrics import GatewayMetrics
@@ -51,8 +52,6 @@ async def test_after_a_failure_checks_fail_open_without_asking_redis_for_a_while
 
 
 async def test_without_redis_the_limits_are_held_in_process():
-    from core.errors import OpenAIError
-
     limiter = Limiter(METRICS)
     tenant = Tenant(id="acme", requests_per_minute=2)
     await limiter.admit(tenant)
@@ -80,8 +79,6 @@ class _SlowRedis:
 
 
 async def test_concurrency_limit_holds_while_the_rate_counters_are_read():
-    from core.errors import OpenAIError
-
     limiter = Limiter(METRICS, _SlowRedis(), timeout_s=1.0)
     tenant = Tenant(id="acme", max_concurrency=1, requests_per_minute=100)
     results = await asyncio.gather(limiter.admit(tenant), limiter.admit(tenant), return_exceptions=True)

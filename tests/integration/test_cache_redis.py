@@ -10,8 +10,12 @@ import json
 import pytest
 import redis
 import redis.asyncio
+from typer.testing import CliRunner
 
 from cache import CacheSettings, SemanticCache, build_cache
+from cache.cli import cache_app
+from cache.redis_stream import StreamLayout
+from cache.redis_vset import VectorSetLayout
 from tests.cache.helpers import RULE, SETTINGS, answer, chat, fresh_metrics, sample
 from tests.support.redis import flushed
 from tests.support.waiting import eventually
@@ -322,10 +326,6 @@ async def test_a_gateway_starts_while_redis_is_down_and_catches_up(redis_server,
 
 
 def test_cli_invalidate_against_redis(any_redis, onnx_embedder):
-    from typer.testing import CliRunner
-
-    from cache.cli import cache_app
-
     url, entries = any_redis.url, any_redis.entries
     questions = ["What is Redis?", "What is a hash slot?", "Who wrote Hamlet?", "What is a black hole?"]
 
@@ -353,9 +353,6 @@ def test_cli_invalidate_against_redis(any_redis, onnx_embedder):
 
 async def test_stop_ends_the_background_task_even_if_a_client_call_swallows_the_cancellation(make_cache, version,
                                                                                              monkeypatch):
-    from cache.redis_stream import StreamLayout
-    from cache.redis_vset import VectorSetLayout
-
     async def stubborn_run(self) -> None:
         while self._c.up and not self._c.stopping:
             try:

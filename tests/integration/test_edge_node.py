@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import http.client
 import json
 import signal
 import threading
@@ -310,8 +311,6 @@ def test_a_full_queue_sheds_with_429_and_retry_after(edge_node_factory):
 
 
 def test_bodies_over_the_limit_are_refused_before_being_read_whole(edge_node):
-    import http.client
-
     url = edge_node.url + "/v1/chat/completions"
     conn = http.client.HTTPConnection("127.0.0.1", edge_node.port, timeout=30)
     try:  # declares 64 MiB, sends 2 bytes: answered at once, not after 30 s of waiting for the rest

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import msgspec
 import pytest
+from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
 from complexity.model import DEFAULT_MODEL_FILE, ComplexityModel
 from complexity.tokens import TokenCounter
@@ -40,8 +41,6 @@ class _Store:
 
 
 def _bpe(path: Path) -> None:
-    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
-
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.train_from_iterator(["hello"] * 5, trainers.BpeTrainer(

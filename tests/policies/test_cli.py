@@ -6,7 +6,9 @@ import json
 from pathlib import Path
 
 import pytest
+import typer
 from aiohttp import web
+from ruamel.yaml import YAML
 from typer.testing import CliRunner
 
 from complexity.features import FEATURES
@@ -22,8 +24,6 @@ runner = CliRunner()
 
 
 def _classify_app():
-    import typer
-
     app = typer.Typer()
     app.command()(classify)
     return app
@@ -207,7 +207,6 @@ def test_shipped_schema_is_up_to_date():
 
 def test_shipped_policies_validate_against_the_schema():
     jsonschema = pytest.importorskip("jsonschema")
-    from ruamel.yaml import YAML
 
     schema = json.loads(SCHEMA_FILE.read_text())
     for f in [DEFAULT_POLICY, *sorted((ROOT / "policies" / "examples").glob("*.yaml"))]:

@@ -6,7 +6,8 @@ import math
 
 import pytest
 
-from policies.confidence import TokenScore, confidence, scores_from_openai, scores_from_text_logprobs
+from core.types import Cascade
+from policies.confidence import TokenScore, confidence, scores_from_openai, scores_from_text_logprobs, verdict
 
 
 def test_signals_over_the_whole_answer_and_its_first_tokens():
@@ -34,9 +35,6 @@ def test_openai_shapes_are_read():
 
 
 def test_the_verdict_follows_the_thresholds_and_the_answers_end():
-    from core.types import Cascade
-    from policies.confidence import verdict
-
     sure = [TokenScore(-0.1, -4.0)] * 5
     shaky = [TokenScore(-0.1, -4.0)] * 4 + [TokenScore(-3.0, -0.5)]
     c = Cascade("cloud", min_mean_logprob=-0.5)

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
 from core.types import CacheRule, Features, Priority, Timeouts
 from policies.engine import PolicyEngine
 from policies.loader import parse_policy
+from policies.model import Policy
 
 from .conftest import BASE
 
@@ -156,8 +159,6 @@ def test_explain_lists_every_rule_with_reasons(engine):
 
 
 def test_explain_agrees_with_decide_on_many_inputs(rich_engine):
-    import itertools
-
     texts = ["", "sql", "invoice refund", "step by step"]
     for tokens, pri, text, stream in itertools.product([0, 150, 5000], list(Priority), texts, [False, True]):
         f = feats(prompt_tokens=tokens, priority=pri, text=text, stream=stream)
@@ -165,8 +166,6 @@ def test_explain_agrees_with_decide_on_many_inputs(rich_engine):
 
 
 def test_engine_refuses_a_policy_without_catch_all():
-    from policies.model import Policy
-
     p = Policy.model_validate({"tiers": {"edge": {"kind": "edge", "model": "m"}},
                                "rules": [{"name": "x", "when": {"stream": True}, "tier": "edge"}]})
     with pytest.raises(ValueError, match="catch-all"):

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from core.types import Priority
+from core.types import Features, Priority
+from policies.engine import PolicyEngine
 from policies.loader import PolicyError, check_policy, load_policy, parse_policy
 from policies.model import Policy
 
@@ -242,8 +243,6 @@ def test_a_cascade_on_a_tier_without_logprobs_is_an_error_at_the_rule():
 
 
 def test_a_cascade_escalates_to_the_rules_first_fallback_by_default():
-    from policies.engine import PolicyEngine
-
     text = BASE.replace("  - name: default\n    tier: edge\n",
                         "  - name: default\n    tier: edge\n    cascade: {min_mean_logprob: -0.5, first_tokens: 6}\n")
     policy = parse_policy(text)
@@ -252,6 +251,4 @@ def test_a_cascade_escalates_to_the_rules_first_fallback_by_default():
 
 
 def _features():
-    from core.types import Features
-
     return Features(prompt_tokens=5, priority=Priority.NORMAL, complexity=0.1, requested_model="auto", tenant="t")

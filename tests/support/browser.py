@@ -44,8 +44,9 @@ def chromium() -> Iterator[Any]:
     install = "apt-get install chromium chromium-driver"
     binary = require_tool("chromium", install)
     driver_path = require_tool("chromedriver", install)
+    # optional dependency: selenium (dev extra); without it this module still imports and the checks above run
     from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
+    from selenium.webdriver.chrome.service import Service  # optional dependency: selenium
 
     os.environ.setdefault("SE_OFFLINE", "true")  # never let Selenium Manager look for downloads
     profile = tempfile.mkdtemp(prefix="tiergate-chromium-")
@@ -65,8 +66,9 @@ def chromium() -> Iterator[Any]:
 
 def wait_for(driver: Any, condition: Callable[[Any], Any], what: str, timeout_s: float = 20.0) -> Any:
     """Poll `condition(driver)` until it returns something truthy; fail naming `what` and showing the page."""
+    # optional dependency: selenium (dev extra), as in chromium()
     from selenium.common.exceptions import TimeoutException, WebDriverException
-    from selenium.webdriver.support.ui import WebDriverWait
+    from selenium.webdriver.support.ui import WebDriverWait  # optional dependency: selenium
 
     def safe(d: Any) -> Any:
         try:

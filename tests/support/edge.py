@@ -17,13 +17,15 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
+from edge_node.demo_model import build_demo_model
 from tests.support.require import skip_or_fail
 from tests.support.waiting import wait_until
 
@@ -49,8 +51,6 @@ def _free_port() -> int:
 
 def parse_metrics(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     """Prometheus text → {(sample name, sorted labels): value}."""
-    from prometheus_client.parser import text_string_to_metric_families
-
     out: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
     for fam in text_string_to_metric_families(text):
         for s in fam.samples:
@@ -151,16 +151,12 @@ def _wait_healthy(node: EdgeProcess) -> None:
 def edge_model(tmp_path_factory: pytest.TempPathFactory):
     """The tiny demo model (Q4_0 GGUF + tokenizer.json), built once per session."""
     _require_llama()
-    from edge_node.demo_model import build_demo_model
-
     return build_demo_model(tmp_path_factory.mktemp("edge-model"), size="tiny", quant="q4_0", seed=0)
 
 
 @pytest.fixture
 def edge_node_factory(edge_model, tmp_path: Path) -> Iterator[Callable[..., EdgeProcess]]:
     """Start edge nodes: factory(*extra_args, model=None, port=None, env=None, wait=True) -> EdgeProcess."""
-    from contextlib import ExitStack
-
     with ExitStack() as stack:
 
         def factory(*extra_args: str, model: Path | None = None, port: int | None = None,

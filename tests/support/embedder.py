@@ -6,6 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from cache.embedder import OnnxEmbedder
+from cache.export import default_embedder_dir, export_embedder, is_complete
 from tests.support.require import skip_or_fail
 
 __all__ = ["embedder_dir", "onnx_embedder"]
@@ -13,8 +15,6 @@ __all__ = ["embedder_dir", "onnx_embedder"]
 
 @pytest.fixture(scope="session")
 def embedder_dir() -> Path:
-    from cache.export import default_embedder_dir, export_embedder, is_complete
-
     path = default_embedder_dir()
     if not is_complete(path):
         try:
@@ -27,7 +27,5 @@ def embedder_dir() -> Path:
 
 
 @pytest.fixture(scope="session")
-def onnx_embedder(embedder_dir: Path):  # -> cache.embedder.OnnxEmbedder, loaded once per session
-    from cache.embedder import OnnxEmbedder
-
+def onnx_embedder(embedder_dir: Path) -> OnnxEmbedder:  # loaded once per session
     return OnnxEmbedder.load(embedder_dir)

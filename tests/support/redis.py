@@ -23,6 +23,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import redis
 
 from tests.support.servers import free_port
 from tests.support.tools import require_tool
@@ -180,8 +181,6 @@ def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisClu
 
 @pytest.fixture
 def redis_cluster_url(redis_cluster: RedisCluster) -> str:
-    import redis
-
     redis_cluster.start()  # a previous test may have left a node stopped
     for node in redis_cluster.nodes:
         client = redis.Redis(port=node.port)
@@ -227,8 +226,6 @@ def redis_server(request: pytest.FixtureRequest) -> RedisServer:
 
 def flushed(server: RedisServer) -> str:
     """Make sure `server` runs, empty it, and give its URL."""
-    import redis
-
     server.start()  # a previous test may have left it stopped
     client = redis.Redis.from_url(server.url)
     try:

@@ -22,7 +22,7 @@ PIP=(.venv/bin/python -m pip --disable-pip-version-check)
 "${PIP[@]}" install -q --upgrade pip >/dev/null
 
 # llama.cpp: a portable CPU build (no -march=native, no multimodal library). On a CUDA machine set
-# CMAKE_ARGS="-DGGML_CUDA=on" before running this script (see docs/edge.md). pip caches the wheel.
+# CMAKE_ARGS="-DGGML_CUDA=on" before running this script (see deploy/jetson.md). pip caches the wheel.
 export CMAKE_ARGS="${CMAKE_ARGS:--DLLAVA_BUILD=OFF -DGGML_NATIVE=OFF}"
 export CMAKE_BUILD_PARALLEL_LEVEL="${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)}"
 if ! .venv/bin/python -c "import llama_cpp" 2>/dev/null; then

@@ -42,7 +42,7 @@ def test_vllm_server_killed_mid_traffic(tmp_path: Path, vllm_servers):
         assert set(eps) == {a.base_url, b.base_url}
         with Traffic(gw.url, "chaos-key-1", body, workers=6, timeout_s=120) as traffic:
             traffic.wait_for(lambda o: o.kind == "complete", 12, timeout_s=300, what="warm-up answers")
-            wait_until(lambda: eps[b.base_url].inflight >= 2 and _streaming(traffic) >= 2, timeout_s=60,
+            wait_until(lambda: eps[b.base_url].inflight >= 2 and traffic.streaming() >= 2, timeout_s=60,
                        interval_s=0.01, what="requests in flight on the server to kill, streams begun")
             in_flight_on_b = eps[b.base_url].inflight
             killed_at = time.monotonic()
@@ -70,9 +70,3 @@ def test_vllm_server_killed_mid_traffic(tmp_path: Path, vllm_servers):
         assert (o.kind == "error_sse" and o.chunks > 0) or (o.kind == "error_json" and o.code.startswith("upstream_"))
     assert figures["recovery_s"] is not None
     assert ready["ready"] and ready["tiers"]["cloud"]
-
-
-def _streaming(traffic: Traffic) -> int:
-    """Streams that have sent their first chunk and not ended, on any server."""
-    with traffic.live.lock:
-        return sum(traffic.live.by_model.values())

@@ -125,13 +125,17 @@ class Traffic:
                                      f"so far: {summarize(self.done())}")
             time.sleep(0.05)
 
+    def streaming(self, model: str | None = None) -> int:
+        """Streams that have sent their first chunk and not ended: served by `model`, or by any model."""
+        with self.live.lock:
+            return self.live.by_model[model] if model is not None else sum(self.live.by_model.values())
+
     def wait_streaming_on(self, model: str, timeout_s: float = 60.0) -> None:
         """Until at least one stream served by `model` has begun and not ended."""
         deadline = time.monotonic() + timeout_s
         while True:
-            with self.live.lock:
-                if self.live.by_model[model] > 0:
-                    return
+            if self.streaming(model) > 0:
+                return
             if time.monotonic() > deadline:
                 raise AssertionError(f"no stream in flight on {model} after {timeout_s}s")
             time.sleep(0.01)

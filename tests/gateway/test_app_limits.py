@@ -101,11 +101,11 @@ def test_a_client_leaving_before_its_json_answer_is_charged_what_the_backend_was
             async with httpx.AsyncClient(timeout=30) as c:
                 holder = asyncio.create_task(c.post(url, json={**CHAT, "max_tokens": 60},
                                                     headers={"Authorization": "Bearer other-key-1"}))
-                await eventually(lambda: admission.inflight == 1, "the holder has the tier's one slot")
+                await eventually(lambda: admission.inflight == 1, "the holder has the tier's one slot", timeout_s=2)
                 with pytest.raises(httpx.ReadTimeout):
                     await c.post(url, json={**CHAT, "max_tokens": 60},
                                  headers={"Authorization": "Bearer metered-key-1"}, timeout=0.5)
-                await eventually(lambda: admission.waiting == 0, "the leaver out of the queue")
+                await eventually(lambda: admission.waiting == 0, "the leaver out of the queue", timeout_s=2)
                 assert admission.inflight == 1  # it left the queue; the holder still runs
                 holder.cancel()
 
@@ -123,10 +123,11 @@ def test_client_leaving_the_queue_gives_up_its_place(tmp_path):
         async def main() -> None:
             async with httpx.AsyncClient(timeout=30) as c:
                 holder = asyncio.create_task(c.post(url, json=CHAT, headers={"Authorization": "Bearer key-alpha-1"}))
-                await eventually(lambda: admission.inflight == 1, "the holder has the tier's one slot")
+                await eventually(lambda: admission.inflight == 1, "the holder has the tier's one slot", timeout_s=30)
                 with pytest.raises(httpx.ReadTimeout):
                     await c.post(url, json=CHAT, headers={"Authorization": "Bearer key-gold-1"}, timeout=0.5)
-                await eventually(lambda: admission.waiting == 0, "the leaver out of the queue")  # long before 30 s
+                # long before its 30 s in the queue would have ended
+                await eventually(lambda: admission.waiting == 0, "the leaver out of the queue", timeout_s=30)
                 assert admission.inflight == 1  # the holder still has its slot
                 holder.cancel()
 
@@ -154,11 +155,11 @@ def test_saturated_tier_serves_high_priority_first_and_sheds_with_retry_after(tm
         async def main() -> list[int]:
             async with httpx.AsyncClient(timeout=60) as c:
                 first = asyncio.create_task(one(c, "key-alpha-1", "first"))
-                await eventually(lambda: admission.inflight == 1, "first running")
+                await eventually(lambda: admission.inflight == 1, "first running", timeout_s=30)
                 low = asyncio.create_task(one(c, "key-beta-1", "low"))
-                await eventually(lambda: admission.waiting == 1, "low queued")
+                await eventually(lambda: admission.waiting == 1, "low queued", timeout_s=30)
                 high = asyncio.create_task(one(c, "key-gold-1", "high"))
-                await eventually(lambda: admission.waiting == 2, "high queued behind low")
+                await eventually(lambda: admission.waiting == 2, "high queued behind low", timeout_s=30)
                 gate.set()
                 return list(await asyncio.gather(first, low, high))
 
@@ -174,7 +175,7 @@ def test_saturated_tier_serves_high_priority_first_and_sheds_with_retry_after(tm
         async def shed() -> httpx.Response:
             async with httpx.AsyncClient(timeout=30) as c:
                 hold = asyncio.create_task(c.post(url, json=CHAT, headers={"Authorization": "Bearer key-alpha-1"}))
-                await eventually(lambda: admission.inflight == 1, "the holder has the tier's one slot")
+                await eventually(lambda: admission.inflight == 1, "the holder has the tier's one slot", timeout_s=30)
                 r = await c.post(url, json=CHAT, headers={"Authorization": "Bearer key-alpha-1"})
                 hold.cancel()
                 return r
@@ -198,9 +199,9 @@ def test_the_policys_queue_bound_sheds_at_once_beyond_max_waiting(tmp_path):
         async def main() -> list[tuple[int, str | None]]:
             async with httpx.AsyncClient(timeout=60) as c:
                 held = [asyncio.create_task(one(c))]
-                await eventually(lambda: admission.inflight == 1, "one running")
+                await eventually(lambda: admission.inflight == 1, "one running", timeout_s=30)
                 held += [asyncio.create_task(one(c)) for _ in range(2)]
-                await eventually(lambda: admission.waiting == 2, "two waiting")
+                await eventually(lambda: admission.waiting == 2, "two waiting", timeout_s=30)
                 shed = await asyncio.gather(one(c), one(c))  # answered while the gate is still shut
                 gate.set()
                 return list(await asyncio.gather(*held)) + list(shed)

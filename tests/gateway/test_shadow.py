@@ -14,6 +14,7 @@ from core.errors import OpenAIError
 from gateway.metrics import GatewayMetrics
 from gateway.settings import Settings
 from gateway.shadow import ShadowChecks
+from tests.support.waiting import eventually
 
 pytestmark = pytest.mark.anyio
 
@@ -78,31 +79,26 @@ def _count(gw: _Gateway, result: str) -> float:
     return gw.registry.get_sample_value("tiergate_cache_shadow_checks_total", {"result": result}) or 0.0
 
 
-async def _until(cond) -> None:
-    while not cond():
-        await asyncio.sleep(0)  # let the checks' tasks run
-
-
 async def test_checks_beyond_the_room_are_dropped_and_a_failed_tier_is_counted() -> None:
     gw = _Gateway(Settings(cache_shadow_concurrency=2))
     shadow = ShadowChecks(gw)  # type: ignore[arg-type]
     for i in range(3):
         await shadow.start(_Ctx(f"r{i}"), None)  # type: ignore[arg-type]
-    await _until(lambda: gw.dispatcher.opened == 2)
+    await eventually(lambda: gw.dispatcher.opened == 2, "two checks at the tier")
     assert _count(gw, "dropped") == 1  # the third found both places taken
     gw.dispatcher.release.set()
-    await _until(lambda: shadow.running == 0)
+    await eventually(lambda: shadow.running == 0, "the checks ended")
     assert _count(gw, "failed") == 2 and _count(gw, "dropped") == 1
     assert gw.cache.stored == [] and _count(gw, "checked") == 0  # nothing to compare with: nothing stored
     await shadow.start(_Ctx("r3"), None)  # type: ignore[arg-type]
-    await _until(lambda: gw.dispatcher.opened == 3)  # room again once they ended
+    await eventually(lambda: gw.dispatcher.opened == 3, "room again once they ended")
 
 
 async def test_no_check_starts_while_draining_and_shutdown_cancels_the_running_ones() -> None:
     gw = _Gateway(Settings())
     shadow = ShadowChecks(gw)  # type: ignore[arg-type]
     await shadow.start(_Ctx("r0"), None)  # type: ignore[arg-type]
-    await _until(lambda: gw.dispatcher.opened == 1)
+    await eventually(lambda: gw.dispatcher.opened == 1, "the check at the tier")
     gw.draining = True
     await shadow.start(_Ctx("r1"), None)  # type: ignore[arg-type]
     assert _count(gw, "dropped") == 1

@@ -46,7 +46,7 @@ def chromium() -> Iterator[Any]:
     driver_path = require_tool("chromedriver", install)
     # optional dependency: selenium (dev extra); without it this module still imports and the checks above run
     from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service  # optional dependency: selenium
+    from selenium.webdriver.chrome.service import Service
 
     os.environ.setdefault("SE_OFFLINE", "true")  # never let Selenium Manager look for downloads
     profile = tempfile.mkdtemp(prefix="tiergate-chromium-")
@@ -68,7 +68,7 @@ def wait_for(driver: Any, condition: Callable[[Any], Any], what: str, timeout_s:
     """Poll `condition(driver)` until it returns something truthy; fail naming `what` and showing the page."""
     # optional dependency: selenium (dev extra), as in chromium()
     from selenium.common.exceptions import TimeoutException, WebDriverException
-    from selenium.webdriver.support.ui import WebDriverWait  # optional dependency: selenium
+    from selenium.webdriver.support.ui import WebDriverWait
 
     def safe(d: Any) -> Any:
         try:

@@ -16,13 +16,23 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["Server", "cpu_seconds", "free_port", "peak_rss_mib", "tree_cpu_seconds", "tree_peak_rss_mib"]
+__all__ = ["Server", "cpu_seconds", "free_port", "peak_rss_mib", "redis_answers", "tree_cpu_seconds", "tree_peak_rss_mib"]
 
 
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def redis_answers(port: int, timeout_s: float = 0.5) -> bool:
+    """Whether a redis-server on this port answers PING now (raw RESP: no client library needed to wait)."""
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=timeout_s) as s:
+            s.sendall(b"PING\r\n")
+            return s.recv(16).startswith(b"+PONG")
+    except OSError:
+        return False
 
 
 def _read_status(pid: int, key: str) -> int:

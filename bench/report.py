@@ -18,10 +18,11 @@ import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-__all__ = ["DOCS", "RESULTS", "cpu_pressure", "machine_facts", "machine_line", "pct", "publish", "write_section"]
+__all__ = ["DOCS", "REPO", "RESULTS", "cpu_pressure", "machine_facts", "machine_line", "pct", "publish", "write_section"]
 
-DOCS = Path(__file__).resolve().parent.parent / "docs" / "benchmarks.md"
-RESULTS = Path(__file__).resolve().parent / "results"
+REPO = Path(__file__).resolve().parent.parent  # the source tree: benchmarks read policies and models from it
+DOCS = REPO / "docs" / "benchmarks.md"
+RESULTS = REPO / "bench" / "results"
 
 # The flags that decide which ggml / torch kernels run, out of the dozens /proc/cpuinfo lists.
 _FLAGS = ("sse4_2", "avx", "avx2", "fma", "f16c", "bmi2", "avx512f", "avx512bw", "avx512_vnni", "avx_vnni", "amx_tile")

@@ -9,7 +9,6 @@ longest does not make short prompts pay for a long one.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -19,6 +18,7 @@ import numpy as np
 
 from cache.embedder import Embedding, OnnxEmbedder
 from cache.metrics import CacheMetrics
+from core.tasks import cancel_and_wait
 
 __all__ = ["EmbeddingBatcher", "Vector"]
 
@@ -47,11 +47,8 @@ class EmbeddingBatcher:
             self._task = asyncio.create_task(self._run(), name="tiergate-embed-batcher")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await cancel_and_wait(self._task)
+        self._task = None
         if self._queue is not None:
             while not self._queue.empty():
                 _, fut = self._queue.get_nowait()

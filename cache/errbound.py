@@ -52,6 +52,7 @@ import structlog
 
 from cache.metrics import CacheMetrics
 from cache.settings import CacheSettings
+from core.tasks import cancel_and_wait
 
 if TYPE_CHECKING:
     from cache.shared import SharedState
@@ -186,11 +187,8 @@ class ErrorBound:
             self._task = asyncio.create_task(self._run(), name="tiergate-cache-errbound")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await cancel_and_wait(self._task)
+        self._task = None
         with contextlib.suppress(Exception):
             async with asyncio.timeout(2.0):
                 await self.sync()  # hand over what this process learnt

@@ -18,7 +18,6 @@ request goes upstream) and a metric. Invalidation is an admin operation and does
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -39,6 +38,7 @@ from cache.shared import MemoryShared, SharedState
 from cache.store import Store, StoreUnavailable
 from cache.types import CachedAnswer, CacheEntry, CacheHit
 from cache.verify import Feedback, LookupResult, Verifier
+from core.tasks import cancel_and_wait
 
 if TYPE_CHECKING:
     from core.types import CacheRule
@@ -88,11 +88,8 @@ class SemanticCache:
             self._sweeper = asyncio.create_task(self._sweep(), name="tiergate-cache-sweeper")
 
     async def stop(self) -> None:
-        if self._sweeper is not None:
-            self._sweeper.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._sweeper
-            self._sweeper = None
+        await cancel_and_wait(self._sweeper)
+        self._sweeper = None
         await self.verifier.stop()
         await self.backend.stop()
         if self.batcher is not None:

@@ -15,7 +15,6 @@ vLLM server saturated by traffic answers /metrics late and must not flap out of 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import socket
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -32,6 +31,7 @@ from cloud_pool.probe import Unhealthy, probe
 from cloud_pool.selection import Selector, Strategy
 from cloud_pool.vllm_metrics import Rates, VllmMetrics, Window
 from core.pool import Endpoint, context_mismatch
+from core.tasks import cancel_and_wait
 
 if TYPE_CHECKING:
     from core.types import Features
@@ -206,11 +206,8 @@ class CloudPool:
 
     async def stop(self) -> None:
         self._stopping = True
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await cancel_and_wait(self._task)
+        self._task = None
         if self._session is not None:
             await self._session.close()
             self._session = None

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import aiohttp
 import structlog
 
+from core.tasks import cancel_and_wait
 from edge_node.engine import EngineStats
 
 __all__ = ["NodeIdentity", "Registrar"]
@@ -95,11 +96,7 @@ class Registrar:
             self._task = asyncio.create_task(self._loop(), name="edge-heartbeat")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._task
-            self._task = None
+        await self._stop_heartbeat()
         if self._session is not None:
             await self._session.close()
             self._session = None
@@ -145,13 +142,14 @@ class Registrar:
                 self._failed(f"{type(e).__name__}: {e}")
             await asyncio.sleep(self.next_delay())
 
+    async def _stop_heartbeat(self) -> None:
+        with contextlib.suppress(Exception):  # a heartbeat loop that failed is stopped all the same
+            await cancel_and_wait(self._task)
+        self._task = None
+
     async def deregister(self) -> bool:
         """Stop heartbeating and ask the gateway to forget this node (bounded by the timeout)."""
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._task
-            self._task = None
+        await self._stop_heartbeat()
         if self._session is None:
             return False
         try:

@@ -30,7 +30,6 @@ import asyncio
 import json
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -40,14 +39,13 @@ from bench.cache.calibrate import labelled, score
 from bench.cache.e2e import render as e2e_render
 from bench.cache.e2e import run as run_e2e
 from bench.cache.pairs import load_pairs, split
-from bench.report import machine_facts, machine_line, write_section
+from bench.report import REPO, RESULTS, machine_facts, machine_line, write_section
 from cache import build_cache
 from cache.embedder import OnnxEmbedder
 from cache.export import default_embedder_dir
 from cache.settings import DEFAULT_THRESHOLD
 from core.types import CacheRule
 
-REPO = Path(__file__).resolve().parents[2]
 DOCS = REPO / "docs" / "benchmarks.md"
 HEADING = "## Semantic cache (bench/cache)"
 PROMPT = ("Can you explain in simple terms how a neural network learns from the examples it sees during "
@@ -177,7 +175,7 @@ def main() -> None:
     ap.add_argument("--write-docs", action="store_true", help="replace this benchmark's section of docs/benchmarks.md")
     ap.add_argument("--render", action="store_true", help="re-render the last results (bench/results/cache.json)")
     args = ap.parse_args()
-    results_file = REPO / "bench" / "results" / "cache.json"
+    results_file = RESULTS / "cache.json"
     last = json.loads(results_file.read_text()) if results_file.is_file() else {}
     if args.render:
         section = render(last)

@@ -30,12 +30,12 @@ from bench.cache.calibrate import labelled
 from bench.cache.ceiling import frontier, table
 from bench.cache.errbound import BOUNDS
 from bench.cache.pairs import DEFAULT_PAIRS, load_pairs, split
-from bench.report import machine_facts, machine_line
+from bench.report import RESULTS, machine_facts, machine_line
 from cache.errbound import FLOOR
 from cache.export import default_embedder_dir
 
 RECALL = 0.40
-RESULTS = Path(__file__).resolve().parents[1] / "results" / "cache_cross_encoder.json"
+RESULT_FILE = RESULTS / "cache_cross_encoder.json"
 
 
 def threshold_for_recall(scores: np.ndarray, y: np.ndarray, recall: float) -> float:
@@ -168,7 +168,7 @@ def main() -> None:
               "command": "python -m bench.cache.cross_encoder", "when": time.strftime("%Y-%m-%d"),
               "machine": {"start": machine, "end": machine_facts()}}
     (Path(args.out) / "report.json").write_text(json.dumps(report, indent=2))
-    RESULTS.write_text(json.dumps(report, indent=1) + "\n")
+    RESULT_FILE.write_text(json.dumps(report, indent=1) + "\n")
     print("| verifier | held-out AP | precision / recall at the threshold chosen for recall 0.40 "
           "| best precision at recall >= 0.40 |\n|---|---|---|---|")
     for r in rows:

@@ -25,7 +25,6 @@ import json
 import os
 import re
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -41,7 +40,7 @@ import httpx
 import numpy as np
 
 from bench.cache.pairs import load_pairs
-from bench.procs import Server, free_port, peak_rss_mib, redis_binary
+from bench.procs import Server, free_port, peak_rss_mib, redis_answers, redis_binary
 from cache import build_cache
 from cache.export import default_embedder_dir, is_complete
 from cache.guards import signature, veto
@@ -49,7 +48,6 @@ from cache.keys import normalize_text
 from cache.settings import DEFAULT_GUARDS, DEFAULT_THRESHOLD
 from core.types import CacheRule
 
-REPO = Path(__file__).resolve().parents[2]
 KEY = "tg-bench-cache-key"
 TENANT = "bench"
 MODEL = "tiergate-edge"
@@ -141,13 +139,9 @@ def redis_server(version: str = "redis7") -> Iterator[tuple[str, int]]:
 def wait_redis(port: int) -> None:
     deadline = time.monotonic() + 15
     while time.monotonic() < deadline:
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.5) as s:
-                s.sendall(b"PING\r\n")
-                if s.recv(16).startswith(b"+PONG"):
-                    return
-        except OSError:
-            time.sleep(0.05)
+        if redis_answers(port):
+            return
+        time.sleep(0.05)
     raise RuntimeError("redis-server did not start")
 
 

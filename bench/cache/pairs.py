@@ -15,10 +15,10 @@ from pathlib import Path
 
 import numpy as np
 
+from bench.report import REPO
 from cache.embedder import OnnxEmbedder
 from cache.export import default_embedder_dir
 
-REPO = Path(__file__).resolve().parents[2]
 _RELATIVE = Path("shared") / "data" / "cache" / "qqp_pairs_dev.jsonl"
 # ../shared/... next to the checkout; from a git worktree (one more level down) the nearest such folder above it.
 DEFAULT_PAIRS = next((p / _RELATIVE for p in REPO.parents if (p / _RELATIVE).is_file()), REPO.parent / _RELATIVE)

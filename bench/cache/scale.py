@@ -46,6 +46,7 @@ from prometheus_client import CollectorRegistry
 from bench.cache.e2e import POLICY
 from bench.cache.efsweep import sweep
 from bench.procs import Server, cpu_seconds, free_port, peak_rss_mib, redis_binary
+from bench.report import REPO
 from cache import CacheSettings, SemanticCache
 from cache.batcher import EmbeddingBatcher, Vector
 from cache.embedder import OnnxEmbedder
@@ -62,7 +63,6 @@ from cache.types import CachedAnswer, CacheEntry
 from core.types import CacheRule
 from core.wire import ChatRequest, Message
 
-REPO = Path(__file__).resolve().parents[2]
 SNAPSHOTS = REPO / ".tiergate" / "bench" / "cache"
 FILL_VERSION = "f1"  # bump when the generator or the layout of a fill changes: old snapshots are not reused
 SCALES = {"10k": 10_000, "100k": 100_000, "1m": 1_000_000}

@@ -36,10 +36,8 @@ from bench.cascade.runner import Answer, ask, ask_all
 from bench.cascade.signals import FIRST_K, answer_signals, prompt_features
 from bench.cascade.tasks import DEFAULT_N, MMLU_FILE, TASKS, Item, make_items
 from bench.procs import Server, free_port, peak_rss_mib
-from bench.report import write_section
+from bench.report import REPO, RESULTS, write_section
 
-REPO = Path(__file__).resolve().parents[2]
-RESULTS = REPO / "bench" / "results"
 EDGE_ARGS = ["--threads", "1", "--parallel", "2", "--ctx", "2048"]
 FIRST_K_SAMPLE = 5  # questions per task measured again with max_tokens = k
 

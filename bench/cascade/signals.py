@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from bench.cascade.runner import Answer
+from bench.report import REPO
 from core.types import Priority
 from core.wire import decode_chat
 from policies.classify import Classifier
@@ -37,7 +38,7 @@ DESIGN: dict[str, str] = {
     "finished (not cut)": "hold",
     "prompt tokens": "prompt", "complexity": "prompt",
 }
-DEFAULT_POLICY = Path(__file__).resolve().parents[2] / "policies" / "default.yaml"
+DEFAULT_POLICY = REPO / "policies" / "default.yaml"
 
 
 def _cut(a: Answer) -> bool:

@@ -25,13 +25,13 @@ from pathlib import Path
 
 from bench.cascade.capitals import CAPITALS
 from bench.cascade.check import EntityIndex, entity_right, letter_right, number_right
+from bench.report import REPO
 
 __all__ = ["DEFAULT_N", "MMLU_FILE", "TASKS", "Item", "make_items"]
 
-_REPO = Path(__file__).resolve().parents[2]
 # ../shared beside the checkout; a git worktree one level deeper (wt/NAME) finds the same folder one level up.
-MMLU_FILE = next((p for p in (_REPO.parent / "shared", _REPO.parent.parent / "shared") if p.is_dir()),
-                 _REPO.parent / "shared") / "data" / "routing" / "mmlu_gold_dev.jsonl"
+MMLU_FILE = next((p for p in (REPO.parent / "shared", REPO.parent.parent / "shared") if p.is_dir()),
+                 REPO.parent / "shared") / "data" / "routing" / "mmlu_gold_dev.jsonl"
 
 # Task name -> default number of questions (capped by how many distinct ones exist).
 DEFAULT_N: dict[str, int] = {

@@ -28,17 +28,15 @@ import shlex
 import sys
 import time
 from collections import Counter
-from pathlib import Path
 
 from bench.chaos.load import Result, run_load
 from bench.chaos.stack import KEY, Stack, build_vllm_model
-from bench.report import write_section
+from bench.report import REPO, RESULTS, write_section
 from core.paths import tiergate_home
 from gateway.demo import prepare
 
-REPO = Path(__file__).resolve().parents[2]
 WORK = REPO / ".tiergate" / "bench" / "chaos"
-RESULTS = REPO / "bench" / "results" / "chaos-bench.json"
+RESULT_FILE = RESULTS / "chaos-bench.json"
 DOCS = REPO / "docs" / "reliability.md"
 SECTION = "## Faults under load (bench/chaos)"
 # (start, end) in seconds of the chaos run: the window whose requests each figure describes
@@ -196,8 +194,8 @@ def main() -> int:
     finally:
         stack.stop()
     out = report(args, rate, steps, results, fired, stack, time.monotonic() - started)
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(out, indent=1) + "\n")
+    RESULT_FILE.parent.mkdir(parents=True, exist_ok=True)
+    RESULT_FILE.write_text(json.dumps(out, indent=1) + "\n")
     text = markdown(out)
     print(text)
     if args.write_docs:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -19,7 +18,8 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bench.procs import Server, free_port, peak_rss_mib
+from bench.procs import Server, free_port, peak_rss_mib, redis_answers
+from bench.report import REPO
 from cloud_pool.process import VllmProcess
 from cloud_pool.spec import VllmSpec
 from cloud_pool.vllm_env import missing_reason, vllm_python
@@ -27,7 +27,6 @@ from edge_node.packaged import packaged_path
 
 __all__ = ["KEY", "Stack"]
 
-REPO = Path(__file__).resolve().parents[2]
 KEY = "chaos-bench-key-1"
 CLOUD_MODEL = "tiergate-cloud-bench"
 
@@ -185,12 +184,7 @@ class Stack:
             return 0
 
     def _redis_up(self) -> bool:
-        try:
-            with socket.create_connection(("127.0.0.1", self.redis_port), timeout=1) as s:
-                s.sendall(b"PING\r\n")
-                return s.recv(16).startswith(b"+PONG")
-        except OSError:
-            return False
+        return redis_answers(self.redis_port, timeout_s=1)
 
     @staticmethod
     def _wait(pred, timeout_s: float, what: str) -> None:

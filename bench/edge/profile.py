@@ -25,7 +25,7 @@ from pathlib import Path
 from bench.anchors import ensure_venv
 from bench.edge.client import run_round
 from bench.edge.servers import MODELS, banned_tokens, base_url, make_servers, resolve_model
-from bench.report import RESULTS, machine_facts
+from bench.report import REPO, RESULTS, machine_facts
 from bench.versions import PY_SPY, TOOLS_VENV
 
 __all__ = ["categorise"]
@@ -40,7 +40,7 @@ _RULES = (
 )
 def _decode_line() -> str:
     """The frame py-spy shows while the engine is inside llama_decode (the call's line in edge_node/batch.py)."""
-    lines = (Path(__file__).resolve().parents[2] / "edge_node" / "batch.py").read_text().splitlines()
+    lines = (REPO / "edge_node" / "batch.py").read_text().splitlines()
     n = next(i for i, ln in enumerate(lines, 1) if "llama_decode(" in ln and "rc =" in ln)
     return f"DecodeStep.run (edge_node/batch.py:{n})"
 

@@ -31,12 +31,11 @@ from pathlib import Path
 from bench.fuzz.cases import MUTATORS, SURFACES, Target, generate
 from bench.fuzz.client import UVICORN_400, Result, send
 from bench.procs import Server, free_port, peak_rss_mib
-from bench.report import write_section
+from bench.report import REPO, RESULTS, write_section
 
-REPO = Path(__file__).resolve().parents[2]
 DOCS = REPO / "docs" / "reliability.md"
 SECTION = "## Byte-level fuzzing (bench/fuzz)"
-RESULTS = REPO / "bench" / "results" / "fuzz.json"
+RESULT_FILE = RESULTS / "fuzz.json"
 WORK = REPO / ".tiergate" / "bench" / "fuzz"
 MODEL_DIR = REPO / ".tiergate" / "bench" / "load-tiny"
 API_KEY, ADMIN_KEY, EDGE_TOKEN = "fuzz-api-key-1", "fuzz-admin-key-1", "fuzz-edge-token-1"
@@ -218,9 +217,9 @@ def main() -> int:
            "machine": f"{platform.machine()}, {os.cpu_count()} CPUs", "load_average": round(load, 2),
            "seed": args.seed, "cases_per_surface": args.cases, "concurrency": args.concurrency,
            "timeout_s": args.timeout, "surfaces": surfaces, "peak_rss_mib": {k: round(v, 1) for k, v in rss.items()}}
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(out, indent=1) + "\n")
-    print(f"results: {RESULTS}")
+    RESULT_FILE.parent.mkdir(parents=True, exist_ok=True)
+    RESULT_FILE.write_text(json.dumps(out, indent=1) + "\n")
+    print(f"results: {RESULT_FILE}")
     if args.write_docs:
         write_section(SECTION, docs_table(out), DOCS)
         print(f"wrote the table to {DOCS}")

@@ -47,13 +47,12 @@ import aiohttp
 import uvloop
 
 from bench.procs import Server, cpu_seconds, free_port, peak_rss_mib
-from bench.report import write_section
+from bench.report import REPO, RESULTS, write_section
 from edge_node.demo_model import build_demo_model
 
-REPO = Path(__file__).resolve().parents[2]
 DOCS = REPO / "docs" / "benchmarks.md"
 SECTION = "## Load (bench/load)"
-RESULTS = REPO / "bench" / "results" / "load.json"
+RESULT_FILE = RESULTS / "load.json"
 WORK = REPO / ".tiergate" / "bench" / "load"
 MODEL_DIR = REPO / ".tiergate" / "bench" / "load-tiny"
 KEY = "load-key-123456"
@@ -371,8 +370,8 @@ def main() -> None:
                     help="only render the docs section again from bench/results/load.json (no run)")
     args = ap.parse_args()
     if args.docs_only:
-        write_docs(markdown(json.loads(RESULTS.read_text())))
-        print(f"wrote the {SECTION!r} section of {DOCS} from {RESULTS}")
+        write_docs(markdown(json.loads(RESULT_FILE.read_text())))
+        print(f"wrote the {SECTION!r} section of {DOCS} from {RESULT_FILE}")
         return
     args._load_at_start = " / ".join(f"{x:.1f}" for x in os.getloadavg())
     cmd = ".venv/bin/python -m bench.load " + " ".join(shlex.quote(a) for a in sys.argv[1:])
@@ -413,8 +412,8 @@ def main() -> None:
     finally:
         for s in procs.values():
             s.stop()
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(result, indent=2) + "\n")
+    RESULT_FILE.parent.mkdir(parents=True, exist_ok=True)
+    RESULT_FILE.write_text(json.dumps(result, indent=2) + "\n")
     body = markdown(result)
     print(body)
     if args.write_docs:

@@ -24,10 +24,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.report import write_section
+from bench.report import REPO, RESULTS, write_section
 
-REPO = Path(__file__).resolve().parents[2]
-RESULTS = REPO / "bench" / "results" / "tracing-overhead.json"
+RESULT_FILE = RESULTS / "tracing-overhead.json"
 SECTION = "## Tracing overhead (bench/overhead/tracing)"
 _LINE = re.compile(r"best wall (?P<wall>[\d.]+) ms/request, best CPU (?P<cpu>[\d.]+) ms/request; .* p50 of the last "
                    r"batch (?P<own>[\d.]+) ms")
@@ -75,8 +74,8 @@ def main() -> int:
            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "load_average": round(load, 2),
            "machine": f"{platform.machine()}, {os.cpu_count()} CPUs", "rounds": args.rounds, "best": best,
            "runs": runs, "spans_exported": n_spans}
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(out, indent=1) + "\n")
+    RESULT_FILE.parent.mkdir(parents=True, exist_ok=True)
+    RESULT_FILE.write_text(json.dumps(out, indent=1) + "\n")
     rows = "\n".join(f"| {name} | {b['cpu_ms']:.3f} | {b['wall_ms']:.3f} | {b['own_ms']:.3f} | {b['peak_rss_mib']:.0f} |"
                      for name, b in best.items())
     off, on = best["off"], best["on (file export)"]

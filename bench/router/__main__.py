@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from bench.report import write_section
+from bench.report import REPO, RESULTS, write_section
 from bench.router import latency, loso, traffic
 from bench.router.report import HEADING, markdown
 from bench.versions import LITELLM as LITELLM_VERSION
@@ -42,7 +42,7 @@ from complexity.model import DEFAULT_MODEL_FILE, ComplexityModel
 from complexity.select import GRID
 from complexity.train import one_blas_thread
 
-REPO = Path(__file__).resolve().parents[2]
+
 def _shared_routing_data() -> Path:
     """../shared/data/routing beside the checkout; from a git worktree, beside the main checkout."""
     here = REPO.parent / "shared" / "data" / "routing"
@@ -54,7 +54,7 @@ def _shared_routing_data() -> Path:
 
 
 DATA = _shared_routing_data()
-RESULTS = REPO / "bench" / "results" / "router.json"
+RESULT_FILE = RESULTS / "router.json"
 DOCS = REPO / "docs" / "benchmarks.md"
 LITELLM_VENV = REPO / ".venv-litellm"
 
@@ -144,7 +144,7 @@ def main() -> None:
     ap.add_argument("--boot", type=int, default=2000, help="bootstrap resamples")
     ap.add_argument("--latency-prompts", type=int, default=2000)
     ap.add_argument("--skip-litellm", action="store_true")
-    ap.add_argument("--json", type=Path, default=RESULTS, help="where to write the raw results")
+    ap.add_argument("--json", type=Path, default=RESULT_FILE, help="where to write the raw results")
     ap.add_argument("--from-json", type=Path, help="re-render an earlier run's results, no measuring")
     ap.add_argument("--write-traffic", type=Path, help="also write the mixed traffic (JSON lines with `source`)")
     ap.add_argument("--write-docs", action="store_true", help=f"replace the '{HEADING}' section of {DOCS}")

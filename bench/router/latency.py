@@ -17,9 +17,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-__all__ = ["measure"]
+from bench.report import REPO
 
-REPO = Path(__file__).resolve().parents[2]
+__all__ = ["measure"]
 
 CHILD = """
 import json, sys, time

@@ -12,6 +12,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from bench.report import REPO
 from complexity.train import Labelled
 from policies.cli import _classifier, _classify_line, _load  # the command's own steps, not a copy of them
 from policies.loader import DEFAULT_POLICY
@@ -37,5 +38,5 @@ def simulate_default(data: Labelled, policy_file: Path = DEFAULT_POLICY, write: 
         _, f, d = _classify_line(clf, loaded.engine, obj)
         sim.row(f, d, obj["source"])
     totals = sim.totals()
-    return {"policy": str(policy_file.relative_to(Path(__file__).resolve().parents[2])),
+    return {"policy": str(policy_file.relative_to(REPO)),
             "tokenizer_used": clf.counter_for(loaded.policy).spec_used, "totals": totals}

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -25,6 +24,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from bench.procs import free_port
 from edge_node.demo_model import build_demo_model
 from tests.support.require import skip_or_fail
 from tests.support.waiting import wait_until
@@ -41,12 +41,6 @@ __all__ = [
 ]
 
 START_TIMEOUT_S = 120.0
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def parse_metrics(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -116,7 +110,7 @@ def start_edge_node(
     wait: bool = True,
 ) -> Iterator[EdgeProcess]:
     """Run `edge-node serve --model MODEL` on 127.0.0.1 until the block ends."""
-    port = port or _free_port()
+    port = port or free_port()
     args = [sys.executable, "-m", "edge_node", "serve", "--model", str(model), "--host", "127.0.0.1",
             "--port", str(port), "--threads", "1", "--log-format", "json", *extra_args]
     log_path = workdir / f"edge-{port}.log"

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import time
 from collections.abc import Iterator
@@ -25,6 +24,7 @@ from pathlib import Path
 import pytest
 import redis
 
+from bench.procs import redis_answers
 from tests.support.servers import free_port
 from tests.support.tools import require_tool
 
@@ -104,12 +104,7 @@ class RedisServer:
         self._proc = None
 
     def _ping(self) -> bool:
-        try:
-            with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as s:
-                s.sendall(b"PING\r\n")
-                return s.recv(16).startswith(b"+PONG")
-        except OSError:
-            return False
+        return redis_answers(self.port)
 
 
 def _state(pid: int) -> str:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import socket
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -13,15 +12,10 @@ import httpx
 import uvicorn
 from aiohttp import web
 
+from bench.procs import free_port  # one helper for the benchmarks and the tests; re-exported here
 from tests.support.waiting import wait_until
 
 __all__ = ["ThreadedAiohttp", "ThreadedGateway", "aiohttp_server", "free_port", "gateway_server"]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclass

@@ -23,6 +23,7 @@ from cache.embedder import EmbedderError, OnnxEmbedder
 from cache.index import VectorIndex
 from cache.judge import HttpJudge, Judge
 from cache.metrics import CacheMetrics, default_metrics
+from cache.pairscore import PairScorer, VerifierError
 from cache.redis_store import RedisStore
 from cache.semantic import Feedback, LookupResult, PairScore, SemanticCache
 from cache.settings import DEFAULT_GUARDS, DEFAULT_THRESHOLD, CacheSettings
@@ -46,6 +47,7 @@ __all__ = [
     "PairScore",
     "SemanticCache",
     "StoreUnavailable",
+    "VerifierError",
     "build_cache",
 ]
 
@@ -60,6 +62,8 @@ def build_cache(
     metrics: CacheMetrics | None = None,
     embedder: OnnxEmbedder | None = None,
     judge: Judge | None = None,
+    verifier_path: str | os.PathLike[str] | None = None,
+    pair_scorer: PairScorer | None = None,
 ) -> SemanticCache:
     """A cache on Redis (shared by replicas) or in process (redis_url None).
 
@@ -68,6 +72,9 @@ def build_cache(
     be loaded raises `EmbedderError` with what to do, so a misconfigured gateway fails at start-up, not later.
     Pass `embedder` to share one loaded model between caches (tests, benchmarks), and `judge` to compare answers
     for error-bounded rules with something else than the embedder (`HttpJudge`: an operator's model).
+    `verifier_path`: a folder written by `tiergate cache train-verifier`; error-bounded rules then decide on its
+    bound score instead of the cosine (`cache.pairscore`). One that cannot be loaded raises `VerifierError`.
+    Pass `pair_scorer` to use one already loaded (tests, benchmarks).
     """
     settings = settings or CacheSettings()
     metrics = metrics or default_metrics()
@@ -79,10 +86,13 @@ def build_cache(
         EmbeddingBatcher(embedder, metrics, linger_ms=settings.embed_linger_ms, max_batch=settings.embed_max_batch)
         if embedder is not None else None
     )
+    scorer = PairScorer.load(Path(verifier_path)) if verifier_path is not None else pair_scorer
+    if verifier_path is not None:
+        log.info("cache_verifier_loaded", path=str(verifier_path), members=scorer.members)
     index = VectorIndex(embedder.dim if embedder is not None else 384, hnsw_at=settings.hnsw_at)
     if redis_url:
         store = RedisStore(redis_url, index, settings, metrics)
         return SemanticCache(store, batcher, settings=settings, metrics=metrics, shared=RedisShared(store),
-                             judge=judge)
+                             judge=judge, pair_scorer=scorer)
     memory = MemoryStore(index, max_entries=settings.max_entries)
-    return SemanticCache(memory, batcher, settings=settings, metrics=metrics, judge=judge)
+    return SemanticCache(memory, batcher, settings=settings, metrics=metrics, judge=judge, pair_scorer=scorer)

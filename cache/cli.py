@@ -1,4 +1,5 @@
-"""`tiergate cache ...`: score question pairs, invalidate entries, seed an error bound, export the embedder."""
+"""`tiergate cache ...`: score question pairs, invalidate entries, seed an error bound, export the embedder,
+train the error bound's cross-encoder verifier."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Annotated, Any, TextIO
 
+import numpy as np
 import typer
 from prometheus_client import CollectorRegistry
 
@@ -19,10 +21,12 @@ from cache.embedder import EmbedderError
 from cache.export import default_embedder_dir, export_embedder
 from cache.index import VectorIndex
 from cache.metrics import CacheMetrics
+from cache.pairscore import PairScorer, VerifierError
 from cache.redis_store import RedisStore
 from cache.semantic import SemanticCache
 from cache.settings import DEFAULT_THRESHOLD, CacheSettings
 from cache.store import StoreUnavailable
+from core.paths import tiergate_home
 from core.types import CacheRule, Features, Priority
 from policies.engine import PolicyEngine
 from policies.loader import DEFAULT_POLICY, load_policy
@@ -30,8 +34,8 @@ from policies.loader import DEFAULT_POLICY, load_policy
 __all__ = ["cache_app"]
 
 cache_app = typer.Typer(no_args_is_help=True, add_completion=False,
-                        help="Semantic cache tools: score pairs, invalidate, seed an error bound, export the "
-                             "embedder.")
+                        help="Semantic cache tools: score pairs, invalidate, seed an error bound, train its "
+                             "verifier, export the embedder.")
 
 _CHUNK = 256  # pairs embedded together
 
@@ -208,6 +212,9 @@ def seed_bound(
     redis: Annotated[str | None, typer.Option(help="Redis URL (default: TIERGATE_REDIS_URL).")] = None,
     embedder: Annotated[Path | None, typer.Option(help="ONNX embedder dir (default: TIERGATE_EMBEDDER or "
                                                        ".tiergate/embedder).")] = None,
+    verifier: Annotated[Path | None, typer.Option(help="The gateway's cross-encoder verifier folder "
+                                                       "(TIERGATE_CACHE_VERIFIER): count the pairs at its bound "
+                                                       "score, as the gateway decides.")] = None,
 ) -> None:
     """Count labelled pairs as evidence for a tenant's error-bounded hits (`max_false_hit_rate`): each pair the
     guards let through is one lookup at its cosine and word overlap, right when `duplicate`. A bounded rule then
@@ -224,8 +231,98 @@ def seed_bound(
         typer.echo("error: no Redis configured (--redis or TIERGATE_REDIS_URL): the evidence is shared there",
                    err=True)
         raise typer.Exit(2)
+    pairs, labels = _read_labelled(file)
+
+    async def run() -> dict[str, Any]:
+        scorer = build_cache(None, _embedder_dir(embedder))
+        await scorer.start()
+        try:
+            scores = await scorer.score_many(pairs, CacheRule(threshold=FLOOR))
+        finally:
+            await scorer.stop()
+        keep = [i for i, s in enumerate(scores) if s.hit]  # at or above the floor, and no guard vetoes
+        axis, scoped = [scores[i].similarity for i in keep], tenant
+        if verifier is not None:  # the gateway keeps this verifier's evidence under its own name (cache.verify)
+            axis, name = _bound_scores(verifier, [pairs[i] for i in keep], axis)
+            scoped = f"{tenant}@{name}"
+        metrics = CacheMetrics(CollectorRegistry())
+        settings = CacheSettings()
+        store = RedisStore(url, VectorIndex(384), settings, metrics)
+        await store.start_admin()
+        try:
+            bound = ErrorBound(RedisShared(store), settings, metrics)
+            bound.seed(scoped, axis, [scores[i].overlap for i in keep],
+                       [not labels[i] for i in keep])
+            await bound.sync()
+            cutoffs = {f"{d:g}": bound.cutoffs(scoped, d).tolist() for d in (0.02, 0.05, 0.10, 0.15, 0.20)}
+        finally:
+            await store.stop()
+        return {"ok": True, "tenant": tenant, "pairs": len(pairs), "seeded": len(keep),
+                "cutoffs": {d: {g: (None if c == float("inf") else c) for g, c in zip(REGION_LABELS, cs, strict=True)}
+                            for d, cs in cutoffs.items()}}
+
+    try:
+        result = asyncio.run(run())
+    except (EmbedderError, VerifierError) as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
+    except StoreUnavailable as exc:
+        typer.echo(f"error: Redis at {url} is unavailable: {exc}", err=True)
+        raise typer.Exit(1) from None
+    typer.echo(json.dumps(result))
+
+
+@cache_app.command("train-verifier")
+def train_verifier_cmd(
+    file: Annotated[Path, typer.Argument(help='JSON lines {"a": ..., "b": ..., "duplicate": true|false}: '
+                                              'labelled pairs of your own traffic (a: cached, b: asked).')],
+    out: Annotated[Path | None, typer.Option(help="Output folder (default .tiergate/verifier).")] = None,
+    embedder: Annotated[Path | None, typer.Option(help="ONNX embedder dir (default: TIERGATE_EMBEDDER or "
+                                                       ".tiergate/embedder).")] = None,
+    epochs: Annotated[float, typer.Option(min=0.01, help="Passes over each half of the pairs.")] = 1.0,
+    seed: Annotated[int, typer.Option(help="Seeds the halves, the heads and the batches.")] = 12345,
+    quantize: Annotated[bool, typer.Option(help="int8 dynamic quantisation of the members.")] = True,
+) -> None:
+    """Train the cross-encoder verifier for error-bounded rules (needs the `export` extra: torch, transformers,
+    scikit-learn; ~4 minutes per 10,000 pairs on 2 cores). Point TIERGATE_CACHE_VERIFIER at the folder, and
+    seed the bound with `seed-bound --verifier` (docs/cache.md)."""
+    from cache.errbound import FLOOR  # start-up time: the other commands need none of it
+    from cache.keys import normalize_text  # start-up time, as above
+    from cache.verifier_train import train_verifier  # optional dependency: torch, from the export extra
+
+    pairs, labels = _read_labelled(file)
+
+    async def judged() -> list[Any]:
+        scorer = build_cache(None, _embedder_dir(embedder))
+        await scorer.start()
+        try:
+            return await scorer.score_many(pairs, CacheRule(threshold=FLOOR))
+        finally:
+            await scorer.stop()
+
+    try:
+        scores = asyncio.run(judged())
+        cached, asked = [normalize_text(a) for a, _ in pairs], [normalize_text(b) for _, b in pairs]
+        judged_mask = np.array([s.hit and x != y for s, x, y in zip(scores, cached, asked, strict=True)])  # exact: no
+        res = train_verifier(cached, asked, np.array(labels), np.array([s.similarity for s in scores]), judged_mask,
+                             out or tiergate_home() / "verifier",
+                             epochs=epochs, seed=seed, quantize=quantize,
+                             progress=lambda msg: typer.echo(f"==> {msg}", err=True))
+    except (EmbedderError, ValueError) as exc:
+        typer.echo(f"error: {file}: {exc}", err=True)
+        raise typer.Exit(2) from None
+    typer.echo(json.dumps({"ok": True, "path": str(res.path), "pairs": res.pairs, "judged": res.scored,
+                           "seconds": round(res.seconds, 1)}))
+
+
+def _read_labelled(file: Path) -> tuple[list[tuple[str, str]], list[bool]]:
     pairs, labels = [], []
-    with file.open(encoding="utf-8", errors="replace") as f:
+    try:
+        f = file.open(encoding="utf-8", errors="replace")
+    except OSError as exc:
+        typer.echo(f"error: {file}: {exc.strerror}", err=True)
+        raise typer.Exit(2) from None
+    with f:
         for n, line in enumerate(f, 1):
             if not line.strip():
                 continue
@@ -237,37 +334,24 @@ def seed_bound(
                 typer.echo(f"error: {file}:{n}: expected {{\"a\": ..., \"b\": ..., \"duplicate\": true|false}}",
                            err=True)
                 raise typer.Exit(2) from None
+    return pairs, labels
 
-    async def run() -> dict[str, Any]:
-        scorer = build_cache(None, _embedder_dir(embedder))
-        await scorer.start()
-        try:
-            scores = await scorer.score_many(pairs, CacheRule(threshold=FLOOR))
-        finally:
-            await scorer.stop()
-        keep = [i for i, s in enumerate(scores) if s.hit]  # at or above the floor, and no guard vetoes
-        metrics = CacheMetrics(CollectorRegistry())
-        settings = CacheSettings()
-        store = RedisStore(url, VectorIndex(384), settings, metrics)
-        await store.start_admin()
-        try:
-            bound = ErrorBound(RedisShared(store), settings, metrics)
-            bound.seed(tenant, [scores[i].similarity for i in keep], [scores[i].overlap for i in keep],
-                       [not labels[i] for i in keep])
-            await bound.sync()
-            cutoffs = {f"{d:g}": bound.cutoffs(tenant, d).tolist() for d in (0.02, 0.05, 0.10, 0.15, 0.20)}
-        finally:
-            await store.stop()
-        return {"ok": True, "tenant": tenant, "pairs": len(pairs), "seeded": len(keep),
-                "cutoffs": {d: {g: (None if c == float("inf") else c) for g, c in zip(REGION_LABELS, cs, strict=True)}
-                            for d, cs in cutoffs.items()}}
 
+def _bound_scores(folder: Path, pairs: list[tuple[str, str]], cosine: list[float]) -> tuple[list[float], str]:
+    """(the verifier's bound score of each (cached, asked) pair, its axis): for a pair it was trained on, the
+    logit of the member that did not see it (`out_of_fold.json`), as a new request would get."""
+    from cache.keys import normalize_text  # start-up time: the other commands need none of it
+    from cache.verifier_train import OUT_OF_FOLD, pair_key  # start-up time, as above (torch stays unimported)
+
+    scorer = PairScorer.load(folder)
     try:
-        result = asyncio.run(run())
-    except EmbedderError as exc:
-        typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(2) from None
-    except StoreUnavailable as exc:
-        typer.echo(f"error: Redis at {url} is unavailable: {exc}", err=True)
-        raise typer.Exit(1) from None
-    typer.echo(json.dumps(result))
+        known = json.loads((folder / OUT_OF_FOLD).read_text()) if (folder / OUT_OF_FOLD).is_file() else {}
+        texts = [(normalize_text(a), normalize_text(b)) for a, b in pairs]
+        logits = np.array([known.get(pair_key(a, b), np.nan) for a, b in texts], float)
+        fresh = np.flatnonzero(np.isnan(logits))
+        for s in range(0, len(fresh), 64):
+            part = fresh[s:s + 64]
+            logits[part] = scorer.logits([texts[i] for i in part])
+        return scorer.combination.bound_scores(np.array(cosine), logits).tolist(), scorer.axis
+    finally:
+        scorer.close()

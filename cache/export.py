@@ -33,7 +33,8 @@ from tokenizers import Tokenizer
 from cache.embedder import OnnxEmbedder
 from core.paths import tiergate_home
 
-__all__ = ["MANIFEST", "MODEL_FILE", "TOKENIZER_FILE", "ExportResult", "default_embedder_dir", "export_embedder"]
+__all__ = ["MANIFEST", "MODEL_FILE", "TOKENIZER_FILE", "ExportResult", "default_embedder_dir", "export_embedder",
+           "known_noise_to", "quantize_int8"]
 
 MODEL_FILE = "model.onnx"
 TOKENIZER_FILE = "tokenizer.json"
@@ -115,7 +116,7 @@ def export_embedder(
         if quantize:
             progress("quantising to int8 (dynamic, per channel)")
             final = work / "model_int8.onnx"
-            _quantize(fp32, final)
+            quantize_int8(fp32, final)
         os.replace(final, work / MODEL_FILE)
         for leftover in work.glob("model_*.onnx*"):
             leftover.unlink()
@@ -252,7 +253,7 @@ def _export_onnx(model, pooling: str, path: Path) -> None:  # type: ignore[no-un
         )
 
 
-def _quantize(src: Path, dst: Path) -> None:
+def quantize_int8(src: Path, dst: Path) -> None:
     import onnx  # optional dependency: the export extra
     from onnxruntime.quantization import QuantType, quantize_dynamic  # start-up time: export only
 

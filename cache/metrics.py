@@ -38,6 +38,9 @@ class CacheMetrics:
                                          buckets=(1, 2, 4, 8, 16, 32, 64), registry=r)
         self.lookup_seconds = Histogram(p + "lookup_seconds", "Whole lookup time, embedding included",
                                         ["result"], buckets=_LATENCY_BUCKETS, registry=r)
+        self.verifier_seconds = Histogram(p + "verifier_seconds", "Time the cross-encoder verifier took to score "
+                                          "one semantic candidate of an error-bounded rule",
+                                          buckets=_LATENCY_BUCKETS, registry=r)
         self.entries = Gauge(p + "entries", "Entries in this process's index (redis-vectorset: in Redis)", registry=r)
         self.redis_up = Gauge(p + "redis_up", "1 when the cache's Redis answered its last command", registry=r)
         self.store_kind = Gauge(p + "store", "1 for the Redis layout serving (redis-vectorset, redis-stream)",
@@ -47,8 +50,9 @@ class CacheMetrics:
                                      "sampled would-be hit sent to the tier), judge (a near miss), feedback "
                                      "(reported by a client); result right or wrong", ["tenant", "source", "result"],
                                      registry=r)
-        self.cutoff = Gauge(p + "semantic_cutoff", "Certified cosine cutoff per tenant, false-hit bound and word "
-                            "overlap region (its lower edge; +Inf: not enough evidence yet, no semantic hits)",
+        self.cutoff = Gauge(p + "semantic_cutoff", "Certified cutoff per tenant, false-hit bound and word overlap "
+                            "region (its lower edge; +Inf: not enough evidence yet, no semantic hits): a cosine, or "
+                            "with a verifier a bound score (tenant <name>@v<verifier digest>)",
                             ["tenant", "bound", "overlap"], registry=r)
         self.false_hit_rate = Gauge(p + "false_hit_rate", "Estimated false-hit rate of the semantic hits served "
                                     "at the cutoff (point and 95% upper bound)", ["tenant", "bound", "estimate"],

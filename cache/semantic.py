@@ -41,6 +41,7 @@ from cache.verify import Feedback, LookupResult, Verifier
 from core.tasks import cancel_and_wait
 
 if TYPE_CHECKING:
+    from cache.pairscore import PairScorer
     from core.types import CacheRule
     from core.wire import ParsedRequest
 
@@ -63,7 +64,8 @@ class PairScore:
 class SemanticCache:
     def __init__(self, store: Store, batcher: EmbeddingBatcher | None, *,
                  settings: CacheSettings | None = None, metrics: CacheMetrics | None = None,
-                 shared: SharedState | None = None, judge: Judge | None = None) -> None:
+                 shared: SharedState | None = None, judge: Judge | None = None,
+                 pair_scorer: PairScorer | None = None) -> None:
         self.backend = store
         self.index = store.index
         self.batcher = batcher
@@ -74,6 +76,8 @@ class SemanticCache:
                                  judge or (EmbeddingJudge(batcher, self.settings.judge_threshold) if batcher else None),
                                  self.settings, self.metrics)
         self.errbound = self.verifier.errbound
+        self.pair_scorer = pair_scorer  # error-bounded rules: a cross-encoder's bound score replaces the cosine
+        self.verifier.axis = pair_scorer.axis if pair_scorer is not None else ""
         self.shared = self.verifier.shared
         self._stash: OrderedDict[str, Vector] = OrderedDict()
         self._sweeper: asyncio.Task[None] | None = None
@@ -94,6 +98,16 @@ class SemanticCache:
         await self.backend.stop()
         if self.batcher is not None:
             await self.batcher.stop()
+        if self.pair_scorer is not None:
+            self.pair_scorer.close()
+
+    def describe(self) -> dict[str, object]:
+        """What `/readyz` shows: the store serving, and the verifier when error-bounded rules use one."""
+        out = self.backend.describe()
+        if self.pair_scorer is not None:
+            out["verifier"] = {"path": str(self.pair_scorer.path), "axis": self.pair_scorer.axis,
+                               "members": self.pair_scorer.members}
+        return out
 
     # -- request path -----------------------------------------------------------------------------------
     def accepts(self, req: ParsedRequest, rule: CacheRule) -> bool:
@@ -271,12 +285,24 @@ class SemanticCache:
                     e.answer, e.max_tokens, key.max_tokens):
                 continue
             shared = round(overlap(stored, asked), 4)
-            hit = LookupResult(CacheHit(e.answer, "hit-semantic", round(sim, 4), e.id, e.namespace, shared),
-                               "hit-semantic", key=key)
             if not bounded:
-                return hit
-            return await self.verifier.decide(key, e, sim, shared, rule, hit)  # the best one the guards let through
+                return LookupResult(CacheHit(e.answer, "hit-semantic", round(sim, 4), e.id, e.namespace, shared),
+                                    "hit-semantic", key=key)
+            score = await self._bound_score(sim, e.text, key.text)
+            hit = LookupResult(CacheHit(e.answer, "hit-semantic", round(sim, 4), e.id, e.namespace, shared,
+                                        None if score is None else round(score, 6)), "hit-semantic", key=key)
+            # the best one the guards let through, at its bound score (or cosine)
+            return await self.verifier.decide(key, e, sim if score is None else score, shared, rule, hit)
         return miss
+
+    async def _bound_score(self, sim: float, cached: str, asked: str) -> float | None:
+        """The verifier's bound score of a candidate, or None without a verifier (the bound uses the cosine)."""
+        if self.pair_scorer is None:
+            return None
+        started = time.perf_counter()
+        score = await self.pair_scorer.bound_score(sim, cached, asked)
+        self.metrics.verifier_seconds.observe(time.perf_counter() - started)
+        return score
 
     def _judge(self, sim: float, stored: Signature, asked: Signature, threshold: float) -> str | None:
         if sim < threshold:

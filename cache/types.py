@@ -35,6 +35,8 @@ class CacheHit(msgspec.Struct, frozen=True):
     entry_id: str = ""
     namespace: str = ""
     overlap: float = 1.0  # content words shared with the stored question (`cache.guards.overlap`)
+    # The error bound's axis when a verifier scored the pair (`cache.pairscore`); None: the bound used the cosine
+    bound_score: float | None = None
 
 
 class CacheEntry(msgspec.Struct, frozen=True):

@@ -78,6 +78,9 @@ class Verifier:
         self.judge = judge
         self.metrics = metrics
         self.errbound = ErrorBound(shared, settings, metrics)
+        # The axis the bound decides on: "" for the cosine, a verifier's id for its bound score. Evidence and
+        # entry thresholds learnt on one axis mean nothing on another, so each axis keeps its own.
+        self.axis = ""
         self._pending: OrderedDict[str, _Pending] = OrderedDict()
 
     async def start(self) -> None:
@@ -85,6 +88,10 @@ class Verifier:
 
     async def stop(self) -> None:
         await self.errbound.stop()
+
+    def scoped(self, name: str) -> str:
+        """A tenant's or an entry's name for the evidence of the current axis."""
+        return f"{name}@{self.axis}" if self.axis else name
 
     def forget(self) -> None:
         self._pending.clear()
@@ -95,16 +102,17 @@ class Verifier:
         """The error bound's verdict about the best candidate that passed the guards, at cosine `sim` and word
         overlap `overlap` (`cache.guards.overlap`)."""
         delta = float(rule.max_false_hit_rate)  # type: ignore[arg-type]
-        await self.errbound.ensure(key.tenant)
+        tenant, entry = self.scoped(key.tenant), self.scoped(e.id)
+        await self.errbound.ensure(tenant)
         own = None
-        if sim >= self.errbound.cutoff(key.tenant, delta, overlap):  # only a would-be hit needs its entry's own
-            own = await self.shared.entry_threshold(e.id)
-        verdict = self.errbound.decide(key.tenant, sim, overlap, delta, rule.verify_rate, own)
+        if sim >= self.errbound.cutoff(tenant, delta, overlap):  # only a would-be hit needs its entry's own
+            own = await self.shared.entry_threshold(entry)
+        verdict = self.errbound.decide(tenant, sim, overlap, delta, rule.verify_rate, own)
         shadow = verdict.action == "verify" and rule.verify_mode == "shadow"
         if verdict.action == "hit" or (shadow and self.judge is None):  # nothing to check it with: a plain hit
             return hit
         if verdict.action in ("verify", "judge") and self.judge is not None:
-            self._pending[key.entry_id] = _Pending(key.tenant, e.id, sim, overlap, e.answer.text, verdict.action)
+            self._pending[key.entry_id] = _Pending(tenant, entry, sim, overlap, e.answer.text, verdict.action)
             self._pending.move_to_end(key.entry_id)
             while len(self._pending) > _PENDING:
                 self._pending.popitem(last=False)
@@ -129,8 +137,9 @@ class Verifier:
     # -- feedback ----------------------------------------------------------------------------------------------
     async def served(self, request_id: str, tenant: str, hit: CacheHit) -> None:
         try:
+            axis = hit.similarity if hit.bound_score is None else hit.bound_score  # what the bound decided on
             await self.shared.remember_hit(request_id, HitRecord(tenant, hit.entry_id, hit.namespace, hit.kind,
-                                                                 hit.similarity, hit.overlap))
+                                                                 axis, hit.overlap))
         except Exception as exc:  # Redis down: this hit cannot be reported later, nothing else is lost
             self.metrics.errors.labels("remember_hit").inc()
             log.debug("cache_remember_hit_failed", error=repr(exc))
@@ -150,8 +159,9 @@ class Verifier:
         removed = await self.store.delete(record.entry_id, record.namespace or None)
         threshold = None
         if record.kind == "hit-semantic":
-            threshold = await self.shared.raise_entry_threshold(record.entry_id, record.similarity + _TIGHTEN)
-            self.errbound.record(tenant, record.similarity, record.overlap, True, "feedback")
+            threshold = await self.shared.raise_entry_threshold(self.scoped(record.entry_id),
+                                                                record.similarity + _TIGHTEN)
+            self.errbound.record(self.scoped(tenant), record.similarity, record.overlap, True, "feedback")
         self.metrics.feedback.labels("applied").inc()
         self.metrics.invalidations.labels("feedback").inc(removed)
         log.info("cache_feedback", tenant=tenant, entry=record.entry_id, kind=record.kind, removed=removed,

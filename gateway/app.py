@@ -79,7 +79,7 @@ def create_app(settings: Settings | None = None, *, keyring: KeyRing | None = No
     async def readyz(request: Request) -> Response:
         ok, detail = gw.ready()
         if gw.cache is not None:  # informational: a cache that is down is bypassed, the gateway stays ready
-            detail["cache"] = gw.cache.backend.describe()
+            detail["cache"] = gw.cache.describe()
         return JSONResponse(detail, status_code=200 if ok else 503)
 
     async def metrics(request: Request) -> Response:

@@ -44,6 +44,8 @@ def serve(
             os.environ[f"TIERGATE_{name}"] = str(value)
     settings = Settings()
     _check_policy(settings.policy)
+    if settings.cache and settings.cache_verifier is not None:
+        _check_verifier(settings.cache_verifier)
     if settings.workers > 1:  # each worker is a full gateway; uvicorn's supervisor handles signals (no drain delay)
         uvicorn.run("gateway.main:app", host=settings.host, port=settings.port, workers=settings.workers, loop="uvloop",
                     http="httptools", log_level="warning", access_log=False,
@@ -56,6 +58,17 @@ def serve(
                             log_level="warning", access_log=False, lifespan="on",
                             timeout_graceful_shutdown=int(settings.graceful_shutdown_s))
     DrainingServer(config, app.state.gateway, settings.drain_delay_s).run()
+
+
+def _check_verifier(path: Path) -> None:
+    """A verifier that cannot be loaded is a clear error before the server starts, not a failed start-up."""
+    from cache.pairscore import PairScorer, VerifierError  # start-up time: only with TIERGATE_CACHE_VERIFIER
+
+    try:
+        PairScorer.load(path).close()
+    except VerifierError as exc:
+        typer.echo(f"error: TIERGATE_CACHE_VERIFIER: {exc}", err=True)
+        raise typer.Exit(2) from None
 
 
 def _check_policy(path: Path) -> None:

@@ -85,7 +85,7 @@ class Gateway:
                 if s.cache_judge_url else None
             settings = CacheSettings(store=s.cache_store, vset_search_in_script=s.cache_vset_search == "script")
             self.cache = build_cache(s.redis_url, s.embedder, settings=settings, metrics=CacheMetrics(self.registry),
-                                     judge=judge)
+                                     judge=judge, verifier_path=s.cache_verifier)
             await self.cache.start()
         with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
             asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, self._on_sighup)

@@ -37,6 +37,8 @@ class Settings(BaseSettings):
     cache_judge_url: str | None = None  # error-bounded rules: an OpenAI-compatible model judging answers
     cache_judge_model: str | None = None  # (default judge: the cache's embedder); see docs/cache.md
     cache_judge_key: str | None = None
+    # error-bounded rules: a cross-encoder verifier folder (`tiergate cache train-verifier`); see docs/cache.md
+    cache_verifier: Path | None = None
     cache_shadow_concurrency: int = Field(4, ge=1)  # shadow checks of sampled hits running at once (gateway.shadow)
     max_body_bytes: int = 1 << 20
     max_prompt_chars: int = 400_000
@@ -47,7 +49,7 @@ class Settings(BaseSettings):
     drain_delay_s: float = 2.0  # after SIGTERM: /readyz says 503 this long (load balancers notice) before the listener closes
 
     @field_validator("redis_url", "api_keys_file", "api_keys", "admin_key", "edge_token", "embedder",
-                     "cache_judge_url", "cache_judge_model", "cache_judge_key", mode="before")
+                     "cache_judge_url", "cache_judge_model", "cache_judge_key", "cache_verifier", mode="before")
     @classmethod
     def _empty_is_unset(cls, v: object) -> object:
         """`TIERGATE_EMBEDDER=` (empty) means "not set", not the current directory."""

@@ -41,3 +41,13 @@ def test_a_broken_policy_stops_serve_with_the_error(captured, tmp_path):
     result = CliRunner().invoke(app, ["serve", "--policy", str(bad), "--workers", "2"])
     assert result.exit_code == 2
     assert str(bad) in result.output and captured == {}
+
+
+def test_a_verifier_that_cannot_be_loaded_stops_serve_with_the_file_and_what_to_do(captured, tmp_path, monkeypatch):
+    monkeypatch.setenv("TIERGATE_CACHE_VERIFIER", str(tmp_path / "verifier"))
+    result = CliRunner().invoke(app, ["serve", "--workers", "2"])
+    assert result.exit_code == 2 and captured == {}
+    assert f"TIERGATE_CACHE_VERIFIER: {tmp_path / 'verifier' / 'verifier.json'} is missing" in result.output
+    assert "tiergate cache train-verifier" in result.output
+    monkeypatch.setenv("TIERGATE_CACHE", "false")  # no cache, nothing to verify: it starts
+    assert CliRunner().invoke(app, ["serve", "--workers", "2"]).exit_code == 0

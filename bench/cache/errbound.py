@@ -21,6 +21,8 @@ Simplification: a lookup is judged against its own entry only (the pairs' labels
   error bound keeps one cosine cutoff (what it did before 2026-11-26): what the overlap regions add;
 - "bounded, calibrated, shadow checks": as "bounded, calibrated" with `verify_mode: shadow`: a would-be hit
   sampled for verification is served (and counts as a served hit, right or wrong) while the tier is asked too;
+- "bounded, calibrated, cross-encoder verifier": as "bounded, calibrated" on the bound score of the product's
+  optional verifier instead of the cosine (`bench.cache.verifier`: trained on the calibration half only);
 - "fixed, chosen on calibration": the lowest cosine threshold (0.0025 grid, guards on, >= 50 hits) whose
   false-hit rate on the calibration half is within the bound, applied to the scoring half;
 - "best fixed at the same false-hit rate": the highest recall of any fixed threshold whose false-hit rate on
@@ -46,6 +48,7 @@ from prometheus_client import CollectorRegistry
 from bench.cache import ceiling
 from bench.cache.calibrate import Labelled, labelled
 from bench.cache.pairs import split
+from bench.cache.verifier import verifier_streams
 from cache.keys import RequestKey
 from cache.metrics import CacheMetrics
 from cache.settings import CacheSettings
@@ -264,7 +267,8 @@ def methods(sco: Stream, cal: Stream) -> list[tuple[str, Stream, Stream | None, 
 
 LABELS = {"bounded_calibrated": "bounded, calibrated", "bounded_cold": "bounded, cold",
           "bounded_calibrated_one_region": "bounded, calibrated, one region",
-          "bounded_calibrated_shadow": "bounded, calibrated, shadow checks"}
+          "bounded_calibrated_shadow": "bounded, calibrated, shadow checks",
+          "bounded_calibrated_verifier": "bounded, calibrated, cross-encoder verifier"}
 
 
 def run(bounds: tuple[float, ...] = BOUNDS, orders: int = ORDERS) -> dict[str, Any]:
@@ -274,13 +278,17 @@ def run(bounds: tuple[float, ...] = BOUNDS, orders: int = ORDERS) -> dict[str, A
     perms = [rng.permutation(len(sco)) for _ in range(orders)]
     cal_order = np.random.default_rng(8).permutation(len(cal))
     out: dict[str, Any] = {"streams": stats, "verify_rate": VERIFY_RATE, "orders": orders, "rows": []}
+    cal_v, sco_v, out["verifier"] = verifier_streams(data, cal, sco)
+    print(f"errbound: verifier {out['verifier']}", flush=True)
     for delta in bounds:
         t_cal = fixed_for(cal.take(cal_order), delta)
         row: dict[str, Any] = {"bound": delta, "fixed_calibrated": score_fixed(sco, t_cal)}
-        for name, stream, warm, mode in methods(sco, cal):
+        for name, stream, warm, mode in [*methods(sco, cal), ("bounded_calibrated_verifier", sco_v, cal_v, "tier")]:
             res = _mean([asyncio.run(replay(stream.take(p), delta, seed=k, warm=warm, mode=mode))
                          for k, p in enumerate(perms)])
             res["best_fixed_recall_at_same_fhr"], res["best_fixed_threshold"] = best_fixed_recall(sco, res["fhr"])
+            if stream is sco_v:  # also a fixed threshold on the verifier's own score, chosen in hindsight
+                res["best_fixed_on_score"] = best_fixed_recall(sco_v, res["fhr"])
             res["orders_over"] = sum(f > delta for f in res.get("fhr_per_order", []))
             row[name] = res
         out["rows"].append(row)
@@ -327,11 +335,30 @@ def render(eb: dict[str, Any], command: str, when: str, machine: str = "") -> li
             best = "-" if r["fhr"] is None else f"{r['best_fixed_recall_at_same_fhr']:.3f} ({r['best_fixed_threshold']})"
             lines.append(f"| {d:.0%} | {label} | {r['served']:g} | {fhr} | {r['recall']:.3f} | "
                          f"{r['verified_share']:.3f} / {r['judged_share']:.3f} | {best} |")
+    if "verifier" in eb:  # runs before 2026-11-27 have none
+        lines += render_verifier(eb)
     if "ceiling" in eb:  # runs before 2026-11-26 (third session) have none
         lines += ceiling.render(eb["ceiling"])
     if "splits" in eb:  # runs before 2026-11-26 (fourth session) have none
         lines += render_splits(eb["splits"])
     return lines
+
+
+def render_verifier(eb: dict[str, Any]) -> list[str]:
+    v = eb["verifier"]
+    trained = (f"trained by this run in {v['train_seconds']:.0f} s" if v["trained"] == "this run"
+               else f"trained by an earlier run of the same code and reused from `{v['folder']}`")
+    rows = [(r["bound"], r["bounded_calibrated_verifier"]) for r in eb["rows"]
+            if r.get("bounded_calibrated_verifier", {}).get("fhr") is not None]
+    fixed = "; ".join(f"{d:.0%}: {r['best_fixed_on_score'][0]:.3f}" for d, r in rows if "best_fixed_on_score" in r)
+    return ["", ("\"cross-encoder verifier\": the product's optional verifier (`cache.pairscore`), trained by "
+                 f"`cache.verifier_train` (what `tiergate cache train-verifier` runs) on the {v['trained_on_pairs']:,} "
+                 f"calibration pairs only ({v['epochs']:g} epoch, two members, {v['quantization']}; {trained}); "
+                 f"the calibration lookups are counted at their out-of-fold scores ({v['fit_on_judged_pairs']:,} "
+                 f"judged), the {v['scored_lookups']:,} judged scoring lookups at the score the gateway computes "
+                 f"({v['scoring_ms_per_lookup']:g} ms per lookup here, both members, batches of 64). Its best fixed "
+                 "threshold column is still the cosine's; a fixed threshold on the verifier's own score, chosen in "
+                 f"hindsight at the same false-hit rate, reaches recall {fixed or '-'}.")]
 
 
 def render_splits(sp: dict[str, Any]) -> list[str]:

@@ -1,0 +1,100 @@
+"""The error bound with the product's cross-encoder verifier, on the labelled pairs (a method of bench.cache.errbound).
+
+The verifier is trained by the product's own code (`cache.verifier_train.train_verifier`, what
+`tiergate cache train-verifier` runs) on the calibration half only; the scoring half never trains or tunes it.
+Then both halves become streams on the bound score's axis instead of the cosine:
+
+- calibration lookups (the seed): each pair at the bound score of the member that did not train on it
+  (`out_of_fold.json`), as `tiergate cache seed-bound --verifier` counts an operator's pairs;
+- scoring lookups: the bound score the gateway computes (`cache.pairscore.PairScorer`: both members' mean logit
+  for the cached and the asked question, onnxruntime), for every lookup the guards pass at cosine >= the floor.
+
+The trained folder is kept in `.tiergate/bench/verifier-<pairs digest>-<settings>` and reused by later runs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from bench.cache.calibrate import Labelled
+from bench.cache.pairs import DEFAULT_PAIRS, split
+from bench.report import REPO
+from cache.errbound import FLOOR
+from cache.keys import normalize_text
+from cache.pairscore import PairScorer
+from cache.verifier_train import OUT_OF_FOLD, pair_key, train_verifier
+
+if TYPE_CHECKING:  # errbound runs this module's method: a type only, no import cycle
+    from bench.cache.errbound import Stream
+
+__all__ = ["verifier_streams"]
+
+EPOCHS = 1.0
+SEED = 12345
+
+
+def _folder(pairs_file: Path) -> Path:
+    digest = hashlib.sha256(pairs_file.read_bytes()).hexdigest()[:12]
+    code = hashlib.sha256((REPO / "cache" / "verifier_train.py").read_bytes()).hexdigest()[:8]
+    return REPO / ".tiergate" / "bench" / f"verifier-{digest}-{code}-e{EPOCHS:g}-s{SEED}"
+
+
+def verifier_streams(data: Labelled, cal: Stream, sco: Stream) -> tuple[Stream, Stream, dict[str, Any]]:
+    """(calibration stream, scoring stream, facts) with each judged lookup's `sim` set to its bound score."""
+    pairs = data.pairs
+    a = [normalize_text(t) for t in pairs.a]
+    b = [normalize_text(t) for t in pairs.b]
+    cosine = pairs.cosine.astype(float)
+    judged = ~data.vetoed & (cosine >= FLOOR) & (np.array(a) != np.array(b))
+    cal_idx, sco_idx = split(len(a))
+    folder = _folder(DEFAULT_PAIRS)
+    facts: dict[str, Any] = {"folder": str(folder.relative_to(REPO))}
+    if (folder / "verifier.json").is_file():
+        facts["trained"] = "reused"
+    else:
+        started = time.perf_counter()
+        train_verifier([a[i] for i in cal_idx], [b[i] for i in cal_idx], pairs.duplicate[cal_idx],
+                       cosine[cal_idx], judged[cal_idx], folder, epochs=EPOCHS, seed=SEED,
+                       progress=lambda msg: print(f"verifier: {msg}", flush=True))
+        facts["trained"] = "this run"
+        facts["train_seconds"] = round(time.perf_counter() - started, 1)
+    meta = json.loads((folder / "verifier.json").read_text())
+    facts |= {k: meta[k] for k in ("trained_on_pairs", "fit_on_judged_pairs", "epochs", "quantization")}
+    scorer = PairScorer.load(folder)
+    try:
+        oof = json.loads((folder / OUT_OF_FOLD).read_text())
+        cal_sim = cosine[cal_idx].copy()
+        j = np.flatnonzero(judged[cal_idx])
+        logits = np.array([oof[pair_key(a[cal_idx[i]], b[cal_idx[i]])] for i in j])
+        cal_sim[j] = scorer.combination.bound_scores(cosine[cal_idx][j], logits)
+        sco_sim = cosine[sco_idx].copy()
+        j = np.flatnonzero(judged[sco_idx])
+        entry_is_a = _entry_is_a(pairs, sco, sco_idx)
+        texts = [(a[k], b[k]) if entry_is_a[i] else (b[k], a[k]) for i, k in ((i, sco_idx[i]) for i in j)]
+        started = time.perf_counter()
+        logits = np.concatenate([scorer.logits(texts[s:s + 64]) for s in range(0, len(texts), 64)])
+        facts["scoring_ms_per_lookup"] = round(1000 * (time.perf_counter() - started) / max(len(texts), 1), 2)
+        sco_sim[j] = scorer.combination.bound_scores(cosine[sco_idx][j], logits)
+    finally:
+        scorer.close()
+    facts["scored_lookups"] = int(len(j))
+    return dataclasses.replace(cal, sim=cal_sim), dataclasses.replace(sco, sim=sco_sim), facts
+
+
+def _entry_is_a(pairs: Any, sco: Stream, idx: np.ndarray) -> np.ndarray:
+    """Whether each scoring lookup's cached question (its star's hub) is the pair's `a`: the node ids are
+    given as in `errbound.streams` (every `a` first, then every `b`, in file order)."""
+    ids: dict[str, int] = {}
+    for t in pairs.a:
+        ids.setdefault(t, len(ids))
+    for t in pairs.b:
+        ids.setdefault(t, len(ids))
+    a_ids = np.array([ids[pairs.a[k]] for k in idx])
+    return sco.entry == a_ids

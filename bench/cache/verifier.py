@@ -40,21 +40,25 @@ EPOCHS = 1.0
 SEED = 12345
 
 
-def _folder(pairs_file: Path) -> Path:
+def _folder(pairs_file: Path, split_seed: int | None) -> Path:
     digest = hashlib.sha256(pairs_file.read_bytes()).hexdigest()[:12]
     code = hashlib.sha256((REPO / "cache" / "verifier_train.py").read_bytes()).hexdigest()[:8]
-    return REPO / ".tiergate" / "bench" / f"verifier-{digest}-{code}-e{EPOCHS:g}-s{SEED}"
+    which = "" if split_seed is None else f"-split{split_seed}"
+    return REPO / ".tiergate" / "bench" / f"verifier-{digest}-{code}-e{EPOCHS:g}-s{SEED}{which}"
 
 
-def verifier_streams(data: Labelled, cal: Stream, sco: Stream) -> tuple[Stream, Stream, dict[str, Any]]:
-    """(calibration stream, scoring stream, facts) with each judged lookup's `sim` set to its bound score."""
+def verifier_streams(data: Labelled, cal: Stream, sco: Stream,
+                     split_seed: int | None = None) -> tuple[Stream, Stream, dict[str, Any]]:
+    """(calibration stream, scoring stream, facts) with each judged lookup's `sim` set to its bound score;
+    `split_seed`: the streams are those of that other split (`errbound.streams(data, seed)`), and the verifier
+    is trained on its calibration half."""
     pairs = data.pairs
     a = [normalize_text(t) for t in pairs.a]
     b = [normalize_text(t) for t in pairs.b]
     cosine = pairs.cosine.astype(float)
     judged = ~data.vetoed & (cosine >= FLOOR) & (np.array(a) != np.array(b))
-    cal_idx, sco_idx = split(len(a))
-    folder = _folder(DEFAULT_PAIRS)
+    cal_idx, sco_idx = split(len(a)) if split_seed is None else split(len(a), seed=split_seed)
+    folder = _folder(DEFAULT_PAIRS, split_seed)
     facts: dict[str, Any] = {"folder": str(folder.relative_to(REPO))}
     if (folder / "verifier.json").is_file():
         facts["trained"] = "reused"

@@ -82,6 +82,17 @@ def test_the_splits_table_compares_each_split_with_its_own_hindsight_threshold()
     assert ("| 10% | 0.085 (0.080-0.090), an order **over** in 1 of 2 splits | 0.110 | 0.113 | 1.000 (0.800-1.200), "
             "1 of 2 | 0.100 (0.095-0.105), **over** in 1 of 2 | 0.180 |") in text
     assert "| 5% | - (nothing served) | 0 | - | - | - (none reaches it) | 0.000 |" in text
+    assert "verifier" not in text  # results without the verifier's splits: no second table
+
+
+def test_the_verifiers_splits_get_their_own_table_beside_the_cosines_hindsight_threshold() -> None:
+    one = _split(1000, 0.08, 0.09, 0.12, 0.10, 0.105, 0.19) | {
+        "verifier": {"fhr": 0.085, "fhr_max": 0.09, "recall": 0.15, "hindsight_recall": 0.10}}
+    two = _split(1001, 0.09, 0.101, 0.10, 0.125, 0.095, 0.17)  # a split without the verifier (beyond the first)
+    sp = {"splits": 2, "orders": 3, "verifier_splits": 1, "rows": [{"bound": 0.10, "per_split": [one, two]}]}
+    text = "\n".join(render_splits(sp))
+    assert "The cross-encoder verifier on the first 1 of those splits" in text
+    assert "| 10% | 0.085 (0.085-0.085) | 0.150 | 0.100 | 1.500 (1.500-1.500), 1 of 1 |" in text
 
 
 def test_other_splits_are_other_halves_of_the_same_pairs() -> None:

@@ -18,14 +18,18 @@ from prometheus_client import CollectorRegistry
 
 from cache import build_cache
 from cache.embedder import EmbedderError
+from cache.errbound import FLOOR, REGION_LABELS, ErrorBound
 from cache.export import default_embedder_dir, export_embedder
 from cache.index import VectorIndex
+from cache.keys import normalize_text
 from cache.metrics import CacheMetrics
 from cache.pairscore import PairScorer, VerifierError
 from cache.redis_store import RedisStore
 from cache.semantic import SemanticCache
 from cache.settings import DEFAULT_THRESHOLD, CacheSettings
+from cache.shared import RedisShared
 from cache.store import StoreUnavailable
+from cache.verifier_train import OUT_OF_FOLD, pair_key, train_verifier  # torch only inside its functions
 from core.paths import tiergate_home
 from core.types import CacheRule, Features, Priority
 from policies.engine import PolicyEngine
@@ -219,12 +223,6 @@ def seed_bound(
     """Count labelled pairs as evidence for a tenant's error-bounded hits (`max_false_hit_rate`): each pair the
     guards let through is one lookup at its cosine and word overlap, right when `duplicate`. A bounded rule then
     serves semantic hits from the start, at the cutoffs this evidence certifies (docs/cache.md)."""
-    from cache.errbound import (  # start-up time: the other commands need none of it
-        FLOOR,
-        REGION_LABELS,
-        ErrorBound,
-    )
-    from cache.shared import RedisShared  # start-up time, as above
 
     url = redis or os.environ.get("TIERGATE_REDIS_URL")
     if not url:
@@ -234,12 +232,7 @@ def seed_bound(
     pairs, labels = _read_labelled(file)
 
     async def run() -> dict[str, Any]:
-        scorer = build_cache(None, _embedder_dir(embedder))
-        await scorer.start()
-        try:
-            scores = await scorer.score_many(pairs, CacheRule(threshold=FLOOR))
-        finally:
-            await scorer.stop()
+        scores = await _scores_at_floor(pairs, embedder)
         keep = [i for i, s in enumerate(scores) if s.hit]  # at or above the floor, and no guard vetoes
         axis, scoped = [scores[i].similarity for i in keep], tenant
         if verifier is not None:  # the gateway keeps this verifier's evidence under its own name (cache.verify)
@@ -286,22 +279,10 @@ def train_verifier_cmd(
     """Train the cross-encoder verifier for error-bounded rules (needs the `export` extra: torch, transformers,
     scikit-learn; ~4 minutes per 10,000 pairs on 2 cores). Point TIERGATE_CACHE_VERIFIER at the folder, and
     seed the bound with `seed-bound --verifier` (docs/cache.md)."""
-    from cache.errbound import FLOOR  # start-up time: the other commands need none of it
-    from cache.keys import normalize_text  # start-up time, as above
-    from cache.verifier_train import train_verifier  # optional dependency: torch, from the export extra
 
     pairs, labels = _read_labelled(file)
-
-    async def judged() -> list[Any]:
-        scorer = build_cache(None, _embedder_dir(embedder))
-        await scorer.start()
-        try:
-            return await scorer.score_many(pairs, CacheRule(threshold=FLOOR))
-        finally:
-            await scorer.stop()
-
     try:
-        scores = asyncio.run(judged())
+        scores = asyncio.run(_scores_at_floor(pairs, embedder))
         cached, asked = [normalize_text(a) for a, _ in pairs], [normalize_text(b) for _, b in pairs]
         judged_mask = np.array([s.hit and x != y for s, x, y in zip(scores, cached, asked, strict=True)])  # exact: no
         res = train_verifier(cached, asked, np.array(labels), np.array([s.similarity for s in scores]), judged_mask,
@@ -313,6 +294,17 @@ def train_verifier_cmd(
         raise typer.Exit(2) from None
     typer.echo(json.dumps({"ok": True, "path": str(res.path), "pairs": res.pairs, "judged": res.scored,
                            "seconds": round(res.seconds, 1)}))
+
+
+async def _scores_at_floor(pairs: list[tuple[str, str]], embedder: Path | None) -> list[Any]:
+    """Each pair as the cache would judge it for an error-bounded rule: cosine, overlap, and whether the guards
+    let it through at the bound's floor."""
+    scorer = build_cache(None, _embedder_dir(embedder))
+    await scorer.start()
+    try:
+        return await scorer.score_many(pairs, CacheRule(threshold=FLOOR))
+    finally:
+        await scorer.stop()
 
 
 def _read_labelled(file: Path) -> tuple[list[tuple[str, str]], list[bool]]:
@@ -340,18 +332,13 @@ def _read_labelled(file: Path) -> tuple[list[tuple[str, str]], list[bool]]:
 def _bound_scores(folder: Path, pairs: list[tuple[str, str]], cosine: list[float]) -> tuple[list[float], str]:
     """(the verifier's bound score of each (cached, asked) pair, its axis): for a pair it was trained on, the
     logit of the member that did not see it (`out_of_fold.json`), as a new request would get."""
-    from cache.keys import normalize_text  # start-up time: the other commands need none of it
-    from cache.verifier_train import OUT_OF_FOLD, pair_key  # start-up time, as above (torch stays unimported)
-
     scorer = PairScorer.load(folder)
     try:
         known = json.loads((folder / OUT_OF_FOLD).read_text()) if (folder / OUT_OF_FOLD).is_file() else {}
         texts = [(normalize_text(a), normalize_text(b)) for a, b in pairs]
         logits = np.array([known.get(pair_key(a, b), np.nan) for a, b in texts], float)
         fresh = np.flatnonzero(np.isnan(logits))
-        for s in range(0, len(fresh), 64):
-            part = fresh[s:s + 64]
-            logits[part] = scorer.logits([texts[i] for i in part])
+        logits[fresh] = scorer.logits([texts[i] for i in fresh])
         return scorer.combination.bound_scores(np.array(cosine), logits).tolist(), scorer.axis
     finally:
         scorer.close()

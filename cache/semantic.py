@@ -74,10 +74,9 @@ class SemanticCache:
         self.verifier = Verifier(store, shared or MemoryShared(self.settings.entry_memory_s,
                                                                self.settings.feedback_ttl_s),
                                  judge or (EmbeddingJudge(batcher, self.settings.judge_threshold) if batcher else None),
-                                 self.settings, self.metrics)
+                                 self.settings, self.metrics, pair_scorer.axis if pair_scorer is not None else "")
         self.errbound = self.verifier.errbound
         self.pair_scorer = pair_scorer  # error-bounded rules: a cross-encoder's bound score replaces the cosine
-        self.verifier.axis = pair_scorer.axis if pair_scorer is not None else ""
         self.shared = self.verifier.shared
         self._stash: OrderedDict[str, Vector] = OrderedDict()
         self._sweeper: asyncio.Task[None] | None = None

@@ -89,9 +89,7 @@ def train_verifier(a: list[str], b: list[str], duplicate: np.ndarray, cosine: np
             oof = np.full(len(a), np.nan, np.float32)
             for m, fold in enumerate(folds):  # member m trained on the other fold: it scores this one
                 idx = fold[judged[fold]]
-                for s in range(0, len(idx), 64):
-                    part = idx[s:s + 64]
-                    oof[part] = scorer.logits([(a[i], b[i]) for i in part], member=m)
+                oof[idx] = scorer.logits([(a[i], b[i]) for i in idx], member=m)
             scorer.close()
             sel = np.flatnonzero(judged)
             if len(sel) < 8 or y[sel].all() or not y[sel].any():

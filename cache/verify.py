@@ -72,7 +72,7 @@ class _Pending:
 
 class Verifier:
     def __init__(self, store: Store, shared: SharedState, judge: Judge | None, settings: CacheSettings,
-                 metrics: CacheMetrics) -> None:
+                 metrics: CacheMetrics, axis: str = "") -> None:
         self.store = store
         self.shared = shared
         self.judge = judge
@@ -80,7 +80,7 @@ class Verifier:
         self.errbound = ErrorBound(shared, settings, metrics)
         # The axis the bound decides on: "" for the cosine, a verifier's id for its bound score. Evidence and
         # entry thresholds learnt on one axis mean nothing on another, so each axis keeps its own.
-        self.axis = ""
+        self.axis = axis
         self._pending: OrderedDict[str, _Pending] = OrderedDict()
 
     async def start(self) -> None:

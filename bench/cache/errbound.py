@@ -117,9 +117,7 @@ def star_hubs(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 def streams(data: Labelled, seed: int | None = None) -> tuple[Stream, Stream, dict[str, Any]]:
     """(calibration stream, scoring stream, their statistics); `seed`: another random split than the fixed one."""
     pairs, vetoed, shared = data.pairs, data.vetoed, data.overlap
-    ids: dict[str, int] = {}
-    a = np.array([ids.setdefault(t, len(ids)) for t in pairs.a])
-    b = np.array([ids.setdefault(t, len(ids)) for t in pairs.b])
+    a, b = pairs.node_ids()
     out, stats = [], {}
     halves = split(len(a)) if seed is None else split(len(a), seed=seed)
     for name, idx in zip(("calibration", "scoring"), halves, strict=True):
@@ -359,6 +357,9 @@ def render_verifier(eb: dict[str, Any]) -> list[str]:
     v = eb["verifier"]
     trained = (f"trained by this run in {v['train_seconds']:.0f} s" if v["trained"] == "this run"
                else f"trained by an earlier run of the same code and reused from `{v['folder']}`")
+    scored = (", one pair per call as in the gateway" if v.get("pairs_per_call") == 1 else
+              ", but in batches of 64, seeds too: int8 members quantise over the batch, so those scores are not "
+              "exactly the gateway's (one pair per call); **to be measured again**")
     rows = [(r["bound"], r["bounded_calibrated_verifier"]) for r in eb["rows"]
             if r.get("bounded_calibrated_verifier", {}).get("fhr") is not None]
     fixed = "; ".join(f"{d:.0%}: {r['best_fixed_on_score'][0]:.3f}" for d, r in rows if "best_fixed_on_score" in r)
@@ -367,7 +368,7 @@ def render_verifier(eb: dict[str, Any]) -> list[str]:
                  f"calibration pairs only ({v['epochs']:g} epoch, two members, {v['quantization']}; {trained}); "
                  f"the calibration lookups are counted at their out-of-fold scores ({v['fit_on_judged_pairs']:,} "
                  f"judged), the {v['scored_lookups']:,} judged scoring lookups at the score the gateway computes "
-                 f"({v['scoring_ms_per_lookup']:g} ms per lookup here, both members, batches of 64). Its best fixed "
+                 f"({v['scoring_ms_per_lookup']:g} ms per lookup here, both members{scored}). Its best fixed "
                  "threshold column is still the cosine's; a fixed threshold on the verifier's own score, chosen in "
                  f"hindsight at the same false-hit rate, reaches recall {fixed or '-'}.")]
 

@@ -36,6 +36,14 @@ class Pairs:
     def cosine(self) -> np.ndarray:
         return (self.va * self.vb).sum(1)
 
+    def node_ids(self) -> tuple[np.ndarray, np.ndarray]:
+        """One id per distinct question (every `a` first, then every `b`, in file order): the ids of each pair's
+        `a` and `b`."""
+        ids: dict[str, int] = {}
+        a = np.array([ids.setdefault(t, len(ids)) for t in self.a])
+        b = np.array([ids.setdefault(t, len(ids)) for t in self.b])
+        return a, b
+
     def take(self, idx: np.ndarray) -> Pairs:
         return Pairs([self.a[i] for i in idx], [self.b[i] for i in idx], self.duplicate[idx],
                      self.va[idx], self.vb[idx])
@@ -48,7 +56,7 @@ def split(n: int, held_out: float = 0.5, seed: int = 20261122) -> tuple[np.ndarr
     return np.sort(perm[:cut]), np.sort(perm[cut:])
 
 
-def _digest(path: Path) -> str:
+def digest(path: Path) -> str:
     h = hashlib.sha256()
     with path.open("rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
@@ -65,7 +73,7 @@ def load_pairs(path: Path = DEFAULT_PAIRS, embedder_dir: Path | None = None, bat
             a.append(str(o["a"]))
             b.append(str(o["b"]))
             dup.append(bool(o["duplicate"]))
-    key = f"{_digest(path)}-{_digest(embedder_dir / 'model.onnx')}-single"  # one text per run, as served
+    key = f"{digest(path)}-{digest(embedder_dir / 'model.onnx')}-single"  # one text per run, as served
     cache_file = REPO / ".tiergate" / "calib" / f"pairs-{key}.npz"
     if cache_file.is_file():
         z = np.load(cache_file)

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from bench.cache.calibrate import Labelled
-from bench.cache.pairs import DEFAULT_PAIRS, split
+from bench.cache.pairs import DEFAULT_PAIRS, digest, split
 from bench.report import REPO
 from cache.errbound import FLOOR
 from cache.keys import normalize_text
@@ -41,10 +41,10 @@ SEED = 12345
 
 
 def _folder(pairs_file: Path, split_seed: int | None) -> Path:
-    digest = hashlib.sha256(pairs_file.read_bytes()).hexdigest()[:12]
-    code = hashlib.sha256((REPO / "cache" / "verifier_train.py").read_bytes()).hexdigest()[:8]
+    """Keyed by the pairs and by the code that trains the members and scores their out-of-fold logits."""
+    code = hashlib.sha256(b"".join((REPO / "cache" / f).read_bytes() for f in ("verifier_train.py", "pairscore.py")))
     which = "" if split_seed is None else f"-split{split_seed}"
-    return REPO / ".tiergate" / "bench" / f"verifier-{digest}-{code}-e{EPOCHS:g}-s{SEED}{which}"
+    return REPO / ".tiergate" / "bench" / f"verifier-{digest(pairs_file)[:12]}-{code.hexdigest()[:8]}-e{EPOCHS:g}-s{SEED}{which}"
 
 
 def verifier_streams(data: Labelled, cal: Stream, sco: Stream,
@@ -80,25 +80,15 @@ def verifier_streams(data: Labelled, cal: Stream, sco: Stream,
         cal_sim[j] = scorer.combination.bound_scores(cosine[cal_idx][j], logits)
         sco_sim = cosine[sco_idx].copy()
         j = np.flatnonzero(judged[sco_idx])
-        entry_is_a = _entry_is_a(pairs, sco, sco_idx)
+        entry_is_a = sco.entry == pairs.node_ids()[0][sco_idx]  # the star's hub (the cached question) is `a`
         texts = [(a[k], b[k]) if entry_is_a[i] else (b[k], a[k]) for i, k in ((i, sco_idx[i]) for i in j)]
         started = time.perf_counter()
-        logits = np.concatenate([scorer.logits(texts[s:s + 64]) for s in range(0, len(texts), 64)])
+        logits = scorer.logits(texts)  # one pair per call, as the gateway scores
         facts["scoring_ms_per_lookup"] = round(1000 * (time.perf_counter() - started) / max(len(texts), 1), 2)
         sco_sim[j] = scorer.combination.bound_scores(cosine[sco_idx][j], logits)
     finally:
         scorer.close()
     facts["scored_lookups"] = int(len(j))
+    facts["pairs_per_call"] = 1
     return dataclasses.replace(cal, sim=cal_sim), dataclasses.replace(sco, sim=sco_sim), facts
 
-
-def _entry_is_a(pairs: Any, sco: Stream, idx: np.ndarray) -> np.ndarray:
-    """Whether each scoring lookup's cached question (its star's hub) is the pair's `a`: the node ids are
-    given as in `errbound.streams` (every `a` first, then every `b`, in file order)."""
-    ids: dict[str, int] = {}
-    for t in pairs.a:
-        ids.setdefault(t, len(ids))
-    for t in pairs.b:
-        ids.setdefault(t, len(ids))
-    a_ids = np.array([ids[pairs.a[k]] for k in idx])
-    return sco.entry == a_ids

@@ -93,6 +93,8 @@ def test_train_verifier_writes_members_the_gateway_can_load_and_each_pairs_out_o
         assert len(known) == result["judged"]
         logits = scorer.logits(known)
         assert np.isfinite(logits).all()
+        # a pair's logit does not depend on the pairs scored with it (int8 would quantise over a batch)
+        assert logits.tolist() == [scorer.logits([t])[0] for t in known]
         # the gateway's score is both members' mean: not the out-of-fold one (a single member, unseen pair)
         assert not np.allclose(logits, [oof[pair_key(*t)] for t in known], atol=1e-4)
         scores = scorer.bound_scores(np.full(len(known), 0.95), known)

@@ -63,7 +63,7 @@ ORDERS = 20  # replay orders: enough to see how often one order's rate crosses t
 SPLITS = 10  # other random calibration / scoring splits of the pairs, to tell a method's edge from one split's luck
 SPLIT_ORDERS = 3  # replay orders per other split
 SPLIT_SEEDS = 1000  # the other splits' seeds: 1000, 1001, ...
-VERIFIER_SPLITS = 3  # of those, the first ones also with the verifier (each trains its own)
+VERIFIER_SPLITS = 6  # of those, the first ones also with the verifier (each trains its own)
 VERIFY_RATE = 0.03
 TENANT = "bench"
 

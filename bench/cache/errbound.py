@@ -234,6 +234,19 @@ def _mean(rows: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+def _replayed(s: Stream, delta: float, perms: list[np.ndarray], warm: Stream | None,
+              mode: Literal["tier", "shadow"] = "tier") -> dict[str, Any]:
+    """`s` replayed in each order of `perms` under the bound `delta`, averaged over the orders."""
+    return _mean([asyncio.run(replay(s.take(p), delta, seed=k, warm=warm, mode=mode)) for k, p in enumerate(perms)])
+
+
+def _split_row(sco: Stream, res: dict[str, Any]) -> dict[str, Any]:
+    """One split's row for a method: its mean and worst order's false-hit rate and its recall, beside the
+    recall of the best fixed cosine threshold chosen in hindsight on `sco` at that rate."""
+    return {"fhr": res["fhr"], "fhr_max": res["fhr_min_max"][1] if res["fhr"] is not None else None,
+            "recall": res["recall"], "hindsight_recall": best_fixed_recall(sco, res["fhr"])[0]}
+
+
 def across_splits(data: Labelled, bounds: tuple[float, ...] = BOUNDS, splits: int = SPLITS,
                   orders: int = SPLIT_ORDERS, verifier_splits: int = VERIFIER_SPLITS) -> dict[str, Any]:
     """The calibrated bound and both fixed baselines on other random halves of the pairs.
@@ -250,17 +263,11 @@ def across_splits(data: Labelled, bounds: tuple[float, ...] = BOUNDS, splits: in
         perms = [rng.permutation(len(sco)) for _ in range(orders)]
         verified = verifier_streams(data, cal, sco, SPLIT_SEEDS + k) if k < verifier_splits else None
         for d in bounds:
-            res = _mean([asyncio.run(replay(sco.take(p), d, seed=j, warm=cal)) for j, p in enumerate(perms)])
             fixed = score_fixed(sco, fixed_for(cal, d))
-            row = {"seed": SPLIT_SEEDS + k, "fhr": res["fhr"],
-                   "fhr_max": res["fhr_min_max"][1] if res["fhr"] is not None else None,
-                   "recall": res["recall"], "hindsight_recall": best_fixed_recall(sco, res["fhr"])[0],
+            row = {"seed": SPLIT_SEEDS + k, **_split_row(sco, _replayed(sco, d, perms, cal)),
                    "fixed_fhr": fixed["fhr"], "fixed_recall": fixed["recall"]}
             if verified is not None:
-                v = _mean([asyncio.run(replay(verified[1].take(p), d, seed=j, warm=verified[0]))
-                           for j, p in enumerate(perms)])
-                row["verifier"] = {"fhr": v["fhr"], "fhr_max": v["fhr_min_max"][1] if v["fhr"] is not None else None,
-                                   "recall": v["recall"], "hindsight_recall": best_fixed_recall(sco, v["fhr"])[0]}
+                row["verifier"] = _split_row(sco, _replayed(verified[1], d, perms, verified[0]))
             per[d].append(row)
         print(f"errbound: split {k + 1} of {splits} done", flush=True)
     return {"splits": splits, "orders": orders, "verifier_splits": min(verifier_splits, splits),
@@ -293,8 +300,7 @@ def run(bounds: tuple[float, ...] = BOUNDS, orders: int = ORDERS) -> dict[str, A
         t_cal = fixed_for(cal.take(cal_order), delta)
         row: dict[str, Any] = {"bound": delta, "fixed_calibrated": score_fixed(sco, t_cal)}
         for name, stream, warm, mode in [*methods(sco, cal), ("bounded_calibrated_verifier", sco_v, cal_v, "tier")]:
-            res = _mean([asyncio.run(replay(stream.take(p), delta, seed=k, warm=warm, mode=mode))
-                         for k, p in enumerate(perms)])
+            res = _replayed(stream, delta, perms, warm, mode)
             res["best_fixed_recall_at_same_fhr"], res["best_fixed_threshold"] = best_fixed_recall(sco, res["fhr"])
             if stream is sco_v:  # also a fixed threshold on the verifier's own score, chosen in hindsight
                 res["best_fixed_on_score"] = best_fixed_recall(sco_v, res["fhr"])

@@ -6,23 +6,20 @@ line on stderr and a non-zero exit code, never a traceback.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import signal
+import os
 import socket
 import sys
-import threading
 from pathlib import Path
 from typing import Annotated
 from urllib.parse import urlparse
 
 import click
-import structlog
 import typer
-import uvicorn
 
 from core.logs import configure_logging
 from edge_node.demo_model import build_demo_model
+from edge_node.drain import DrainingServer
 from edge_node.engine import Engine
 from edge_node.hub import resolve_model
 from edge_node.model_file import ModelFileError
@@ -135,14 +132,15 @@ def serve(
     engine = Engine(runtime, max_queue=max_queue)
     name = model_name or path.name.removesuffix(".gguf")
     nid = node_id or f"{socket.gethostname()}-{port}"
-    state = ServerState(engine=engine, model_name=name, node_id=nid)
+    state = ServerState(engine=engine, model_name=name, node_id=nid,
+                        test_hooks=os.environ.get("TIERGATE_EDGE_TEST_HOOKS") == "1")
     registrar = None
     if gateway:
         url = advertise_url or _advertise_url(host, port, gateway)
         registrar = Registrar(gateway, token or "", NodeIdentity(nid, url, name), engine.stats, tier=tier)
         state.on_startup.append(registrar.start)
         state.on_shutdown.append(registrar.stop)
-    server = _DrainingServer(create_app(state), host, port, drain_timeout, state, registrar, log_level)
+    server = DrainingServer(create_app(state), host, port, drain_timeout, state, registrar, log_level)
     engine.on_failure = server.engine_failed
     try:
         server.run()
@@ -152,98 +150,6 @@ def serve(
         raise _fail(f"could not serve on {host}:{port} (address in use or not permitted?)")
     if engine.failure is not None:  # exit non-zero, so systemd (Restart=on-failure) or a supervisor restarts us
         raise _fail(f"the inference engine failed ({engine.failure}); exiting for a restart")
-
-
-class _DrainingServer:
-    """uvicorn with a drain on SIGTERM/SIGINT: deregister, refuse new work, finish in-flight, exit 0.
-
-    Requests still running (or queued) shortly before the drain timeout is up are ended by stopping the engine,
-    which ends each with an explicit error (an SSE error event then `[DONE]`, or an OpenAI error object) instead
-    of the cut connection uvicorn leaves when it cancels them.
-    """
-
-    def __init__(self, app, host: str, port: int, drain_timeout: float, state, registrar, log_level: str) -> None:
-        config = uvicorn.Config(app, host=host, port=port, log_level="warning" if log_level == "info" else log_level,
-                                access_log=False, lifespan="on", timeout_graceful_shutdown=int(drain_timeout) or 1)
-        outer = self
-
-        class _Server(uvicorn.Server):
-            def handle_exit(self, sig, frame) -> None:
-                outer._on_signal(sig)
-
-            @contextlib.contextmanager
-            def capture_signals(self):
-                if threading.current_thread() is not threading.main_thread():
-                    yield
-                    return
-                old = {s: signal.signal(s, self.handle_exit) for s in (signal.SIGINT, signal.SIGTERM)}
-                try:
-                    yield
-                finally:
-                    for s, h in old.items():
-                        signal.signal(s, h)
-
-            async def startup(self, sockets=None) -> None:
-                outer._loop = asyncio.get_running_loop()
-                await super().startup(sockets)
-
-            async def shutdown(self, sockets=None) -> None:
-                graceful = self.config.timeout_graceful_shutdown or 0
-                stop = asyncio.get_running_loop().call_later(max(0.0, graceful - min(2.0, graceful / 2)),
-                                                             outer._end_in_flight, graceful)
-                try:
-                    await super().shutdown(sockets)
-                finally:
-                    stop.cancel()
-
-        self.server = _Server(config)
-        self.state = state
-        self.registrar = registrar
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._signals = 0
-
-    @property
-    def startup_failed(self) -> bool:
-        return not self.server.started
-
-    def run(self) -> None:
-        with contextlib.suppress(SystemExit):
-            self.server.run()
-
-    def engine_failed(self, why: str) -> None:
-        """From the engine thread: the decode loop died. Deregister and exit (the CLI then exits non-zero)."""
-        if self._loop is not None and not self._loop.is_closed():
-            self._loop.call_soon_threadsafe(lambda: self._loop.create_task(self._leave()))
-
-    async def _leave(self) -> None:
-        if self.registrar is not None:
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(self.registrar.deregister(), 5)
-        self.server.should_exit = True
-
-    def _on_signal(self, sig: int) -> None:
-        self._signals += 1
-        if self._signals > 1 or self._loop is None:
-            self.server.should_exit = True
-            if self._signals > 1:
-                self.server.force_exit = True
-            return
-        self._loop.call_soon_threadsafe(lambda: self._loop.create_task(self._drain(sig)))
-
-    def _end_in_flight(self, graceful: float) -> None:
-        """The drain timeout is almost up: stop the engine, which ends every request it holds with an error."""
-        engine = self.state.engine
-        if engine.in_flight():
-            structlog.get_logger("edge_node.cli").warning("drain timeout: ending requests still in flight",
-                                                          in_flight=engine.in_flight(), drain_timeout_s=graceful)
-            threading.Thread(target=engine.stop, name="edge-engine-stop", daemon=True).start()
-
-    async def _drain(self, sig: int) -> None:
-        log = structlog.get_logger("edge_node.cli")
-        self.state.draining = True
-        self.state.engine.stop_accepting()
-        log.info("draining", signal=signal.Signals(sig).name, in_flight=self.state.engine.in_flight())
-        await self._leave()
 
 
 @app.command()

@@ -300,7 +300,7 @@ class Completions:
             outcome = "engine_error"
             log.warning("stream failed", error=str(e))
             self._metrics.request_errors.labels("engine").inc()
-            yield sse(OpenAIError(500, str(e), type="server_error", code="engine_error").body())
+            yield sse(_engine_error(e).body())
             yield DONE
         except Exception:
             outcome = "internal_error"
@@ -333,7 +333,7 @@ class Completions:
             except EngineError as e:
                 log.warning("generation failed", error=str(e))
                 metrics.request_errors.labels("engine").inc()
-                return error_response(OpenAIError(500, str(e), type="server_error", code="engine_error"))
+                return error_response(_engine_error(e))
             except ClientDisconnect:  # gone while sending its body: nobody to answer
                 return Response(status_code=499)
             except Exception:  # a bug: logged with its traceback, answered in the API's own error format
@@ -405,3 +405,11 @@ async def _tokenize(fn: Callable[[], list[int]], size: int) -> list[int]:
     if size < _INLINE_TOKENIZE_CHARS:
         return fn()
     return await asyncio.to_thread(fn)
+
+
+def _engine_error(e: EngineError) -> OpenAIError:
+    """A request the engine ended: 503 `shutting_down` when the node stopped (another node can answer it), else a
+    500 `engine_error`."""
+    if isinstance(e, EngineClosedError):
+        return OpenAIError(503, str(e), type="server_error", code="shutting_down")
+    return OpenAIError(500, str(e), type="server_error", code="engine_error")

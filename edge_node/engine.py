@@ -20,7 +20,6 @@ import asyncio
 import contextlib
 import itertools
 import threading
-import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -34,6 +33,7 @@ from edge_node.request import ActiveRequest, Chunk
 from edge_node.runtime import LlamaRuntime
 from edge_node.sampling import SamplerChain, SamplingParams
 from edge_node.slots import PREFIX_COPY_MIN, PREFIX_REUSE_MIN, SlotTable
+from edge_node.throughput import TokenRate
 
 __all__ = [
     "Chunk",
@@ -48,6 +48,10 @@ __all__ = [
 ]
 
 log = structlog.get_logger("edge_node.engine")
+
+
+SHUTTING_DOWN = "the edge node is shutting down"
+"""Why a stopped engine ends the requests it still held (`EngineClosedError`): retryable elsewhere."""
 
 
 class EngineError(RuntimeError):
@@ -114,7 +118,7 @@ class Generation:
         chunk = await self._req.queue.get()
         if chunk.error is not None:
             self.finished = True
-            raise EngineError(chunk.error)
+            raise (EngineClosedError if chunk.error == SHUTTING_DOWN else EngineError)(chunk.error)
         if chunk.finish_reason is not None:
             self.finished = True
         return chunk
@@ -159,11 +163,11 @@ class Engine:
         self.failure: str | None = None  # why the decode loop died, if it did
         self.on_failure: Callable[[str], None] | None = None  # called from the engine thread once it has died
         self._admitting: ActiveRequest | None = None
+        self._held = False  # test hook: the loop parks before its next step (`hold`)
+        self._parked = False
         self._thread: threading.Thread | None = None
         self._ids = itertools.count(1)
-        self._tps_lock = threading.Lock()
-        self._tps: deque[tuple[float, int]] = deque()
-        self._tps_window = tps_window_s
+        self.throughput = TokenRate(tps_window_s)
         self._handoffs: dict[asyncio.AbstractEventLoop, LoopHandoff] = {}
         self.metrics.bind_engine(
             slots=lambda: float(self.parallel),
@@ -171,7 +175,7 @@ class Engine:
             queued=lambda: float(len(self._waiting)),
             kv_used=lambda: float(self._slots.kv_used()),
             kv_total=lambda: float(self.ctx_per_slot * self.parallel),
-            tokens_per_second=self.tokens_per_second,
+            tokens_per_second=self.throughput.per_second,
         )
 
     # ------------------------------------------------------------------ public surface
@@ -224,6 +228,21 @@ class Engine:
         with self._cv:
             self._accepting = False
 
+    def hold(self, timeout: float = 30.0) -> bool:
+        """Test hook: park the decode loop before its next step, every request staying where it is, until
+        `release()` or `stop()`. Lets a test reach a known state (say, requests in flight at a drain deadline)
+        instead of sampling a race. True once the loop is parked (or stopped)."""
+        with self._cv:
+            self._held = True
+            self._cv.notify_all()
+            return self._cv.wait_for(lambda: self._parked or not self._running, timeout)
+
+    def release(self) -> None:
+        """Undo `hold()`."""
+        with self._cv:
+            self._held = False
+            self._cv.notify_all()
+
     def stats(self) -> EngineStats:
         return EngineStats(
             slots=self.parallel,
@@ -238,12 +257,7 @@ class Engine:
         return self._slots.busy + len(self._waiting)
 
     def tokens_per_second(self) -> float:
-        now = time.monotonic()
-        with self._tps_lock:
-            while self._tps and self._tps[0][0] < now - self._tps_window:
-                self._tps.popleft()
-            total = sum(n for _, n in self._tps)
-        return total / self._tps_window
+        return self.throughput.per_second()
 
     def tokenize_prompt(self, text: str) -> list[int]:
         """Plain completion prompt → tokens (BOS added when the model wants one)."""
@@ -278,7 +292,7 @@ class Engine:
             if self.failure is not None:
                 raise EngineFailedError(f"the edge node's engine has failed ({self.failure}); restart it")
             if not self._accepting or not self._running:
-                raise EngineClosedError("the edge node is shutting down")
+                raise EngineClosedError(SHUTTING_DOWN)
             # Requests in `_waiting` may still be headed for a free slot, so the bound is on what cannot get
             # one: everything held (queued, being admitted, in a slot) beyond the number of slots.
             waiting = len(self._waiting) + (self._admitting is not None) + self._slots.busy - self.parallel
@@ -286,14 +300,14 @@ class Engine:
                 raise QueueFullError(f"the edge node has {waiting} requests waiting for a slot "
                                      f"(--max-queue {self.max_queue}); retry shortly or use another node")
             self._waiting.append(req)
-            self._cv.notify()
+            self._cv.notify_all()  # the loop, and a `hold()` waiting for it to park
         return Generation(self, req)
 
     def _cancel(self, req: ActiveRequest) -> None:
         with self._cv:
             req.cancelled = True
             self._cancels.append(req)
-            self._cv.notify()
+            self._cv.notify_all()
 
     # ------------------------------------------------------------------ the loop
 
@@ -302,8 +316,12 @@ class Engine:
         try:
             while True:
                 with self._cv:
-                    while self._running and not self._cancels and not self._waiting and self._slots.busy == 0:
+                    while self._running and (self._held or self._idle()):
+                        if self._held and not self._parked:
+                            self._parked = True
+                            self._cv.notify_all()
                         self._cv.wait()
+                    self._parked = False
                     if not self._running:
                         break
                     cancels, self._cancels = self._cancels, []
@@ -312,12 +330,15 @@ class Engine:
                     self._drop(req)
                 self._admit()
                 if self._slots.busy and (generated := self._step.run(out)):
-                    self._count_tokens(generated)
+                    self.throughput.add(generated)
                 self._deliver(out)
         except Exception as e:  # noqa: BLE001 - a bug or a llama.cpp failure: _crashed logs it, fails everyone
             self._crashed(f"engine failure: {type(e).__name__}: {e}", out)
             return
-        self._fail_all("the edge node is shutting down")
+        self._fail_all(SHUTTING_DOWN)
+
+    def _idle(self) -> bool:
+        return not self._cancels and not self._waiting and self._slots.busy == 0
 
     def _crashed(self, why: str, out: dict) -> None:
         """The decode loop died: take no more requests, and end every request it held with an error.
@@ -358,14 +379,6 @@ class Engine:
             return
         self.metrics.cancelled.inc()
         self._slots.release(req)
-
-    def _count_tokens(self, generated: int) -> None:
-        now = time.monotonic()
-        with self._tps_lock:
-            self._tps.append((now, generated))
-            horizon = now - self._tps_window
-            while self._tps[0][0] < horizon:  # bounded by the window even if /metrics is never scraped
-                self._tps.popleft()
 
     # ------------------------------------------------------------------ admission and prefix reuse
 

@@ -55,11 +55,18 @@ class LoopHandoff:
             self._deliver(self._items.popleft())
 
     def close(self) -> None:
-        """Loop thread (or after the loop closed): stop watching the pipe and free it."""
+        """Loop thread (or after the loop closed): deliver what is still queued, stop watching the pipe, free it.
+
+        The engine's last batches (the errors that end every request on a stop) can be queued with their wake-up
+        byte unread when `close` runs: the loop may run a `call_soon_threadsafe(close)` before the pipe's reader
+        callback. Delivering them here keeps every request's end, whichever runs first.
+        """
         if self._closed:
             return
         self._closed = True
         if not self.loop.is_closed():
+            while self._items:
+                self._deliver(self._items.popleft())
             try:
                 self.loop.remove_reader(self._r)
             except (RuntimeError, ValueError):

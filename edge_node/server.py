@@ -55,6 +55,14 @@ def create_app(state: ServerState) -> Starlette:
     async def metrics(_request: Request) -> Response:
         return Response(engine.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
+    async def hold(_request: Request) -> Response:
+        parked = await asyncio.to_thread(engine.hold)
+        return Response(_json.encode({"held": parked, "in_flight": engine.in_flight()}), media_type=_JSON)
+
+    async def release(_request: Request) -> Response:
+        engine.release()
+        return Response(_json.encode({"held": False}), media_type=_JSON)
+
     @contextlib.asynccontextmanager
     async def lifespan(_app: Starlette) -> AsyncIterator[None]:
         engine.start()
@@ -79,6 +87,8 @@ def create_app(state: ServerState) -> Starlette:
         Route("/health", health, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),
     ]
+    if state.test_hooks:  # hold the decode loop at a known point, so a test proves an order instead of racing it
+        routes += [Route("/_test/hold", hold, methods=["POST"]), Route("/_test/release", release, methods=["POST"])]
     return Starlette(routes=routes, lifespan=lifespan, middleware=middleware,
                      exception_handlers={404: _not_found, 405: _method_not_allowed})
 

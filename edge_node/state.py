@@ -17,6 +17,7 @@ class ServerState:
     model_name: str
     max_body_bytes: int = 8 << 20
     draining: bool = False
+    test_hooks: bool = False  # POST /_test/hold and /_test/release (TIERGATE_EDGE_TEST_HOOKS=1): tests only
     node_id: str | None = None
     started: int = field(default_factory=lambda: int(time.time()))
     on_startup: list[Callable[[], Awaitable[None]]] = field(default_factory=list)

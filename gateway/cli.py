@@ -55,9 +55,8 @@ def serve(
 
     app = create_app(settings)
     config = uvicorn.Config(app, host=settings.host, port=settings.port, loop="uvloop", http="httptools",
-                            log_level="warning", access_log=False, lifespan="on",
-                            timeout_graceful_shutdown=int(settings.graceful_shutdown_s))
-    DrainingServer(config, app.state.gateway, settings.drain_delay_s).run()
+                            log_level="warning", access_log=False, lifespan="on")
+    DrainingServer(config, app.state.gateway, settings.drain_delay_s, settings.graceful_shutdown_s).run()
 
 
 def _check_verifier(path: Path) -> None:

@@ -233,7 +233,7 @@ def test_a_crash_in_the_decode_loop_fails_every_request_and_refuses_new_ones(own
 
 def test_tokens_per_second_samples_stay_bounded_without_scrapes(own_engine):
     eng = own_engine
-    eng._tps_window = 0.05  # samples older than this are pruned when new ones arrive
+    eng.throughput.window_s = 0.05  # samples older than this are pruned when new ones arrive
 
     async def scenario() -> None:
         for _ in range(6):
@@ -241,7 +241,7 @@ def test_tokens_per_second_samples_stay_bounded_without_scrapes(own_engine):
             await asyncio.sleep(0.06)
 
     asyncio.run(scenario())
-    assert len(eng._tps) <= 8  # one request's steps at most, not all six requests' (48)
+    assert len(eng.throughput) <= 8  # one request's steps at most, not all six requests' (48)
 
 
 def test_close_leaves_the_model_loaded_while_the_thread_still_runs(own_engine, monkeypatch):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import threading
 
-from edge_node.cli import _DrainingServer
+from edge_node.drain import DrainingServer
 
 
 class _Registrar:
@@ -19,7 +19,7 @@ class _Registrar:
 
 def test_an_engine_failure_deregisters_and_stops_the_server():
     registrar = _Registrar()
-    server = _DrainingServer(lambda *a: None, "127.0.0.1", 0, 1.0, state=None, registrar=registrar,
+    server = DrainingServer(lambda *a: None, "127.0.0.1", 0, 1.0, state=None, registrar=registrar,
                              log_level="warning")
 
     async def main() -> None:

@@ -83,7 +83,7 @@ def sampling_params(req: ChatRequest | CompletionRequest, max_tokens: int | None
     p = SamplingParams(
         temperature=1.0 if req.temperature is None else req.temperature,
         top_p=1.0 if req.top_p is None else req.top_p,
-        top_k=DEFAULT_TOP_K if req.top_k is None else req.top_k,
+        top_k=DEFAULT_TOP_K if req.top_k is None else max(req.top_k, 0),  # vLLM's -1 is "off" too
         min_p=DEFAULT_MIN_P if req.min_p is None else req.min_p,
         seed=req.seed,
         max_tokens=max_tokens,

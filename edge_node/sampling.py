@@ -8,10 +8,11 @@ runs top-k/top-p/min-p/temperature/penalties in C, which keeps per-token Python 
 from __future__ import annotations
 
 import ctypes
+import math
 import random
 from dataclasses import dataclass, field
 
-__all__ = ["MAX_TOP_LOGPROBS", "SamplerChain", "SamplingParams", "check_grammar"]
+__all__ = ["LOGIT_BIAS_MAX", "MAX_TOP_LOGPROBS", "SamplerChain", "SamplingParams", "check_grammar"]
 
 _DEFAULT_SEED = 0xFFFFFFFF
 
@@ -21,6 +22,7 @@ _DEFAULT_SEED = 0xFFFFFFFF
 DEFAULT_TOP_K = 40
 DEFAULT_MIN_P = 0.05
 MAX_TOP_LOGPROBS = 20  # as OpenAI's API and vLLM's default
+LOGIT_BIAS_MAX = 100.0  # OpenAI's documented range for a bias: [-100, 100]
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,7 +44,14 @@ class SamplingParams:
     grammar: str | None = None  # GBNF the answer must follow (root rule `root`), see edge_node.structured
 
     def validate(self, n_vocab: int) -> str | None:
-        """A client-facing message naming the first bad field, or None."""
+        """A client-facing message naming the first bad field, or None.
+
+        Every number must be finite and in range: llama.cpp samples in float32, where a huge bias is infinity,
+        and a grammar's -inf mask plus +inf is NaN, which makes it sample a forbidden token and abort the
+        process. The gateway checks the same; a node reachable without it checks for itself."""
+        for name in ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty"):
+            if not math.isfinite(getattr(self, name)):
+                return f"{name} must be a finite number"
         if not 0.0 <= self.temperature <= 2.0:
             return "temperature must be between 0 and 2"
         if not 0.0 < self.top_p <= 1.0:
@@ -61,9 +70,11 @@ class SamplingParams:
             return "repetition_penalty must be > 0"
         if self.logprobs is not None and not 0 <= self.logprobs <= MAX_TOP_LOGPROBS:
             return f"top_logprobs must be between 0 and {MAX_TOP_LOGPROBS}"
-        for t in self.logit_bias:
+        for t, bias in self.logit_bias.items():
             if not 0 <= t < n_vocab:
                 return f"logit_bias token {t} is outside the vocabulary (0..{n_vocab - 1})"
+            if not (math.isfinite(bias) and -LOGIT_BIAS_MAX <= bias <= LOGIT_BIAS_MAX):
+                return f"logit_bias values must be between -{LOGIT_BIAS_MAX:g} and {LOGIT_BIAS_MAX:g}"
         return None
 
 

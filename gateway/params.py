@@ -6,12 +6,13 @@ The structs in `core.wire` check types; these are the value rules and what this 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Collection
 
 from core.errors import bad_request, not_found
 from core.wire import ChatRequest, ParsedRequest
 
-__all__ = ["MAX_TOP_LOGPROBS", "check_params"]
+__all__ = ["LOGIT_BIAS_MAX", "MAX_TOP_LOGPROBS", "check_params"]
 
 MAX_TOP_LOGPROBS = 20  # OpenAI's limit, and vLLM's default --max-logprobs
 
@@ -48,7 +49,35 @@ def check_params(req: ParsedRequest, models: Collection[str]) -> None:
         raise bad_request(f"`{max_field}` must be at least 1.", param=max_field)
     if req.n is not None and req.n != 1:
         raise bad_request("Only `n: 1` is supported.", param="n")
-    if req.temperature is not None and not 0 <= req.temperature <= 2:
-        raise bad_request("`temperature` must be between 0 and 2.", param="temperature")
-    if req.top_p is not None and not 0 < req.top_p <= 1:
-        raise bad_request("`top_p` must be in (0, 1].", param="top_p")
+    _check_sampling(req)
+
+
+# (field, low, high, low included): a value outside, or not a finite number, is a 400 before any backend sees it.
+_RANGES = (
+    ("temperature", 0.0, 2.0, True),
+    ("top_p", 0.0, 1.0, False),
+    ("presence_penalty", -2.0, 2.0, True),
+    ("frequency_penalty", -2.0, 2.0, True),
+    ("min_p", 0.0, 1.0, True),
+    ("repetition_penalty", 0.0, 10.0, False),
+)
+LOGIT_BIAS_MAX = 100.0  # OpenAI's documented range for a bias: [-100, 100]
+
+
+def _check_sampling(req: ParsedRequest) -> None:
+    """Every sampling number finite and in its range. A value a float32 sampler turns into infinity or NaN (a
+    logit bias of 1e39 is +inf there) aborts llama.cpp's grammar sampler: such a request must never reach a node."""
+    for name, low, high, low_in in _RANGES:
+        v = getattr(req, name)
+        if v is not None and not (math.isfinite(v) and (low <= v if low_in else low < v) and v <= high):
+            span = f"{'[' if low_in else '('}{low:g}, {high:g}]"
+            raise bad_request(f"`{name}` must be a number in {span}.", param=name)
+    if req.top_k is not None and not -1 <= req.top_k <= 1 << 20:
+        raise bad_request("`top_k` must be -1 (off), 0 (off) or a positive count.", param="top_k")
+    for token, bias in (req.logit_bias or {}).items():
+        if not token.isdigit() or not token.isascii():
+            raise bad_request(f"`logit_bias` keys must be token ids (non-negative integers), got {token[:40]!r}.",
+                              param="logit_bias")
+        if not (math.isfinite(bias) and -LOGIT_BIAS_MAX <= bias <= LOGIT_BIAS_MAX):
+            raise bad_request(f"`logit_bias` values must be numbers from -{LOGIT_BIAS_MAX:g} to {LOGIT_BIAS_MAX:g}; "
+                              f"token {token} has {bias!r}.", param="logit_bias")

@@ -20,11 +20,21 @@ def test_defaults_are_valid():
         (SamplingParams(presence_penalty=5), "presence_penalty"),
         (SamplingParams(repetition_penalty=0), "repetition_penalty"),
         (SamplingParams(logit_bias={100: 1.0}), "logit_bias"),
+        (SamplingParams(logit_bias={0: 1e39}), "logit_bias"),  # +inf in float32: aborted llama.cpp's grammar
+        (SamplingParams(logit_bias={1: -100.5}), "logit_bias"),
+        (SamplingParams(logit_bias={2: float("nan")}), "logit_bias"),
+        (SamplingParams(temperature=float("nan")), "temperature"),
+        (SamplingParams(presence_penalty=float("inf")), "presence_penalty"),
+        (SamplingParams(repetition_penalty=float("inf")), "repetition_penalty"),
     ],
 )
 def test_validation_names_the_field(params, field):
     msg = params.validate(100)
     assert msg is not None and msg.startswith(field), msg
+
+
+def test_a_bias_at_the_edge_of_the_documented_range_is_accepted():
+    assert SamplingParams(logit_bias={0: 100.0, 1: -100.0}).validate(100) is None
 
 
 def test_requests_that_do_not_say_get_llama_cpp_defaults_and_may_turn_them_off():

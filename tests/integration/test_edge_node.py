@@ -401,3 +401,16 @@ def test_what_outlives_the_drain_timeout_ends_with_an_explicit_error_and_no_trac
 def test_test_hooks_are_off_unless_asked_for(edge_node):
     assert httpx.post(edge_node.url + "/_test/hold", timeout=10).status_code == 404
 
+
+@pytest.mark.parametrize("bias", [1e39, 3.5e38], ids=["1e39", "just-over-float32-max"])
+def test_a_poison_logit_bias_is_a_400_and_the_node_lives(edge_node, bias):
+    """A bias of 1e39 is +inf in llama.cpp's float32 sampler: with a grammar (json_object) its -inf mask plus +inf
+    is NaN, a forbidden token is sampled and llama-grammar aborts the process. The node refuses it instead."""
+    body = chat_body("give json", max_tokens=8, temperature=0.0) | {
+        "response_format": {"type": "json_object"}, "logit_bias": {"0": bias, "1": bias, "2": bias}}
+    r = httpx.post(edge_node.url + "/v1/chat/completions", content=json.dumps(body), timeout=60,
+                   headers={"content-type": "application/json"})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "logit_bias", r.text
+    assert edge_node.proc.poll() is None
+    ok = httpx.post(edge_node.url + "/v1/chat/completions", json=chat_body("hi", max_tokens=2), timeout=60)
+    assert ok.status_code == 200 and edge_node.health()["status"] == "ok"

@@ -19,6 +19,7 @@ from core.wire import ParsedRequest
 from gateway.auth import Tenant
 from gateway.limits import TenantSlot
 from policies.confidence import Verdict
+from policies.model import Policy
 
 __all__ = ["Arrival", "Outcome", "RequestContext"]
 
@@ -49,6 +50,7 @@ class RequestContext:
     features: Features
     decision: Decision
     slot: TenantSlot  # one of the tenant's concurrent requests; whoever ends the answer releases it
+    policy: Policy  # the version it was checked, classified and decided under: whatever comes after reads it too
 
     @property
     def request_id(self) -> str:

@@ -125,14 +125,11 @@ class Distiller:
         self.records = records
         self._redactors: dict[int, Redactor] = {}
 
-    def _config(self) -> DistillConfig | None:
-        return self._gw.policy_store.current.policy.distill
-
     def wanted(self, ctx: RequestContext, outcome: Outcome, tier: str) -> bool:
-        cfg = self._config()
+        cfg = ctx.policy.distill  # the request's own policy version, not whatever a reload made current since
         if cfg is None or ctx.tenant.id not in cfg.tenants:
             return False
-        tiers = self._gw.policy_store.current.policy.tiers
+        tiers = ctx.policy.tiers
         if tier not in tiers or tiers[tier].kind != "cloud":
             return False
         if outcome.cascade is not None and not outcome.cascade.keep:
@@ -146,7 +143,7 @@ class Distiller:
         """Record a complete cloud answer if the policy and the tenant want it."""
         if not self.wanted(ctx, outcome, tier):
             return
-        cfg = self._config()
+        cfg = ctx.policy.distill
         assert cfg is not None
         redact = self._redactors.get(id(cfg))
         try:

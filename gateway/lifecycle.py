@@ -116,10 +116,6 @@ class Gateway:
         ok = not self.draining and any(tiers.values())
         return ok, {"ready": ok, "draining": self.draining, "policy": self.policy_store.current.version, "tiers": tiers}
 
-    def public_models(self) -> list[str]:
-        """The public model names of the current policy's tiers (`auto` comes on top)."""
-        return [t.model for t in self.policy_store.current.policy.tiers.values()]
-
 
 def _process_registry() -> CollectorRegistry:
     """A registry of this gateway's own, with the process, platform and GC collectors a scrape expects."""

@@ -71,13 +71,14 @@ class Completions:
         slot = None
         try:
             tenant = gw.keyring.authenticate(request.headers.get("authorization"))
+            active = gw.policy_store.current  # the request's one policy: checked, classified, decided, settled
             body = await read_body(request, gw.settings.max_body_bytes)
             try:
                 req, plain = decode_request(body, kind)
                 raw = raw_fields(body)  # an unknown key that is not UTF-8 fails only here
             except (msgspec.ValidationError, msgspec.DecodeError) as exc:
                 raise from_validation(exc) from None
-            check_params(req, gw.public_models())
+            check_params(req, [t.model for t in active.policy.tiers.values()])
             extra = tuple(unknown_names(raw, kind))
             if extra and (refused := refused_field(raw, list(extra))):
                 raise bad_request(f"`{refused[0]}` is not supported through this gateway: {refused[1]}.",
@@ -89,10 +90,10 @@ class Completions:
                                        f"{gw.settings.max_prompt_chars}.", code="prompt_too_large")
             if text_len > _INLINE_CLASSIFY_CHARS:
                 features = await asyncio.to_thread(gw.classifier.features, req, tenant.id, tenant.priority,
-                                                   request.headers)
+                                                   request.headers, active.policy)
             else:
-                features = gw.classifier.features(req, tenant.id, tenant.priority, request.headers)
-            decision = gw.policy_store.current.engine.decide(features)
+                features = gw.classifier.features(req, tenant.id, tenant.priority, request.headers, active.policy)
+            decision = active.engine.decide(features)
             gw.metrics.child(gw.metrics.decisions, decision.rule, decision.tier or "reject").inc()
             if decision.reject is not None:
                 r = decision.reject
@@ -101,7 +102,7 @@ class Completions:
                 cap = tenant.max_tokens if decision.max_tokens_cap is None else min(tenant.max_tokens,
                                                                                     decision.max_tokens_cap)
                 decision = dataclasses.replace(decision, max_tokens_cap=cap)
-            ctx = RequestContext(arrival, tenant, req, raw, extra, plain, features, decision, slot)
+            ctx = RequestContext(arrival, tenant, req, raw, extra, plain, features, decision, slot, active.policy)
             hit = await self._lookup(ctx, outcome)
             if hit is not None:
                 return self._relay.cached(ctx, outcome, hit)

@@ -141,23 +141,23 @@ class Classifier:
     # -------------------------------------------------------------------------------------- features
 
     def features(self, req: ParsedRequest, tenant: str, tenant_priority: Priority,
-                 headers: Mapping[str, str]) -> Features:
-        """Features of one request. An unparseable x-tiergate-priority header is a client error (400)."""
+                 headers: Mapping[str, str], policy: Policy | None = None) -> Features:
+        """Features of one request under `policy` (the request's own snapshot; the store's current one if None).
+        An unparseable x-tiergate-priority header is a client error (400)."""
         with tracing.span("classify") as span:
-            f = self._features(req, tenant, tenant_priority, headers)
+            f = self._features(req, tenant, tenant_priority, headers, policy or self._store.current.policy)
             if span is not tracing.NULL:
                 span.set_attributes({"tiergate.prompt_tokens": f.prompt_tokens, "tiergate.complexity": f.complexity,
                                      "tiergate.priority": f.priority.name.lower()})
             return f
 
     def _features(self, req: ParsedRequest, tenant: str, tenant_priority: Priority,
-                  headers: Mapping[str, str]) -> Features:
+                  headers: Mapping[str, str], policy: Policy) -> Features:
         headers = _lower_keys(headers)
         try:
             priority = lowered_priority(tenant_priority, headers.get(PRIORITY_HEADER))
         except ValueError as exc:
             raise bad_request(f"Header {PRIORITY_HEADER}: {exc}", param=PRIORITY_HEADER) from None
-        policy = self._store.current.policy
         counter, model = self.counter_for(policy, req.model), self.complexity_model(policy)
         featured = model.featurize(messages_of(req))
         if counter.builtin and model.featurizer.encoder.builtin and featured.exact:

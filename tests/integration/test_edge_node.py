@@ -378,12 +378,13 @@ def test_what_outlives_the_drain_timeout_ends_with_an_explicit_error_and_no_trac
                                      json=chat_body("long json", max_tokens=LONG, temperature=0.0))
 
     threads = [threading.Thread(target=stream, args=(i,)) for i in range(3)] + [threading.Thread(target=whole)]
-    for t in threads:
+    threads[0].start()
+    assert began.wait(60)  # the first stream is in the slot, and has begun
+    held = httpx.post(node.url + "/_test/hold", timeout=60).json()  # from now on nothing moves
+    assert held == {"held": True, "in_flight": 1}
+    for t in threads[1:]:
         t.start()
-    assert began.wait(60)
-    wait_until(lambda: node.health()["queued"] == 3, timeout_s=30, what="three requests queued behind the slot")
-    held = httpx.post(node.url + "/_test/hold", timeout=60).json()
-    assert held == {"held": True, "in_flight": 4}
+    wait_until(lambda: node.health()["queued"] == 3, timeout_s=60, what="three requests queued behind the slot")
     node.proc.send_signal(sig)
     for t in threads:
         t.join(120)

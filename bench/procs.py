@@ -6,33 +6,19 @@ before the server stops: it covers model loading too, which sampling would miss.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import time
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tests.support.ports import free_port, redis_answers  # one helper for the benchmarks and the tests
+
 __all__ = ["Server", "cpu_seconds", "free_port", "peak_rss_mib", "redis_answers", "tree_cpu_seconds", "tree_peak_rss_mib"]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def redis_answers(port: int, timeout_s: float = 0.5) -> bool:
-    """Whether a redis-server on this port answers PING now (raw RESP: no client library needed to wait)."""
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=timeout_s) as s:
-            s.sendall(b"PING\r\n")
-            return s.recv(16).startswith(b"+PONG")
-    except OSError:
-        return False
 
 
 def _read_status(pid: int, key: str) -> int:
@@ -95,10 +81,8 @@ def tree_cpu_seconds(pid: int) -> float:
     """CPU time of `pid` and its live descendants (a server's worker processes included)."""
     total = 0.0
     for p in _tree(pid):
-        try:
+        with contextlib.suppress(OSError, IndexError, ValueError):
             total += cpu_seconds(p)
-        except (OSError, IndexError, ValueError):
-            pass
     return total
 
 

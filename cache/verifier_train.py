@@ -75,7 +75,7 @@ def train_verifier(a: list[str], b: list[str], duplicate: np.ndarray, cosine: np
     try:
         with known_noise_to(out_dir.parent / "export.log"):
             tok = None
-            for m, fold in enumerate(folds):
+            for m in range(len(folds)):
                 progress(f"member {m + 1} of 2: fine-tuning on {len(folds[1 - m])} pairs")
                 model, tok = fine_tune(a, b, y, folds[1 - m], epochs=epochs, seed=seed + m)
                 progress(f"member {m + 1} of 2: exporting to ONNX" + (" (int8)" if quantize else ""))

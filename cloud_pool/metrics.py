@@ -7,6 +7,7 @@ of a gateway (the series carry the tier); the gateway passes its own registry, a
 
 from __future__ import annotations
 
+import contextlib
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
@@ -83,7 +84,5 @@ class CloudMetrics:
     def forget(self, tier: str, endpoint: str) -> None:
         """Remove an endpoint's labelled series (it left the pool)."""
         for metric in self._per_endpoint:
-            try:
+            with contextlib.suppress(KeyError):
                 metric.remove(tier, endpoint)
-            except KeyError:
-                pass

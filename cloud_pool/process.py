@@ -9,6 +9,7 @@ instead of /tmp and ~/.cache.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -132,10 +133,8 @@ class VllmProcess:
         """SIGTERM the API server (it stops its engine), SIGKILL the group if it outlives `grace_s`."""
         if self.alive():
             self.proc.send_signal(signal.SIGTERM)
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 self.proc.wait(grace_s)
-            except subprocess.TimeoutExpired:
-                pass
         self._kill_group()
         self._log.close()
         return self.proc.returncode
@@ -146,14 +145,10 @@ class VllmProcess:
         self._log.close()
 
     def _kill_group(self) -> None:
-        try:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-        try:
+        with contextlib.suppress(subprocess.TimeoutExpired):
             self.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            pass
         deadline = time.monotonic() + 10  # SIGKILL is asynchronous: wait until the group has died
         while self._group_members() and time.monotonic() < deadline:
             time.sleep(0.05)

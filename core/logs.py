@@ -39,4 +39,5 @@ def configure_logging(fmt: str = "json", level: str = "info") -> None:
 
 
 def get_logger(name: str) -> structlog.typing.FilteringBoundLogger:
-    return structlog.get_logger(name)
+    logger: structlog.typing.FilteringBoundLogger = structlog.get_logger(name)
+    return logger

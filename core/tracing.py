@@ -29,7 +29,8 @@ import structlog
 __all__ = ["NULL", "TracingMiddleware", "configure", "enabled", "inject", "record_span", "shutdown", "span", "start"]
 
 Scope = MutableMapping[str, Any]
-ASGIApp = Callable[[Scope, Callable[[], Awaitable[dict]], Callable[[dict], Awaitable[None]]], Awaitable[None]]
+Message = dict[str, Any]
+ASGIApp = Callable[[Scope, Callable[[], Awaitable[Message]], Callable[[Message], Awaitable[None]]], Awaitable[None]]
 
 
 class _NullSpan:
@@ -40,8 +41,8 @@ class _NullSpan:
     def __enter__(self) -> _NullSpan:
         return self
 
-    def __exit__(self, *exc: object) -> bool:
-        return False
+    def __exit__(self, *exc: object) -> None:
+        return None
 
     def set_attribute(self, key: str, value: object) -> None:
         pass
@@ -132,7 +133,8 @@ def configure(service: str, environ: MutableMapping[str, str] | None = None) -> 
 
         provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=endpoint)))
     if path:  # batched too, written within half a second
-        provider.add_span_processor(BatchSpanProcessor(_JsonLinesExporter(path), schedule_delay_millis=500))
+        provider.add_span_processor(BatchSpanProcessor(  # duck-typed: the SDK (and its base class) is optional
+            _JsonLinesExporter(path), schedule_delay_millis=500))  # type: ignore[arg-type]
     _on.provider, _on.propagator = provider, tracecontext.TraceContextTextMapPropagator()
     _on.tracer = provider.get_tracer("tiergate")
     structlog.get_logger("tiergate.tracing").info("tracing_on", service=service, otlp=endpoint, file=path)
@@ -199,8 +201,8 @@ class TracingMiddleware:
         self._paths = paths
         self._on_end = on_end
 
-    async def __call__(self, scope: Scope, receive: Callable[[], Awaitable[dict]],
-                       send: Callable[[dict], Awaitable[None]]) -> None:
+    async def __call__(self, scope: Scope, receive: Callable[[], Awaitable[Message]],
+                       send: Callable[[Message], Awaitable[None]]) -> None:
         tracer = _on.tracer
         if tracer is None or scope["type"] != "http" or scope["path"] not in self._paths:
             await self.app(scope, receive, send)
@@ -213,7 +215,7 @@ class TracingMiddleware:
         parent = _on.propagator.extract(carrier) if carrier else None
         status = [0]
 
-        async def traced_send(message: dict) -> None:
+        async def traced_send(message: Message) -> None:
             if message["type"] == "http.response.start":
                 status[0] = message["status"]
             await send(message)

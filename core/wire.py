@@ -7,7 +7,7 @@ Validation errors carry the JSON path of the offending field so the client knows
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal, TypeVar
 
 import msgspec
 
@@ -117,12 +117,14 @@ class CompletionRequest(_Sampling, kw_only=True):
 
 ParsedRequest = ChatRequest | CompletionRequest
 
+_T = TypeVar("_T")
+
 _chat_decoder = msgspec.json.Decoder(ChatRequest)
 _completion_decoder = msgspec.json.Decoder(CompletionRequest)
 _encoder = msgspec.json.Encoder()
 
 
-def decode_json(decoder: msgspec.json.Decoder, body: bytes) -> Any:
+def decode_json(decoder: msgspec.json.Decoder[_T], body: bytes) -> _T:
     """`decoder.decode(body)`, raising only msgspec's errors (ValidationError, DecodeError) for any bytes at all.
 
     msgspec reports two kinds of malformed input with Python's own exceptions: a string (a value or a key) that is
@@ -153,13 +155,13 @@ class _PlainPart(ContentPart, forbid_unknown_fields=True):
 
 
 class _PlainMessage(Message, forbid_unknown_fields=True):
-    content: str | list[_PlainPart] | None = None
+    content: str | list[_PlainPart] | None = None  # type: ignore[assignment]  # a narrower struct, for decoding
 
 
 class _PlainChatRequest(ChatRequest, kw_only=True):
     """A ChatRequest whose messages carry nothing the structs do not model (the top level may)."""
 
-    messages: list[_PlainMessage]
+    messages: list[_PlainMessage]  # type: ignore[assignment]  # a narrower struct, for decoding
 
 
 _plain_chat_decoder = msgspec.json.Decoder(_PlainChatRequest)

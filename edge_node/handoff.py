@@ -11,6 +11,7 @@ delaying it. One pending byte is enough to wake the loop, so at most one write p
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 from collections import deque
 from collections.abc import Callable
@@ -46,10 +47,8 @@ class LoopHandoff:
         return True
 
     def _drain(self) -> None:
-        try:
+        with contextlib.suppress(BlockingIOError, OSError):
             os.read(self._r, 4096)
-        except (BlockingIOError, OSError):
-            pass
         self._signaled = False  # before draining: a batch pushed from now on writes a new byte
         while self._items:
             self._deliver(self._items.popleft())
@@ -67,12 +66,8 @@ class LoopHandoff:
         if not self.loop.is_closed():
             while self._items:
                 self._deliver(self._items.popleft())
-            try:
+            with contextlib.suppress(RuntimeError, ValueError):
                 self.loop.remove_reader(self._r)
-            except (RuntimeError, ValueError):
-                pass
         for fd in (self._r, self._w):
-            try:
+            with contextlib.suppress(OSError):
                 os.close(fd)
-            except OSError:
-                pass

@@ -35,7 +35,8 @@ class DrainingServer(DeadlineServer):
         if self._timer is not None:  # a second signal: stop accepting now, once
             self._timer.cancel()
         if self._draining or self._drain_delay_s <= 0:
-            return super().handle_exit(sig, frame)
+            super().handle_exit(sig, frame)
+            return
         self._draining = True
         log.info("draining", signal=sig, delay_s=self._drain_delay_s, graceful_shutdown_s=self.deadline_s)
         self._timer = threading.Timer(self._drain_delay_s, super().handle_exit, (sig, frame))

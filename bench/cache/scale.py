@@ -216,7 +216,7 @@ def fill(server: RedisProc, n: int) -> dict[str, float]:
     started = time.perf_counter()
     vadd_s = 0.0
     try:
-        for c in range(0, (n + _CHUNK - 1) // _CHUNK):
+        for c in range((n + _CHUNK - 1) // _CHUNK):
             vecs = synthetic_chunk(c, n)
             base = c * _CHUNK
             for i in range(0, len(vecs), 2000):
@@ -476,7 +476,7 @@ def gateway(server: RedisProc, tmp: Path, up_port: int) -> dict[str, Any]:
 def run(names: list[str], versions: tuple[str, ...] = VERSIONS) -> list[dict[str, Any]]:
     tmp = Path(tempfile.mkdtemp(prefix="tiergate-bench-scale-"))
     up_port = free_port()
-    upstream = Server("upstream", [sys.executable, "-m", "bench.instant_upstream", "--port", str(up_port), "--mode",
+    upstream = Server("upstream", [sys.executable, "-m", "tests.support.instant_upstream", "--port", str(up_port), "--mode",
                                    "error500"], f"http://127.0.0.1:{up_port}/health", log=tmp / "upstream.log").start()
     out = []
     try:

@@ -56,7 +56,7 @@ async def _one(session: aiohttp.ClientSession, front: str, body: dict) -> dict:
                     tokens = d["usage"].get("completion_tokens") or 0
                 if ttft is None and any((c.get("delta") or {}).get("content") for c in d.get("choices") or ()):
                     ttft = time.perf_counter() - t0
-    except (aiohttp.ClientError, asyncio.TimeoutError, json.JSONDecodeError) as e:
+    except (TimeoutError, aiohttp.ClientError, json.JSONDecodeError) as e:
         return {"error": type(e).__name__, "total_s": time.perf_counter() - t0}
     out = {"ttft_s": ttft, "tokens": tokens, "total_s": time.perf_counter() - t0}
     if ttft is None:

@@ -80,7 +80,7 @@ async def _one(session: aiohttp.ClientSession, url: str, payload: dict, t0: floa
                         r.last = now
                         r.chunks += 1
                     r.finish = ch.get("finish_reason") or r.finish
-    except (aiohttp.ClientError, asyncio.TimeoutError) as e:
+    except (TimeoutError, aiohttp.ClientError) as e:
         r.error = f"{type(e).__name__}: {e}"
         return r
     if not r.usage and r.finish == "length":

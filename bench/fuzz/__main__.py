@@ -2,13 +2,13 @@
 
     .venv/bin/python -m bench.fuzz [--cases 2000] [--seed 1] [--concurrency 4] [--write-docs]
 
-What runs (all on 127.0.0.1, each its own process): two instant OpenAI backends (`bench.instant_upstream`, so that
+What runs (all on 127.0.0.1, each its own process): two instant OpenAI backends (`tests.support.instant_upstream`, so that
 what is fuzzed is the gateway, not a model), `tiergate serve` (the production entry point: uvicorn, uvloop,
 httptools) in front of them, a second `tiergate serve` for edge registration (the nodes fuzzed heartbeats register
 must not receive the other cases' completions), and `edge-node serve` on the tiny demo model (llama.cpp).
 
-Each surface gets --cases cases (`bench/fuzz/cases.py`, drawn from --seed: the same seed sends the same bytes),
---concurrency at a time, each judged by `bench/fuzz/client.py`: answered, 5xx, hang (no answer within --timeout)
+Each surface gets --cases cases (`tests/support/fuzz_cases.py`, drawn from --seed: the same seed sends the same bytes),
+--concurrency at a time, each judged by `tests/support/fuzz_client.py`: answered, 5xx, hang (no answer within --timeout)
 or closed (no status line). After each surface, one normal request must still be answered. Results go to
 bench/results/fuzz.json and, with --write-docs, to the "## Byte-level fuzzing (bench/fuzz)" section of
 docs/reliability.md. The suite runs the same cases with seed 0, fewer of them (tests/fuzz/test_byte_fuzz.py).
@@ -28,10 +28,10 @@ import urllib.request
 from collections import Counter
 from pathlib import Path
 
-from bench.fuzz.cases import MUTATORS, SURFACES, Target, generate
-from bench.fuzz.client import UVICORN_400, Result, send
 from bench.procs import Server, free_port, peak_rss_mib
 from bench.report import REPO, RESULTS, write_section
+from tests.support.fuzz_cases import MUTATORS, SURFACES, Target, generate
+from tests.support.fuzz_client import UVICORN_400, Result, send
 
 DOCS = REPO / "docs" / "reliability.md"
 SECTION = "## Byte-level fuzzing (bench/fuzz)"
@@ -85,7 +85,7 @@ def start_all(work: Path, model: Path) -> dict[str, Server]:
     procs: dict[str, Server] = {}
     for name in ("edge-backend", "cloud-backend"):
         port = free_port()
-        procs[name] = Server(name, [py, "-m", "bench.instant_upstream", "--port", str(port)],
+        procs[name] = Server(name, [py, "-m", "tests.support.instant_upstream", "--port", str(port)],
                              f"http://127.0.0.1:{port}/health", log=work / f"{name}.log").start()
     policy = write_policy(work / "policy.yaml", procs["edge-backend"].health_url.removesuffix("/health"),
                           procs["cloud-backend"].health_url.removesuffix("/health"))

@@ -115,7 +115,7 @@ def run(args) -> dict:
     tmp = Path(tempfile.mkdtemp(prefix="tg-overhead-"))
     py = sys.executable
     up_port = free_port()
-    upstream = Server("upstream", [py, "-m", "bench.instant_upstream", "--port", str(up_port)],
+    upstream = Server("upstream", [py, "-m", "tests.support.instant_upstream", "--port", str(up_port)],
                       f"http://127.0.0.1:{up_port}/health", cpus={1}, log=tmp / "upstream.log").start()
     os.sched_setaffinity(0, {1})  # the open-loop client: beside the upstream, away from the servers under test
     embedder = tiergate_home() / "embedder"

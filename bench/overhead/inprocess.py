@@ -52,6 +52,7 @@ async def _measure(app, key: str, batches: int, gap_s: float) -> str:
             if messages:
                 return messages.pop()
             await asyncio.Event().wait()
+            return None
 
         async def send(message):
             if message["type"] == "http.response.start":
@@ -112,7 +113,7 @@ def main() -> None:
 
     tmp = Path(tempfile.mkdtemp(prefix="tg-inprocess-"))
     port = free_port()
-    upstream = Server("upstream", [sys.executable, "-m", "bench.instant_upstream", "--port", str(port)],
+    upstream = Server("upstream", [sys.executable, "-m", "tests.support.instant_upstream", "--port", str(port)],
                       f"http://127.0.0.1:{port}/health", cpus={1}, log=tmp / "upstream.log").start()
     try:
         (tmp / "policy.yaml").write_text(POLICY.format(port=port, defaults=""))

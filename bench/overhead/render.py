@@ -70,7 +70,7 @@ def render(report: dict, out: Path) -> str:
         f"Command: `.venv/bin/{report['command']}` (raw results: `{rel}`; needs `wrk`"
         + (f"; creates `.venv-litellm` with LiteLLM {report['litellm']} on first use, see `python -m bench.anchors`"
            if report["litellm"] else "") + ").", "",
-        "Every target up at once in front of the same instant upstream (`bench/instant_upstream.py`); servers under "
+        "Every target up at once in front of the same instant upstream (`tests/support/instant_upstream.py`); servers under "
         "test on CPU 0 (the 2-worker gateway on both), upstream and load generators on CPU 1. Max req/s: wrk, "
         f"{a['concurrency']} connections, {a['duration']} s per target and mode, {spread} over all targets in rotating "
         "order (CPU ms/req: median, with min..max). Latency: open loop at a fixed rate, "

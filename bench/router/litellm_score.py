@@ -21,7 +21,8 @@ def main() -> None:
     import litellm
     from litellm.router_strategy.complexity_router.complexity_router import ComplexityRouter
 
-    prompts = json.load(open(sys.argv[1]))
+    with open(sys.argv[1]) as f:
+        prompts = json.load(f)
     # The tiers only name models; scoring never calls them. SIMPLE/MEDIUM = weak, COMPLEX/REASONING = strong.
     router = ComplexityRouter(model_name="bench", litellm_router_instance=MagicMock(), complexity_router_config={
         "tiers": {"SIMPLE": "weak", "MEDIUM": "weak", "COMPLEX": "strong", "REASONING": "strong"}})
@@ -35,7 +36,8 @@ def main() -> None:
     version = getattr(litellm, "__version__", None)
     if version is None:
         version = metadata.version("litellm")
-    json.dump({"version": version, "scores": scores, "tiers": tiers, "latency_ms": lat}, open(sys.argv[2], "w"))
+    with open(sys.argv[2], "w") as f:
+        json.dump({"version": version, "scores": scores, "tiers": tiers, "latency_ms": lat}, f)
 
 
 if __name__ == "__main__":

@@ -105,7 +105,7 @@ def test_other_splits_are_other_halves_of_the_same_pairs() -> None:
     data = labelled(pairs)
     fixed = streams(data)
     one, other = streams(data, seed=1000), streams(data, seed=1001)
-    for cal, sco, stats in (fixed, one, other):
+    for _cal, _sco, stats in (fixed, one, other):
         assert stats["calibration"]["lookups"] + stats["scoring"]["lookups"] == n
     assert sorted(one[1].query.tolist()) != sorted(other[1].query.tolist())
     assert sorted(fixed[1].query.tolist()) == sorted(streams(data)[1].query.tolist())

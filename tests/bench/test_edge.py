@@ -33,7 +33,7 @@ def _sse(with_usage: bool):
                 yield "data: " + json.dumps({"choices": [{"delta": {"content": f"t{i} "}}]}) + "\n\n"
             yield 'data: {"choices":[{"delta":{},"finish_reason":"length"}]}\n\n'
             if with_usage:
-                yield 'data: {"choices":[],"usage":{"prompt_tokens":5,"completion_tokens":%d}}\n\n' % n
+                yield f'data: {{"choices":[],"usage":{{"prompt_tokens":5,"completion_tokens":{n}}}}}\n\n'
             yield "data: [DONE]\n\n"
 
         return StreamingResponse(events(), media_type="text/event-stream")

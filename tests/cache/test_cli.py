@@ -61,14 +61,13 @@ def test_the_known_noise_of_an_export_goes_to_its_log_and_nothing_else_does(tmp_
     """Set-up prints its own progress: torch's tracer warnings, the ONNX exporter's advice and onnxruntime's
     pre-processing hint (what an export of all-MiniLM-L6-v2 printed) land in the log; other warnings still show."""
     log = tmp_path / "export.log"
-    with pytest.warns(RuntimeWarning, match="something new"):
-        with known_noise_to(log):
-            warnings.warn("Converting a tensor to a Python boolean might cause the trace to be incorrect.",
-                          UserWarning)
-            warnings.warn("Exporting aten::index operator of advanced indexing in opset 17 is achieved by ...",
-                          UserWarning)
-            logging.getLogger().warning("Please consider to run pre-processing before quantization. Refer to ...")
-            warnings.warn("something new", RuntimeWarning)
+    with pytest.warns(RuntimeWarning, match="something new"), known_noise_to(log):
+        warnings.warn("Converting a tensor to a Python boolean might cause the trace to be incorrect.",
+                      UserWarning, stacklevel=2)
+        warnings.warn("Exporting aten::index operator of advanced indexing in opset 17 is achieved by ...",
+                      UserWarning, stacklevel=2)
+        logging.getLogger().warning("Please consider to run pre-processing before quantization. Refer to ...")
+        warnings.warn("something new", RuntimeWarning, stacklevel=2)
     text = log.read_text()
     assert "Converting a tensor" in text and "advanced indexing" in text and "pre-processing" in text
     assert "something new" not in text

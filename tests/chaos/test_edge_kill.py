@@ -16,13 +16,13 @@ from pathlib import Path
 
 import pytest
 
-from bench.instant_upstream import make_app
 from gateway.auth import KeyRing
 from gateway.settings import Settings
 from tests.chaos.policies import edge_then_cloud
 from tests.chaos.record import record
 from tests.chaos.traffic import Traffic, summarize
 from tests.support.edge import registered_node
+from tests.support.instant_upstream import make_app
 from tests.support.servers import aiohttp_server, gateway_server
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]

@@ -13,12 +13,12 @@ from pathlib import Path
 import httpx
 import pytest
 
-from bench.instant_upstream import make_app
 from gateway.settings import Settings
 from policies.store import policy_version
 from tests.chaos.record import record
 from tests.chaos.traffic import Traffic, summarize
 from tests.gateway.conftest import KEYS
+from tests.support.instant_upstream import make_app
 from tests.support.servers import aiohttp_server, gateway_server
 from tests.support.waiting import wait_until
 

@@ -18,12 +18,12 @@ from typing import Self
 import httpx
 import pytest
 
-from bench.instant_upstream import make_app
 from gateway.auth import KeyRing
 from gateway.settings import Settings
 from tests.chaos.record import record
 from tests.chaos.traffic import Traffic, summarize
 from tests.gateway.conftest import write_policy
+from tests.support.instant_upstream import make_app
 from tests.support.servers import aiohttp_server, gateway_server
 from tests.support.waiting import wait_until
 

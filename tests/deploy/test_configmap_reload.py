@@ -66,7 +66,7 @@ async def _watching(volume: ConfigMapVolume, store: PolicyStore, text: str) -> N
         probe = f"{text}# probe {attempt}\n"
         volume.publish(probe)
         try:
-            await _until(lambda: store.current.version == policy_version(probe.encode()), "probe", timeout_s=2)
+            await _until(lambda p=probe: store.current.version == policy_version(p.encode()), "probe", timeout_s=2)
             return
         except TimeoutError:
             continue

@@ -295,8 +295,7 @@ def _normalise_container(c: dict[str, Any]) -> dict[str, Any]:
     if cmd[:2] == ["/bin/sh", "-c"]:
         lines = []
         for line in cmd[2].strip().splitlines():
-            lines.append(_normalise_argv(shlex.split(line[5:])) if line.startswith("exec vllm") or
-                         line.startswith("exec 'vllm'") else line)
+            lines.append(_normalise_argv(shlex.split(line[5:])) if line.startswith(("exec vllm", "exec 'vllm'")) else line)
         c["command"] = cmd[:2] + [lines]
     else:
         c["command"] = _normalise_argv(cmd)

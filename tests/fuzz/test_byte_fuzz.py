@@ -1,8 +1,8 @@
 """Byte-level fuzzing of every HTTP surface, with a fixed seed: no byte sequence gets a 5xx, a hang or no answer.
 
-The cases (`bench/fuzz/cases.py`) are valid requests mutated at the byte level: invalid UTF-8, lone surrogates,
+The cases (`tests/support/fuzz_cases.py`) are valid requests mutated at the byte level: invalid UTF-8, lone surrogates,
 truncation, deep nesting, huge numbers, NaN/Infinity, duplicate keys, wrong types and content types, odd headers;
-each is sent as raw bytes over a socket (`bench/fuzz/client.py`). `python -m bench.fuzz` is the long run of the
+each is sent as raw bytes over a socket (`tests/support/fuzz_client.py`). `python -m bench.fuzz` is the long run of the
 same cases (docs/reliability.md, "Byte-level fuzzing"). Bugs the fuzzing found are pinned as plain tests below.
 """
 
@@ -14,9 +14,9 @@ from collections import Counter
 import httpx
 import pytest
 
-from bench.fuzz.cases import Target, generate
-from bench.fuzz.client import UVICORN_400, Result, send
 from tests.gateway.conftest import stack
+from tests.support.fuzz_cases import Target, generate
+from tests.support.fuzz_client import UVICORN_400, Result, send
 
 HANG_S = 60.0  # a case unanswered this long is a hang (instant backends, a tiny model: answers take milliseconds)
 

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from bench.instant_upstream import make_app
 from gateway.auth import KeyRing
 from gateway.settings import Settings
+from tests.support.instant_upstream import make_app
 from tests.support.servers import aiohttp_server, gateway_server
 
 KEYS = KeyRing.from_inline("key-alpha-1=alpha:normal,key-beta-1=beta:low,key-gold-1=gold:high")

@@ -12,9 +12,9 @@ import openai
 import pytest
 from aiohttp import web
 
-from bench.instant_upstream import HITS, LAST_BODY, make_app
 from gateway.settings import Settings
 from tests.gateway.conftest import KEYS, stack, write_policy
+from tests.support.instant_upstream import HITS, LAST_BODY, make_app
 from tests.support.servers import aiohttp_server, gateway_server
 from tests.support.waiting import wait_until
 

@@ -7,9 +7,9 @@ import asyncio
 import httpx
 import pytest
 
-from bench.instant_upstream import GATE, make_app
 from gateway.auth import KeyRing
 from tests.gateway.conftest import stack
+from tests.support.instant_upstream import GATE, make_app
 from tests.support.servers import aiohttp_server
 from tests.support.waiting import eventually, wait_until
 

@@ -13,13 +13,13 @@ import pytest
 import redis as redis_sync
 from typer.testing import CliRunner
 
-from bench.instant_upstream import make_app
 from cache.redis_conn import open_redis
 from gateway.auth import KeyRing
 from gateway.distill import STREAM_KEY, JsonlRecords, Redactor, RedisRecords
 from gateway.distill_cli import distill_app
 from gateway.settings import Settings
 from policies.distill_config import DistillConfig
+from tests.support.instant_upstream import make_app
 from tests.support.servers import aiohttp_server, gateway_server
 from tests.support.waiting import wait_until
 

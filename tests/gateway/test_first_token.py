@@ -2,7 +2,7 @@
 fails has not begun the answer, so the request is retried elsewhere (docs/architecture.md, "Failure handling").
 
 The backends here open their chat streams the way vLLM and llama.cpp servers do: a role-only frame as soon as
-they accept the request, before it has a slot or its prefill (`bench/instant_upstream.py`, the `role_*` modes).
+they accept the request, before it has a slot or its prefill (`tests/support/instant_upstream.py`, the `role_*` modes).
 """
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ import httpx
 import msgspec
 import pytest
 
-from bench.instant_upstream import GATE, HITS, OPENED
 from tests.gateway.conftest import stack
 from tests.support.edge import parse_metrics
+from tests.support.instant_upstream import GATE, HITS, OPENED
 
 AUTH = {"Authorization": "Bearer key-alpha-1"}
 STREAM = {"model": "auto", "messages": [{"role": "user", "content": "Say hi"}], "max_tokens": 4, "temperature": 1,

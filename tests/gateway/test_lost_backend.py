@@ -3,7 +3,7 @@ wait for their answers to begin is declared lost by its pool, and those requests
 
 A JSON answer's headers come only once it is generated, so without this a hung backend held a JSON request for
 the request's whole `total_s` (docs/reliability.md, bug 15). Here `total_s` and `first_byte_s` are 60 s and 30 s:
-an answer well before them can only come from the failover. The backends are `bench/instant_upstream.py` in mode
+an answer well before them can only come from the failover. The backends are `tests/support/instant_upstream.py` in mode
 `frozen` (nothing answered at all, /health included). tests/chaos/test_edge_stop.py and test_vllm_stop.py do the
 same with real processes and SIGSTOP.
 """
@@ -16,9 +16,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from bench.instant_upstream import HITS, MODE, make_app
 from gateway.settings import Settings
 from tests.gateway.conftest import KEYS
+from tests.support.instant_upstream import HITS, MODE, make_app
 from tests.support.servers import aiohttp_server, gateway_server
 from tests.support.waiting import wait_until
 

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import httpx
 
-from bench.instant_upstream import GATE, OPENED, make_app
 from gateway.auth import KeyRing
 from gateway.settings import Settings
+from tests.support.instant_upstream import GATE, OPENED, make_app
 from tests.support.servers import aiohttp_server, gateway_server
 from tests.support.waiting import wait_until
 

@@ -15,10 +15,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from bench.instant_upstream import make_app
 from gateway.settings import Settings
 from gateway.stats import Stats
 from tests.support.browser import chromium, text_of, wait_for
+from tests.support.instant_upstream import make_app
 from tests.support.servers import aiohttp_server, gateway_server
 
 ADMIN_KEY = "dashboard-admin-key-0123456789"

@@ -111,7 +111,7 @@ async def test_size_bound_and_invalidation_across_nodes(make_cache, redis_cluste
 
         removed = await b.invalidate(tenant="t2")
         assert removed > 0 and sum(keys_per_node(redis_cluster)) == stored - removed
-        for i, q in enumerate(QUESTIONS):
+        for q in QUESTIONS:
             assert await a.lookup(chat(q), "t2", RULE) is None
         await eventually(lambda: len(a.index) == stored - removed, "a to drop t2's entries")
 

@@ -14,10 +14,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from bench.instant_upstream import HITS, make_app
 from edge_node.packaged import packaged_path
 from gateway.settings import Settings
 from tests.support.edge import EdgeProcess, start_edge_node
+from tests.support.instant_upstream import HITS, make_app
 from tests.support.servers import aiohttp_server, gateway_server
 from tests.support.waiting import wait_until
 

@@ -34,8 +34,7 @@ def _busy(port: int) -> bool:
         return s.connect_ex(("127.0.0.1", port)) == 0
 
 
-WORDS = ("the river carried stone and cloud past the lantern of the harbor while a meadow signal rang copper "
-         "over the garden in winter and an orbit of canyon violet engines crossed the forest ladder").split()
+WORDS = ["the", "river", "carried", "stone", "and", "cloud", "past", "the", "lantern", "of", "the", "harbor", "while", "a", "meadow", "signal", "rang", "copper", "over", "the", "garden", "in", "winter", "and", "an", "orbit", "of", "canyon", "violet", "engines", "crossed", "the", "forest", "ladder"]
 
 
 def _long_prompt(n_words: int) -> str:

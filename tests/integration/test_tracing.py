@@ -19,8 +19,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from bench.instant_upstream import make_app
 from tests.gateway.conftest import write_policy
+from tests.support.instant_upstream import make_app
 from tests.support.servers import aiohttp_server, free_port
 from tests.support.waiting import wait_until
 

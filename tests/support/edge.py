@@ -24,8 +24,8 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from bench.procs import free_port
 from edge_node.demo_model import build_demo_model
+from tests.support.ports import free_port
 from tests.support.require import skip_or_fail
 from tests.support.waiting import wait_until
 

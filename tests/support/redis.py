@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from bench.procs import redis_answers
+from tests.support.ports import redis_answers
 from tests.support.servers import free_port
 from tests.support.tools import require_tool
 

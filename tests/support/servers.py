@@ -12,7 +12,7 @@ import httpx
 import uvicorn
 from aiohttp import web
 
-from bench.procs import free_port  # one helper for the benchmarks and the tests; re-exported here
+from tests.support.ports import free_port  # one helper for the benchmarks and the tests; re-exported here
 from tests.support.waiting import wait_until
 
 __all__ = ["ThreadedAiohttp", "ThreadedGateway", "aiohttp_server", "free_port", "gateway_server"]

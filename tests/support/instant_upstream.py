@@ -8,7 +8,7 @@ servers do, with a role-only frame before any token, and then hang (`role_hang`)
 for the test's `GATE` event before generating (`role_gated`); `gated` holds every request until `GATE` is set. `frozen` answers nothing at all, health checks
 included, as a SIGSTOPped process does, until the mode changes (SIGCONT): then it carries on.
 
-Run: python -m bench.instant_upstream --port 9001 [--chunks 8] [--mode ok|error500|cut|hang|stall|reject|unauthorized]
+Run: python -m tests.support.instant_upstream --port 9001 [--chunks 8] [--mode ok|error500|cut|hang|stall|reject|unauthorized]
                                          [--ttft-ms 0] [--tbt-ms 0] [--echo]
 
 `--ttft-ms` / `--tbt-ms` (default 0: instant) make every answer take a fixed, model-like time: the first token after

@@ -17,11 +17,12 @@ is a whole JSON answer with choices, or SSE ending in `data: [DONE]`.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 from dataclasses import dataclass
 
-from bench.fuzz.cases import Case
+from tests.support.fuzz_cases import Case
 
 __all__ = ["UVICORN_400", "Result", "send"]
 
@@ -131,10 +132,8 @@ async def send(case: Case, host: str, port: int, timeout_s: float) -> Result:
                     raw += chunk
             finally:
                 writer.close()
-                try:
+                with contextlib.suppress(OSError):
                     await writer.wait_closed()
-                except OSError:
-                    pass
     except TimeoutError:
         status, _, _ = _split(bytes(raw))
         return Result(case, "hang", status, "none", time.perf_counter() - started, bytes(raw[:300]))

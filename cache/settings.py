@@ -39,10 +39,8 @@ class CacheSettings:
     embed_linger_ms: float = 0.0
     embed_max_batch: int = 32
     hnsw_at: int = 20_000  # a namespace with more entries than this gets an HNSW graph (usearch)
-    # Redis 8 vector sets (measured in docs/benchmarks.md, bench/cache/efsweep.py): build effort 100, half the
-    # insert CPU of Redis's default 200; search effort 50: recall@1 1.000 at 10k and 100k entries (EF 32: 0.995 at
-    # 100k) in 60 % of EF 100's search time there; at 1M entries in one namespace, 0.975 in 1.4 ms (EF 100: 0.998
-    # in 2.45 ms), a lost neighbour being a miss there.
+    # Redis 8 vector sets: build effort 100 (less insert CPU than Redis's default 200) and search effort 50, chosen
+    # by bench/cache/efsweep.py for recall against search time (its figures: docs/benchmarks.md).
     vset_build_ef: int = 100
     vset_search_ef: int = 50
     vset_m: int = 16

@@ -129,11 +129,10 @@ def _process_registry() -> CollectorRegistry:
 def _tune_gc() -> None:
     """Keep the cyclic garbage collector off the request path's back.
 
-    What start-up loaded (tokenizer vocabularies, the compiled complexity trees, the policy: ~70k objects) lives
-    as long as the process, so it is frozen out of every later collection (a full one took 22 ms), and the
-    youngest generation is collected every 20k allocations rather than every 700, i.e. every few dozen
-    requests instead of every other one. Measured with `bench.overhead.inprocess --gap-ms 5`: p90 1.24-1.34 ms
-    against 1.58-1.59 ms with the defaults (docs/benchmarks.md).
+    What start-up loaded (tokenizer vocabularies, the compiled complexity trees, the policy) lives as long as the
+    process, so it is frozen out of every later collection, and the youngest generation is collected every 20k
+    allocations rather than every 700: every few dozen requests instead of every other one. The effect on the
+    latency tail is measured by `bench.overhead.inprocess --gap-ms 5` (docs/benchmarks.md).
     """
     gc.collect()
     gc.freeze()

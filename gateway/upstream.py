@@ -287,7 +287,7 @@ _VERDICT_STATUSES = frozenset({400, 413, 422})
 # ... unless the verdict is about the backend's own limits: another tier's backend may well serve the request.
 # `context_length_exceeded` is what edge nodes (and OpenAI) answer for a prompt longer than the context;
 # `unsupported_parameter` / `unsupported_value` are OpenAI's codes for a feature a model lacks. A 413 is always the
-# backend's own body limit (the gateway has enforced its own). docs/CONTRACTS.md states this for edge nodes.
+# backend's own body limit (the gateway has enforced its own). docs/contracts.md states this for edge nodes.
 _CAPABILITY_CODES = frozenset({"context_length_exceeded", "unsupported_parameter", "unsupported_value"})
 # Backends that say so only in words (no string code): edge nodes before they sent `unsupported_parameter`, and
 # vLLM, whose context-length refusal is a 400 with `code: 400` and OpenAI's old wording.

@@ -225,7 +225,7 @@ def test_request_ids_are_echoed_or_made_and_the_log_lines_carry_them(node, logs)
     ("/v1/completions", {"best_of": 2}, "best_of", "unsupported_parameter"),
 ])
 def test_what_the_node_cannot_do_is_refused_with_a_code_that_sends_it_elsewhere(node, path, body, param, code):
-    # The gateway hands a request refused with these codes to its next tier (docs/CONTRACTS.md, "Backends").
+    # The gateway hands a request refused with these codes to its next tier (docs/contracts.md, "Backends").
     base = {"messages": [{"role": "user", "content": "hi"}]} if "chat" in path else {"prompt": "hi"}
     r = httpx.post(node.url + path, json={"model": "tiny", **base, "max_tokens": 4, **body}, timeout=10)
     assert r.status_code == 400

@@ -31,7 +31,7 @@ from core.wire import ChatRequest
 from gateway.context import Outcome, RequestContext
 from gateway.dispatch import Attempt
 from gateway.relay import Relay
-from gateway.upstream import UpstreamFailure
+from gateway.upstream import FailureKind, UpstreamFailure
 from policies.confidence import (
     Confidence,
     TokenScore,
@@ -96,7 +96,8 @@ class CascadeRunner:
         except TimeoutError:
             judged = Verdict(False, "timeout", _NO_CONFIDENCE)
         except (OpenAIError, UpstreamFailure) as exc:  # the first tier's own timeouts are bounded by the budget
-            timed_out = "timeout" in ((exc.code or "") if isinstance(exc, OpenAIError) else exc.kind)
+            timed_out = (exc.kind is FailureKind.TIMEOUT if isinstance(exc, UpstreamFailure)
+                         else exc.code == f"upstream_{FailureKind.TIMEOUT}")
             log.info("cascade_first_tier_failed", request_id=ctx.request_id, tier=first.tier, error=str(exc))
             judged = Verdict(False, "timeout" if timed_out else "first_tier_failed", _NO_CONFIDENCE)
         except BaseException:  # cancelled: the client left (or shutdown)

@@ -25,7 +25,7 @@ from core.types import Decision, Features, Timeouts
 from core.wire import ParsedRequest, decode_json
 from gateway.metrics import GatewayMetrics
 from gateway.tiers import Tier
-from gateway.upstream import UpstreamClient, UpstreamFailure, UpstreamResponse
+from gateway.upstream import FailureKind, UpstreamClient, UpstreamFailure, UpstreamResponse
 
 __all__ = ["Attempt", "Dispatcher", "shutting_down"]
 
@@ -146,7 +146,7 @@ class Dispatcher:
             for ep in candidates:
                 try:
                     if self.closing is not None:
-                        raise UpstreamFailure(self.closing, kind="shutdown", status=503, retryable=False)
+                        raise UpstreamFailure(self.closing, kind=FailureKind.SHUTDOWN, status=503, retryable=False)
                     timeouts = budget.left()
                 except UpstreamFailure as f:  # retries ate the request's total time, or the gateway is closing
                     _give_back(route, metrics)
@@ -158,16 +158,16 @@ class Dispatcher:
                                                                         stream)
                 except UpstreamFailure as f:
                     ep.inflight -= 1
-                    if f.kind == "shutdown":  # no backend's fault: nothing to report, nothing to retry
+                    if f.kind is FailureKind.SHUTDOWN:  # no backend's fault: nothing to report, nothing to retry
                         _give_back(route, metrics)
                         raise _failure_error(tier, f) from None
                     metrics.upstream_errors.labels(tier, f.kind).inc()
-                    if f.kind == "capability" and any(t in routes for t in tiers[i + 1:]):
+                    if f.kind is FailureKind.CAPABILITY and any(t in routes for t in tiers[i + 1:]):
                         # This tier cannot serve it (context too short, a feature missing): a later one may.
                         # The endpoint is fine and the same tier's others are alike, so on to the next tier.
                         last = _client_error_from(f, f"Tier `{tier}` cannot serve this request: ")
                         break
-                    if f.kind in ("http_4xx", "capability"):  # the backend judged the request: pass its verdict on
+                    if f.kind in (FailureKind.HTTP_4XX, FailureKind.CAPABILITY):  # the backend judged the request: pass its verdict on
                         _give_back(route, metrics)
                         raise _client_error_from(f) from None
                     route.pool.report(ep, False)
@@ -230,9 +230,9 @@ class Dispatcher:
             if watch.reason is None or task.uncancel() > 0:
                 raise  # the client left, or the server gave up on the request
             if watch.shutdown:
-                raise UpstreamFailure(watch.reason, kind="shutdown", status=503, retryable=False) from None
+                raise UpstreamFailure(watch.reason, kind=FailureKind.SHUTDOWN, status=503, retryable=False) from None
             raise UpstreamFailure(f"{ep.id} stopped answering its health checks before the answer began "
-                                  f"({watch.reason})", kind="lost", status=504) from None
+                                  f"({watch.reason})", kind=FailureKind.LOST, status=504) from None
         except BaseException:
             _discard(resp)
             raise
@@ -242,7 +242,7 @@ class Dispatcher:
 
 
 def _failure_error(tier: str, f: UpstreamFailure) -> OpenAIError:
-    if f.kind == "shutdown":
+    if f.kind is FailureKind.SHUTDOWN:
         return shutting_down(str(f))
     return upstream_error(504, f"Tier `{tier}`: {f}", code="upstream_timeout")
 
@@ -284,7 +284,7 @@ class _Budget:
         if left >= self._timeouts.total_s - 0.001:
             return self._timeouts  # the first attempt: nothing to change
         if left <= 0:
-            raise UpstreamFailure(f"the request's total time ({self._timeouts.total_s:g}s) is spent", kind="timeout",
+            raise UpstreamFailure(f"the request's total time ({self._timeouts.total_s:g}s) is spent", kind=FailureKind.TIMEOUT,
                                   status=504, retryable=False)
         return dataclasses.replace(self._timeouts, total_s=left)
 

@@ -24,7 +24,7 @@ from core.http import DONE, sse
 from gateway.context import Outcome, RequestContext, answer_headers
 from gateway.dispatch import Attempt, shutting_down
 from gateway.render import AnswerSummary, StreamAccumulator, cacheable, render_json, render_sse, summarize
-from gateway.upstream import UpstreamFailure
+from gateway.upstream import FailureKind, UpstreamFailure
 
 if TYPE_CHECKING:
     from gateway.lifecycle import Gateway
@@ -78,7 +78,7 @@ class Relay:
             body = await attempt.response.read()
             attempt.response.release()
             if attempt.aborted is not None:  # the gateway closed it: what was read may be cut short
-                raise UpstreamFailure(attempt.aborted, kind="shutdown")
+                raise UpstreamFailure(attempt.aborted, kind=FailureKind.SHUTDOWN)
         except UpstreamFailure as f:
             attempt.response.close()
             if attempt.aborted is not None:
@@ -194,7 +194,7 @@ class Relay:
                 if out:
                     yield b"".join(out)
                 batch = await anext(events, None)
-            raise UpstreamFailure(f"{attempt.endpoint.id} ended the stream without [DONE]", kind="stream")
+            raise UpstreamFailure(f"{attempt.endpoint.id} ended the stream without [DONE]", kind=FailureKind.STREAM)
         except UpstreamFailure as f:
             if attempt.aborted is not None:  # the gateway is shutting down: no backend's fault
                 relay.status = 503

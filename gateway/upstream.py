@@ -10,6 +10,7 @@ which is how a client's disconnect stops the generation upstream.
 from __future__ import annotations
 
 import asyncio
+import enum
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
@@ -21,10 +22,25 @@ from core.pool import Endpoint
 from core.types import Timeouts
 from core.wire import decode_json
 
-__all__ = ["MAX_EVENT_BYTES", "UpstreamClient", "UpstreamFailure", "UpstreamResponse", "opens_answer"]
+__all__ = ["FailureKind", "MAX_EVENT_BYTES", "UpstreamClient", "UpstreamFailure", "UpstreamResponse", "opens_answer"]
 
 # One SSE line longer than this is a broken backend, not a chunk of an answer: refuse it rather than buffer it.
 MAX_EVENT_BYTES = 8 * 1024 * 1024
+
+
+class FailureKind(enum.StrEnum):
+    """Why a backend gave no usable answer. The values are metric labels and `upstream_<kind>` error codes."""
+
+    CONNECT = "connect"
+    TIMEOUT = "timeout"
+    HTTP_5XX = "http_5xx"  # 5xx or 429: overloaded or broken
+    HTTP_4XX = "http_4xx"  # the backend's verdict on the request itself: relayed, not retried
+    CAPABILITY = "capability"  # the backend cannot serve this request (context, a feature): a bigger one may
+    HTTP_ENDPOINT = "http_endpoint"  # 401/403/404/405: the endpoint is misconfigured
+    PROTOCOL = "protocol"
+    STREAM = "stream"
+    LOST = "lost"  # the endpoint stopped answering its health checks before the answer began
+    SHUTDOWN = "shutdown"  # the gateway is shutting down: no backend's fault
 
 
 class UpstreamFailure(Exception):
@@ -32,15 +48,15 @@ class UpstreamFailure(Exception):
 
     `retryable` is true when nothing reached the client yet and another endpoint may do better
     (connection refused, timeout before the first byte, 5xx); `status` is what the client gets if
-    every attempt fails this way. `kind == "http_4xx"` is the backend's verdict on the request itself
-    (400, 413, 422), which no other backend would change; `kind == "capability"` is a backend saying that it
+    every attempt fails this way. `FailureKind.HTTP_4XX` is the backend's verdict on the request itself
+    (400, 413, 422), which no other backend would change; `FailureKind.CAPABILITY` is a backend saying that it
     cannot serve this request (too long for its context, a feature it lacks), which a bigger one may.
     """
 
-    def __init__(self, message: str, *, kind: str, status: int = 502, retryable: bool = True,
+    def __init__(self, message: str, *, kind: FailureKind, status: int = 502, retryable: bool = True,
                  body: bytes | None = None) -> None:
         super().__init__(message)
-        self.kind = kind  # connect | timeout | http_5xx | http_4xx | capability | http_endpoint | protocol | stream
+        self.kind = kind
         self.status = status
         self.retryable = retryable
         self.body = body
@@ -69,9 +85,9 @@ class UpstreamResponse:
                 return await self._resp.read()
         except TimeoutError:
             raise UpstreamFailure(f"{self.endpoint.id} did not finish its answer within {self._timeouts.total_s:g}s",
-                                  kind="timeout", status=504, retryable=False) from None
+                                  kind=FailureKind.TIMEOUT, status=504, retryable=False) from None
         except aiohttp.ClientError as exc:
-            raise UpstreamFailure(f"{self.endpoint.id} broke off the answer: {exc}", kind="protocol") from None
+            raise UpstreamFailure(f"{self.endpoint.id} broke off the answer: {exc}", kind=FailureKind.PROTOCOL) from None
 
     async def events(self) -> AsyncIterator[list[bytes]]:
         """Yield the SSE `data:` payloads (without the prefix) in batches: every complete event received so far.
@@ -101,17 +117,17 @@ class UpstreamResponse:
                     chunk = await content.readany()
             except TimeoutError:
                 when = "mid-stream" if held is None else f"before its first token ({self._timeouts.first_byte_s:g}s)"
-                raise UpstreamFailure(f"{self.endpoint.id} went silent {when}", kind="timeout", status=504) from None
+                raise UpstreamFailure(f"{self.endpoint.id} went silent {when}", kind=FailureKind.TIMEOUT, status=504) from None
             except aiohttp.ClientError as exc:
-                raise UpstreamFailure(f"{self.endpoint.id} broke off the stream: {exc}", kind="stream") from None
+                raise UpstreamFailure(f"{self.endpoint.id} broke off the stream: {exc}", kind=FailureKind.STREAM) from None
             if not chunk:
-                raise UpstreamFailure(f"{self.endpoint.id} closed the stream before [DONE]", kind="stream")
+                raise UpstreamFailure(f"{self.endpoint.id} closed the stream before [DONE]", kind=FailureKind.STREAM)
             buf += chunk
             end = buf.rfind(b"\n")
             if end < 0:
                 if len(buf) > MAX_EVENT_BYTES:
                     raise UpstreamFailure(f"{self.endpoint.id} sent an event over {MAX_EVENT_BYTES} bytes",
-                                          kind="protocol")
+                                          kind=FailureKind.PROTOCOL)
                 continue
             lines = bytes(buf[:end]).split(b"\n")
             del buf[:end + 1]
@@ -207,7 +223,7 @@ def _first_token(endpoint: Endpoint, batch: list[bytes]) -> bool | None:
         opened = opens_answer(payload)
         if opened is False:
             raise UpstreamFailure(f"{endpoint.id} failed before its first token: "
-                                  f"{payload[:300].decode('utf-8', 'replace')}", kind="stream", body=payload)
+                                  f"{payload[:300].decode('utf-8', 'replace')}", kind=FailureKind.STREAM, body=payload)
         if opened:
             return True
     return None
@@ -254,16 +270,16 @@ class UpstreamClient:
             async with asyncio.timeout(wait_s):
                 resp = await self.session.post(url, data=body, headers=headers, timeout=timeout)
         except aiohttp.ConnectionTimeoutError:  # a TimeoutError too: the endpoint never accepted, try another
-            raise UpstreamFailure(f"cannot connect to {endpoint.id} within {timeouts.connect_s:g}s", kind="connect",
+            raise UpstreamFailure(f"cannot connect to {endpoint.id} within {timeouts.connect_s:g}s", kind=FailureKind.CONNECT,
                                   status=503) from None
         except TimeoutError:
-            raise UpstreamFailure(f"{endpoint.id} did not answer within {wait_s:g}s", kind="timeout", status=504,
+            raise UpstreamFailure(f"{endpoint.id} did not answer within {wait_s:g}s", kind=FailureKind.TIMEOUT, status=504,
                                   retryable=stream) from None
         except aiohttp.ClientConnectorError as exc:
-            raise UpstreamFailure(f"cannot connect to {endpoint.id}: {exc.os_error or exc}", kind="connect",
+            raise UpstreamFailure(f"cannot connect to {endpoint.id}: {exc.os_error or exc}", kind=FailureKind.CONNECT,
                                   status=503) from None
         except aiohttp.ClientError as exc:
-            raise UpstreamFailure(f"{endpoint.id} failed: {exc}", kind="protocol") from None
+            raise UpstreamFailure(f"{endpoint.id} failed: {exc}", kind=FailureKind.PROTOCOL) from None
         if resp.status >= 400:
             try:
                 async with asyncio.timeout(timeouts.first_byte_s):
@@ -302,10 +318,10 @@ def _failure_for_status(endpoint: Endpoint, status: int, body: bytes) -> Upstrea
     overloaded or broken: the client gets a 502 if no other endpoint answers, never the backend's own 401.
     """
     if status in _VERDICT_STATUSES:
-        kind = "capability" if status == 413 or _is_capability(body) else "http_4xx"
+        kind = FailureKind.CAPABILITY if status == 413 or _is_capability(body) else FailureKind.HTTP_4XX
         return UpstreamFailure(f"{endpoint.id} answered HTTP {status}", kind=kind, status=status,
                                retryable=False, body=body)
-    kind = "http_5xx" if status >= 500 or status == 429 else "http_endpoint"
+    kind = FailureKind.HTTP_5XX if status >= 500 or status == 429 else FailureKind.HTTP_ENDPOINT
     return UpstreamFailure(f"{endpoint.id} answered HTTP {status}", kind=kind, status=502, body=body)
 
 

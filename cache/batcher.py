@@ -4,6 +4,8 @@ Requests that arrive within `linger_ms` of each other (or while the worker is bu
 call: a batch of 8 costs far less than 8 single calls, and the event loop stays free while the ONNX
 session runs (onnxruntime releases the GIL). Within a batch, texts are grouped by length so padding to the
 longest does not make short prompts pay for a long one.
+
+Tested in `tests/cache/test_embedder_batcher.py`.
 """
 
 from __future__ import annotations

@@ -7,6 +7,8 @@ and under contention two threads were measured ~5x slower than one.
 
 Texts that the tokenizer truncates are reported, because two long prompts that differ only after the
 cut would embed identically: the cache must not use such an embedding for a semantic hit.
+
+Tested in `tests/cache/test_embedder_batcher.py`.
 """
 
 from __future__ import annotations

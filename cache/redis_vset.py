@@ -31,6 +31,8 @@ Bad input never fails a request and never makes a wrong hit: a vector set whose 
 embedder's (a new embedder) or a key of the wrong type answers no candidates and is logged once per
 namespace (`cache_vector_set_unusable`); such a namespace stays exact-only until its old entries expire or
 are invalidated (its vector set disappears with its last element).
+
+Tested in `tests/integration/test_cache_redis.py`.
 """
 
 from __future__ import annotations

@@ -3,6 +3,8 @@
 `DEFAULT_THRESHOLD` and `DEFAULT_GUARDS` come from `python -m bench.cache.calibrate`: the highest-recall
 setting whose precision on the calibration half of the labelled question pairs is at least 0.90. The policy
 (`CacheRule.threshold`) decides per rule; these are what the CLI and tests use when no policy says otherwise.
+
+Tested in `tests/cache/test_errbound.py`, `tests/bench/test_cache_scale.py`.
 """
 
 from __future__ import annotations

@@ -9,6 +9,8 @@ Keys (prefix `P`, default "tiergate:cache"):
 - `P:eb:th:<entry id>`: an entry's own threshold (it only rises), kept `entry_memory_s`;
 - `P:fb:<tenant tag>:<hash of the request id>`: the entry a request was answered from, kept `feedback_ttl_s`
   (keyed by tenant: another tenant's request id is simply not found).
+
+Tested in `tests/cache/test_errbound.py`.
 """
 
 from __future__ import annotations

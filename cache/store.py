@@ -5,6 +5,8 @@ in-process store and the Redis 7 ("stream") layout keep a `VectorIndex` in this 
 in step by following a change stream every gateway shares); the Redis 8 ("vectorset") layout searches inside
 Redis (`VSIM`) and keeps nothing here. All of them evict the entries closest to expiry first when
 `max_entries` is exceeded (with one TTL for all, that is oldest first).
+
+Tested in `tests/cache/test_semantic.py`.
 """
 
 from __future__ import annotations

@@ -2,6 +2,8 @@
 
 An answer is stored in a normalised form (text, finish reason, usage) so that one entry can be
 replayed as a JSON response or as SSE chunks, whichever shape the new request asked for.
+
+Tested in `tests/gateway/test_errors_render_schemas.py`.
 """
 
 from __future__ import annotations

@@ -11,6 +11,8 @@ onnxruntime. Steps, each shown as it runs:
 4. a logistic fit of (cosine, logit) on those out-of-fold scores, and its quantiles, become the combination;
    the out-of-fold logits are kept (`out_of_fold.json`) so that `tiergate cache seed-bound --verifier` counts
    the same pairs as evidence without the members' memory of them.
+
+Tested in `tests/integration/test_cache_verifier.py`.
 """
 
 from __future__ import annotations

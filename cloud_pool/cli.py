@@ -1,4 +1,7 @@
-"""`cloud-pool`: check, render and launch vLLM servers from a spec; build the tiny test model."""
+"""`cloud-pool`: check, render and launch vLLM servers from a spec; build the tiny test model.
+
+Tested in `tests/cloud_pool/test_render.py`.
+"""
 
 from __future__ import annotations
 

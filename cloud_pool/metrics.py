@@ -3,6 +3,8 @@
 Labelled by tier and endpoint id ("host:port"); `forget` drops an endpoint's series when DNS discovery no
 longer lists it, so scaled-down pods do not linger on dashboards. One `CloudMetrics` serves every cloud tier
 of a gateway (the series carry the tier); the gateway passes its own registry, as for every package.
+
+Tested in `tests/cloud_pool/test_pool.py`, `tests/gateway/test_tiers.py`.
 """
 
 from __future__ import annotations

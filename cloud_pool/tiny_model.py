@@ -10,6 +10,8 @@ Choices that matter to vLLM on CPU: the attention head size must be one its CPU 
 generated corpus (any text is tokenizable, about one token per generated word); the output rows of
 special and partial-UTF-8 tokens are zeroed so greedy text stays printable (and EOS is practically
 never produced: use `max_tokens`/`ignore_eos` to bound generations).
+
+Tested in `tests/integration/test_cloud_pool.py`.
 """
 
 from __future__ import annotations

@@ -4,6 +4,9 @@ Both featurizers (the conversation features and the multiple-choice expert's) an
 the gateway's token count read the same ids, so a request is encoded once. Plain-ASCII text goes through
 `AsciiWordPiece` (exact, several times faster than the library's full pipeline); anything else through
 `tokenizers`.
+
+Tested in `tests/complexity/test_choice.py`, `tests/complexity/test_features.py`,
+`tests/complexity/test_wordpiece.py`.
 """
 
 from __future__ import annotations

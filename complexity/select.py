@@ -9,6 +9,8 @@ cut every kind of traffic at about the same share), not a way to rank better, an
 
 bench/router runs this inside each of its outer folds (nested), so the numbers it reports for a held-out
 source never helped choose anything.
+
+Tested in `tests/complexity/test_train.py`.
 """
 
 from __future__ import annotations

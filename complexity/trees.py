@@ -5,6 +5,8 @@ fitted trees are exported to flat arrays, stored as JSON, and compiled at load i
 nested conditionals (only the model's numbers go into it), which evaluates 450 small trees in a few
 microseconds: numpy's per-call cost on a 27-number vector would dominate. Training scores with the same
 code, so the numbers are identical.
+
+Tested in `tests/complexity/test_choice.py`.
 """
 
 from __future__ import annotations

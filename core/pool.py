@@ -2,6 +2,9 @@
 
 Edge pools (`edge_node.pool`) and cloud pools (`cloud_pool.pool`) both implement `Pool`;
 every backend speaks the OpenAI HTTP API, so an `Endpoint` is just a base URL and a model.
+
+Tested in `tests/cloud_pool/test_pool.py`, `tests/cloud_pool/test_prefix_memory.py`,
+`tests/cloud_pool/test_selection.py` and others.
 """
 
 from __future__ import annotations

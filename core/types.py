@@ -2,6 +2,9 @@
 
 `Features` is what the gateway knows about a request before routing it; `Decision` is what
 the policy makes of it. Both are frozen: computed once per request, then only read.
+
+Tested in `tests/fuzz/test_policy_loader.py`, `tests/gateway/test_admission.py`, `tests/gateway/test_auth.py`
+and others.
 """
 
 from __future__ import annotations

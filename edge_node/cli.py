@@ -2,6 +2,8 @@
 
 Operator mistakes (a missing or damaged model, a model too big for memory, a bad flag) end with one
 line on stderr and a non-zero exit code, never a traceback.
+
+Tested in `tests/deploy/test_compose_docker_systemd.py`.
 """
 
 from __future__ import annotations

@@ -8,6 +8,8 @@ template, or the text as is), handed to the batching engine, and answered whole 
 (`edge_node.answers`). Chat requests may ask for JSON (`response_format`) or a tool call, served by
 grammar-constrained decoding (`edge_node.structured`); both endpoints report token log-probabilities
 (`logprobs`, `top_logprobs` up to 20). A client that disconnects cancels its generation at once.
+
+Tested in `tests/edge_node/test_sampling.py`, `tests/edge_node/test_server.py`.
 """
 
 from __future__ import annotations

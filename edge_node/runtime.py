@@ -3,6 +3,8 @@
 Everything here is llama-cpp-python's low-level (ctypes) API: the high-level `Llama` class owns a
 single sequence and samples in Python, which is what the engine replaces. The runtime only loads,
 tokenizes, and answers questions about the vocabulary; the decode loop lives in `edge_node.engine`.
+
+Tested in `tests/edge_node/test_engine.py`, `tests/edge_node/test_server.py`.
 """
 
 from __future__ import annotations

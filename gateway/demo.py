@@ -4,6 +4,8 @@ The demo starts real processes serving a real model, SmolLM2-135M-Instruct (INT4
 verified by sha256): a llama.cpp edge node, a second llama.cpp server standing in for the cloud tier with a
 longer context (vLLM needs a GPU or its own heavy CPU build; the logs and /v1/models say it is a stand-in), and
 the gateway on top with the in-memory semantic cache.
+
+Tested in `tests/integration/test_demo.py`.
 """
 
 from __future__ import annotations

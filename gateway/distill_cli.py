@@ -4,6 +4,8 @@ Each line is one example, `{"messages": [..., {"role": "assistant", "content": A
 `{"prompt": ..., "completion": ...}`), the shape fine-tuning tools read; the manifest says where the records came
 from, which filters applied and how many of each kind were written. docs/policy.md ("Distillation capture")
 shows the way from this file to an INT4 GGUF an edge node loads.
+
+Tested in `tests/gateway/test_distill.py`.
 """
 
 from __future__ import annotations

@@ -3,6 +3,8 @@
 Upstream JSON is decoded into a minimal struct (only what caching, usage accounting and metrics
 need); the bytes themselves are relayed untouched. Cached answers are rendered as a normal
 completion object or as SSE chunks, so a hit looks exactly like a fresh answer.
+
+Tested in `tests/gateway/test_errors_render_schemas.py`.
 """
 
 from __future__ import annotations

@@ -1,4 +1,8 @@
-"""Gateway settings, from `TIERGATE_*` environment variables (or keyword arguments in tests)."""
+"""Gateway settings, from `TIERGATE_*` environment variables (or keyword arguments in tests).
+
+Tested in `tests/gateway/test_app.py`, `tests/gateway/test_auth.py`, `tests/gateway/test_distill.py` and
+others.
+"""
 
 from __future__ import annotations
 

@@ -3,6 +3,8 @@
 The gateway feeds it once per finished request (`gateway.accounting.Accounting.record`): exact percentiles of
 this process's recent requests, not bucket interpolations, and no coupling to the Prometheus registry.
 Fleet-wide views belong to Prometheus and Grafana (deploy/grafana).
+
+Tested in `tests/gateway/test_status.py`.
 """
 
 from __future__ import annotations

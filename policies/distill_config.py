@@ -1,5 +1,8 @@
 """The policy's `distill` section: which cloud answers are recorded for training the next edge model, and what is
-redacted from them first (docs/policy.md, "Distillation capture")."""
+redacted from them first (docs/policy.md, "Distillation capture").
+
+Tested in `tests/gateway/test_distill.py`.
+"""
 
 from __future__ import annotations
 

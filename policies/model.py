@@ -3,6 +3,9 @@
 Field-level rules (types, ranges, unknown keys, min <= max) live on the models so every error carries
 the path of the offending field; checks across the file (unknown tier, fallback loops, duplicate or
 unreachable rules) live in `policies.checks`. A `Policy` that passed both is safe to hand to `PolicyEngine`.
+
+Tested in `tests/policies/test_engine.py`, `tests/policies/test_loader.py`, `tests/fuzz/test_policy_loader.py`
+and others.
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ import msgspec
 
 from core.wire import CONTROLLED_FIELDS, ChatRequest, CompletionRequest
 from edge_node.pool import NodeInfo
-from gateway.params import MAX_TOP_LOGPROBS
+from gateway.params import LOGIT_BIAS_MAX, MAX_TOP_K, MAX_TOP_LOGPROBS, SAMPLING_RANGES
 
 __all__ = ["openapi_document"]
 
@@ -23,9 +23,12 @@ Schema = dict[str, Any]
 
 # What `Gateway._validate` and `parse_heartbeat` refuse with 400 although the type allows it: struct -> field ->
 # JSON Schema keywords for the field's value of that `type` (msgspec writes `X | None` as `anyOf: [X, null]`).
-_SAMPLING = {
-    "temperature": {"type": "number", "minimum": 0, "maximum": 2},
-    "top_p": {"type": "number", "exclusiveMinimum": 0, "maximum": 1},
+_SAMPLING: dict[str, Schema] = {
+    **{name: {"type": "number", "minimum" if low_in else "exclusiveMinimum": low, "maximum": high}
+       for name, low, high, low_in in SAMPLING_RANGES},
+    "top_k": {"type": "integer", "minimum": -1, "maximum": MAX_TOP_K},
+    "logit_bias": {"type": "object", "propertyNames": {"pattern": "^[0-9]+$"},
+                   "additionalProperties": {"type": "number", "minimum": -LOGIT_BIAS_MAX, "maximum": LOGIT_BIAS_MAX}},
     "n": {"type": "integer", "const": 1},
 }
 _LIMITS: dict[str, dict[str, Schema]] = {

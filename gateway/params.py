@@ -12,7 +12,7 @@ from collections.abc import Collection
 from core.errors import bad_request, not_found
 from core.wire import ChatRequest, ParsedRequest
 
-__all__ = ["LOGIT_BIAS_MAX", "MAX_TOP_LOGPROBS", "check_params"]
+__all__ = ["LOGIT_BIAS_MAX", "MAX_TOP_K", "MAX_TOP_LOGPROBS", "SAMPLING_RANGES", "check_params"]
 
 MAX_TOP_LOGPROBS = 20  # OpenAI's limit, and vLLM's default --max-logprobs
 
@@ -53,7 +53,8 @@ def check_params(req: ParsedRequest, models: Collection[str]) -> None:
 
 
 # (field, low, high, low included): a value outside, or not a finite number, is a 400 before any backend sees it.
-_RANGES = (
+# /openapi.json documents the same ranges (gateway.openapi).
+SAMPLING_RANGES = (
     ("temperature", 0.0, 2.0, True),
     ("top_p", 0.0, 1.0, False),
     ("presence_penalty", -2.0, 2.0, True),
@@ -62,17 +63,18 @@ _RANGES = (
     ("repetition_penalty", 0.0, 10.0, False),
 )
 LOGIT_BIAS_MAX = 100.0  # OpenAI's documented range for a bias: [-100, 100]
+MAX_TOP_K = 1 << 20
 
 
 def _check_sampling(req: ParsedRequest) -> None:
     """Every sampling number finite and in its range. A value a float32 sampler turns into infinity or NaN (a
     logit bias of 1e39 is +inf there) aborts llama.cpp's grammar sampler: such a request must never reach a node."""
-    for name, low, high, low_in in _RANGES:
+    for name, low, high, low_in in SAMPLING_RANGES:
         v = getattr(req, name)
         if v is not None and not (math.isfinite(v) and (low <= v if low_in else low < v) and v <= high):
             span = f"{'[' if low_in else '('}{low:g}, {high:g}]"
             raise bad_request(f"`{name}` must be a number in {span}.", param=name)
-    if req.top_k is not None and not -1 <= req.top_k <= 1 << 20:
+    if req.top_k is not None and not -1 <= req.top_k <= MAX_TOP_K:
         raise bad_request("`top_k` must be -1 (off), 0 (off) or a positive count.", param="top_k")
     for token, bias in (req.logit_bias or {}).items():
         if not token.isdigit() or not token.isascii():

@@ -167,7 +167,8 @@ class Dispatcher:
                         # The endpoint is fine and the same tier's others are alike, so on to the next tier.
                         last = _client_error_from(f, f"Tier `{tier}` cannot serve this request: ")
                         break
-                    if f.kind in (FailureKind.HTTP_4XX, FailureKind.CAPABILITY):  # the backend judged the request: pass its verdict on
+                    # the backend judged the request: pass its verdict on
+                    if f.kind in (FailureKind.HTTP_4XX, FailureKind.CAPABILITY):
                         _give_back(route, metrics)
                         raise _client_error_from(f) from None
                     route.pool.report(ep, False)
@@ -284,8 +285,8 @@ class _Budget:
         if left >= self._timeouts.total_s - 0.001:
             return self._timeouts  # the first attempt: nothing to change
         if left <= 0:
-            raise UpstreamFailure(f"the request's total time ({self._timeouts.total_s:g}s) is spent", kind=FailureKind.TIMEOUT,
-                                  status=504, retryable=False)
+            raise UpstreamFailure(f"the request's total time ({self._timeouts.total_s:g}s) is spent",
+                                  kind=FailureKind.TIMEOUT, status=504, retryable=False)
         return dataclasses.replace(self._timeouts, total_s=left)
 
 

@@ -87,7 +87,8 @@ class UpstreamResponse:
             raise UpstreamFailure(f"{self.endpoint.id} did not finish its answer within {self._timeouts.total_s:g}s",
                                   kind=FailureKind.TIMEOUT, status=504, retryable=False) from None
         except aiohttp.ClientError as exc:
-            raise UpstreamFailure(f"{self.endpoint.id} broke off the answer: {exc}", kind=FailureKind.PROTOCOL) from None
+            raise UpstreamFailure(f"{self.endpoint.id} broke off the answer: {exc}",
+                                  kind=FailureKind.PROTOCOL) from None
 
     async def events(self) -> AsyncIterator[list[bytes]]:
         """Yield the SSE `data:` payloads (without the prefix) in batches: every complete event received so far.
@@ -117,11 +118,14 @@ class UpstreamResponse:
                     chunk = await content.readany()
             except TimeoutError:
                 when = "mid-stream" if held is None else f"before its first token ({self._timeouts.first_byte_s:g}s)"
-                raise UpstreamFailure(f"{self.endpoint.id} went silent {when}", kind=FailureKind.TIMEOUT, status=504) from None
+                raise UpstreamFailure(f"{self.endpoint.id} went silent {when}", kind=FailureKind.TIMEOUT,
+                                      status=504) from None
             except aiohttp.ClientError as exc:
-                raise UpstreamFailure(f"{self.endpoint.id} broke off the stream: {exc}", kind=FailureKind.STREAM) from None
+                raise UpstreamFailure(f"{self.endpoint.id} broke off the stream: {exc}",
+                                      kind=FailureKind.STREAM) from None
             if not chunk:
-                raise UpstreamFailure(f"{self.endpoint.id} closed the stream before [DONE]", kind=FailureKind.STREAM)
+                raise UpstreamFailure(f"{self.endpoint.id} closed the stream before [DONE]",
+                                      kind=FailureKind.STREAM)
             buf += chunk
             end = buf.rfind(b"\n")
             if end < 0:
@@ -223,7 +227,8 @@ def _first_token(endpoint: Endpoint, batch: list[bytes]) -> bool | None:
         opened = opens_answer(payload)
         if opened is False:
             raise UpstreamFailure(f"{endpoint.id} failed before its first token: "
-                                  f"{payload[:300].decode('utf-8', 'replace')}", kind=FailureKind.STREAM, body=payload)
+                                  f"{payload[:300].decode('utf-8', 'replace')}",
+                                  kind=FailureKind.STREAM, body=payload)
         if opened:
             return True
     return None
@@ -270,14 +275,14 @@ class UpstreamClient:
             async with asyncio.timeout(wait_s):
                 resp = await self.session.post(url, data=body, headers=headers, timeout=timeout)
         except aiohttp.ConnectionTimeoutError:  # a TimeoutError too: the endpoint never accepted, try another
-            raise UpstreamFailure(f"cannot connect to {endpoint.id} within {timeouts.connect_s:g}s", kind=FailureKind.CONNECT,
-                                  status=503) from None
+            raise UpstreamFailure(f"cannot connect to {endpoint.id} within {timeouts.connect_s:g}s",
+                                  kind=FailureKind.CONNECT, status=503) from None
         except TimeoutError:
-            raise UpstreamFailure(f"{endpoint.id} did not answer within {wait_s:g}s", kind=FailureKind.TIMEOUT, status=504,
-                                  retryable=stream) from None
+            raise UpstreamFailure(f"{endpoint.id} did not answer within {wait_s:g}s", kind=FailureKind.TIMEOUT,
+                                  status=504, retryable=stream) from None
         except aiohttp.ClientConnectorError as exc:
-            raise UpstreamFailure(f"cannot connect to {endpoint.id}: {exc.os_error or exc}", kind=FailureKind.CONNECT,
-                                  status=503) from None
+            raise UpstreamFailure(f"cannot connect to {endpoint.id}: {exc.os_error or exc}",
+                                  kind=FailureKind.CONNECT, status=503) from None
         except aiohttp.ClientError as exc:
             raise UpstreamFailure(f"{endpoint.id} failed: {exc}", kind=FailureKind.PROTOCOL) from None
         if resp.status >= 400:

@@ -16,6 +16,8 @@ import msgspec
 
 __all__ = [
     "CONTROLLED_FIELDS",
+    "LOGIT_BIAS_MAX",
+    "MAX_TOP_LOGPROBS",
     "ChatRequest",
     "CompletionRequest",
     "ContentPart",
@@ -60,6 +62,11 @@ class Message(msgspec.Struct, omit_defaults=True):
 
 class StreamOptions(msgspec.Struct, omit_defaults=True):
     include_usage: bool = False
+
+
+# Value limits of the OpenAI API that the structs' types cannot say; the gateway and the edge node both check them.
+MAX_TOP_LOGPROBS = 20  # OpenAI's limit, and vLLM's default --max-logprobs
+LOGIT_BIAS_MAX = 100.0  # OpenAI's documented range for a bias: [-100, 100]
 
 
 class _Sampling(msgspec.Struct, omit_defaults=True, kw_only=True):

@@ -30,7 +30,7 @@ from starlette.responses import Response, StreamingResponse
 
 from core.errors import OpenAIError, bad_request
 from core.http import DONE, error_response, read_body
-from core.wire import ChatRequest, CompletionRequest, decode_chat, decode_completion
+from core.wire import MAX_TOP_LOGPROBS, ChatRequest, CompletionRequest, decode_chat, decode_completion
 from edge_node.answers import Answer, sse
 from edge_node.chat import ChatTemplateError
 from edge_node.engine import (
@@ -45,7 +45,7 @@ from edge_node.engine import (
 )
 from edge_node.logprobs import TokenLogprob
 from edge_node.metrics import EdgeMetrics
-from edge_node.sampling import DEFAULT_MIN_P, DEFAULT_TOP_K, MAX_TOP_LOGPROBS, SamplingParams, check_grammar
+from edge_node.sampling import DEFAULT_MIN_P, DEFAULT_TOP_K, SamplingParams, check_grammar
 from edge_node.state import ServerState
 from edge_node.structured import Structured, plan, read_tool_call
 

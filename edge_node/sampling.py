@@ -12,7 +12,9 @@ import math
 import random
 from dataclasses import dataclass, field
 
-__all__ = ["LOGIT_BIAS_MAX", "MAX_TOP_LOGPROBS", "SamplerChain", "SamplingParams", "check_grammar"]
+from core.wire import LOGIT_BIAS_MAX, MAX_TOP_LOGPROBS
+
+__all__ = ["SamplerChain", "SamplingParams", "check_grammar"]
 
 _DEFAULT_SEED = 0xFFFFFFFF
 
@@ -21,8 +23,6 @@ _DEFAULT_SEED = 0xFFFFFFFF
 # samples as it would on any llama.cpp server. `top_k: 0` / `min_p: 0` in a request turn them off.
 DEFAULT_TOP_K = 40
 DEFAULT_MIN_P = 0.05
-MAX_TOP_LOGPROBS = 20  # as OpenAI's API and vLLM's default
-LOGIT_BIAS_MAX = 100.0  # OpenAI's documented range for a bias: [-100, 100]
 
 
 @dataclass(frozen=True, slots=True)

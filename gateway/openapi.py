@@ -13,9 +13,9 @@ from typing import Any
 
 import msgspec
 
-from core.wire import CONTROLLED_FIELDS, ChatRequest, CompletionRequest
+from core.wire import CONTROLLED_FIELDS, LOGIT_BIAS_MAX, MAX_TOP_LOGPROBS, ChatRequest, CompletionRequest
 from edge_node.pool import NodeInfo
-from gateway.params import LOGIT_BIAS_MAX, MAX_TOP_K, MAX_TOP_LOGPROBS, SAMPLING_RANGES
+from gateway.params import MAX_TOP_K, SAMPLING_RANGES
 
 __all__ = ["openapi_document"]
 

@@ -10,11 +10,10 @@ import math
 from collections.abc import Collection
 
 from core.errors import bad_request, not_found
-from core.wire import ChatRequest, ParsedRequest
+from core.wire import LOGIT_BIAS_MAX, MAX_TOP_LOGPROBS, ChatRequest, ParsedRequest
 
-__all__ = ["LOGIT_BIAS_MAX", "MAX_TOP_K", "MAX_TOP_LOGPROBS", "SAMPLING_RANGES", "check_params"]
+__all__ = ["MAX_TOP_K", "SAMPLING_RANGES", "check_params"]
 
-MAX_TOP_LOGPROBS = 20  # OpenAI's limit, and vLLM's default --max-logprobs
 
 
 def check_params(req: ParsedRequest, models: Collection[str]) -> None:
@@ -62,7 +61,6 @@ SAMPLING_RANGES = (
     ("min_p", 0.0, 1.0, True),
     ("repetition_penalty", 0.0, 10.0, False),
 )
-LOGIT_BIAS_MAX = 100.0  # OpenAI's documented range for a bias: [-100, 100]
 MAX_TOP_K = 1 << 20
 
 

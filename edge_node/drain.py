@@ -19,7 +19,6 @@ import structlog
 import uvicorn
 
 from core.shutdown import DeadlineServer
-from edge_node.engine import Engine
 from edge_node.state import ServerState
 
 __all__ = ["DrainingServer"]
@@ -98,15 +97,11 @@ class DrainingServer:
 
     def _end_in_flight(self, deadline_s: float) -> None:
         """The drain deadline: stop the engine, which ends every request it holds with an explicit error."""
-        engine = self._engine
+        engine = self.state.engine if self.state is not None else None
         if engine is not None and engine.in_flight():
             log.warning("drain timeout: ending requests still in flight", in_flight=engine.in_flight(),
                         drain_timeout_s=deadline_s)
             threading.Thread(target=engine.stop, name="edge-engine-stop", daemon=True).start()
-
-    @property
-    def _engine(self) -> Engine | None:
-        return self.state.engine if self.state is not None else None
 
     async def _drain(self, sig: int) -> None:
         if self.state is not None:

@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 from bench import versions
-from core.paths import tiergate_home
+from tiergate.core.paths import tiergate_home
 
 __all__ = ["ensure_litellm", "ensure_llama_cpp_server", "ensure_llama_server", "ensure_venv", "ensure_vllm_router",
            "llama_server_path"]

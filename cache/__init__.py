@@ -18,18 +18,18 @@ from pathlib import Path
 
 import structlog
 
-from cache.batcher import EmbeddingBatcher
-from cache.embedder import EmbedderError, OnnxEmbedder
-from cache.index import VectorIndex
-from cache.judge import HttpJudge, Judge
-from cache.metrics import CacheMetrics, default_metrics
-from cache.pairscore import PairScorer, VerifierError
-from cache.redis_store import RedisStore
-from cache.semantic import Feedback, LookupResult, PairScore, SemanticCache
-from cache.settings import DEFAULT_GUARDS, DEFAULT_THRESHOLD, CacheSettings
-from cache.shared import RedisShared
-from cache.store import MemoryStore, StoreUnavailable
-from cache.types import CachedAnswer, CacheEntry, CacheHit, CacheStatus
+from tiergate.cache.batcher import EmbeddingBatcher
+from tiergate.cache.embedder import EmbedderError, OnnxEmbedder
+from tiergate.cache.index import VectorIndex
+from tiergate.cache.judge import HttpJudge, Judge
+from tiergate.cache.metrics import CacheMetrics, default_metrics
+from tiergate.cache.pairscore import PairScorer, VerifierError
+from tiergate.cache.redis_store import RedisStore
+from tiergate.cache.semantic import Feedback, LookupResult, PairScore, SemanticCache
+from tiergate.cache.settings import DEFAULT_GUARDS, DEFAULT_THRESHOLD, CacheSettings
+from tiergate.cache.shared import RedisShared
+from tiergate.cache.store import MemoryStore, StoreUnavailable
+from tiergate.cache.types import CachedAnswer, CacheEntry, CacheHit, CacheStatus
 
 __all__ = [
     "DEFAULT_GUARDS",

@@ -18,9 +18,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from cache.embedder import Embedding, OnnxEmbedder
-from cache.metrics import CacheMetrics
-from core.tasks import cancel_and_wait
+from tiergate.cache.embedder import Embedding, OnnxEmbedder
+from tiergate.cache.metrics import CacheMetrics
+from tiergate.core.tasks import cancel_and_wait
 
 __all__ = ["EmbeddingBatcher", "Vector"]
 

@@ -16,24 +16,28 @@ import numpy as np
 import typer
 from prometheus_client import CollectorRegistry
 
-from cache import build_cache
-from cache.embedder import EmbedderError
-from cache.errbound import FLOOR, REGION_LABELS, ErrorBound
-from cache.export import default_embedder_dir, export_embedder
-from cache.index import VectorIndex
-from cache.keys import normalize_text
-from cache.metrics import CacheMetrics
-from cache.pairscore import PairScorer, VerifierError
-from cache.redis_store import RedisStore
-from cache.semantic import SemanticCache
-from cache.settings import DEFAULT_THRESHOLD, CacheSettings
-from cache.shared import RedisShared
-from cache.store import StoreUnavailable
-from cache.verifier_train import OUT_OF_FOLD, pair_key, train_verifier  # torch only inside its functions
-from core.paths import tiergate_home
-from core.types import CacheRule, Features, Priority
-from policies.engine import PolicyEngine
-from policies.loader import DEFAULT_POLICY, load_policy
+from tiergate.cache import build_cache
+from tiergate.cache.embedder import EmbedderError
+from tiergate.cache.errbound import FLOOR, REGION_LABELS, ErrorBound
+from tiergate.cache.export import default_embedder_dir, export_embedder
+from tiergate.cache.index import VectorIndex
+from tiergate.cache.keys import normalize_text
+from tiergate.cache.metrics import CacheMetrics
+from tiergate.cache.pairscore import PairScorer, VerifierError
+from tiergate.cache.redis_store import RedisStore
+from tiergate.cache.semantic import SemanticCache
+from tiergate.cache.settings import DEFAULT_THRESHOLD, CacheSettings
+from tiergate.cache.shared import RedisShared
+from tiergate.cache.store import StoreUnavailable
+from tiergate.cache.verifier_train import (  # torch only inside its functions
+    OUT_OF_FOLD,
+    pair_key,
+    train_verifier,
+)
+from tiergate.core.paths import tiergate_home
+from tiergate.core.types import CacheRule, Features, Priority
+from tiergate.policies.engine import PolicyEngine
+from tiergate.policies.loader import DEFAULT_POLICY, load_policy
 
 __all__ = ["cache_app"]
 

@@ -50,12 +50,12 @@ from typing import TYPE_CHECKING, Literal
 import numpy as np
 import structlog
 
-from cache.metrics import CacheMetrics
-from cache.settings import CacheSettings
-from core.tasks import cancel_and_wait
+from tiergate.cache.metrics import CacheMetrics
+from tiergate.cache.settings import CacheSettings
+from tiergate.core.tasks import cancel_and_wait
 
 if TYPE_CHECKING:
-    from cache.shared import SharedState
+    from tiergate.cache.shared import SharedState
 
 __all__ = ["EDGES", "OVERLAP_EDGES", "REGION_LABELS", "ErrorBound", "Verdict", "certified_cutoffs", "estimate",
            "new_counts", "region"]

@@ -32,8 +32,8 @@ from pathlib import Path
 import numpy as np
 from tokenizers import Tokenizer
 
-from cache.embedder import OnnxEmbedder
-from core.paths import tiergate_home
+from tiergate.cache.embedder import OnnxEmbedder
+from tiergate.core.paths import tiergate_home
 
 __all__ = ["MANIFEST", "MODEL_FILE", "TOKENIZER_FILE", "ExportResult", "default_embedder_dir", "export_embedder",
            "known_noise_to", "quantize_int8"]

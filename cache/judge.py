@@ -23,7 +23,7 @@ import aiohttp
 import numpy as np
 import structlog
 
-from cache.batcher import EmbeddingBatcher
+from tiergate.cache.batcher import EmbeddingBatcher
 
 __all__ = ["EmbeddingJudge", "HttpJudge", "Judge"]
 

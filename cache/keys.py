@@ -24,12 +24,12 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from cache.embedder import clean_text
+from tiergate.cache.embedder import clean_text
 
 if TYPE_CHECKING:
-    from cache.types import CachedAnswer
-    from core.types import CacheRule
-    from core.wire import ParsedRequest
+    from tiergate.cache.types import CachedAnswer
+    from tiergate.core.types import CacheRule
+    from tiergate.core.wire import ParsedRequest
 
 __all__ = [
     "DEFAULT_TEMPERATURE",

@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 from tokenizers import Tokenizer
 
-from cache.errbound import FLOOR
+from tiergate.cache.errbound import FLOOR
 
 __all__ = ["MANIFEST", "Combination", "PairScorer", "VerifierError"]
 

@@ -19,8 +19,8 @@ import msgspec
 import numpy as np
 import structlog
 
-from cache.metrics import CacheMetrics
-from cache.types import CachedAnswer, CacheEntry
+from tiergate.cache.metrics import CacheMetrics
+from tiergate.cache.types import CachedAnswer, CacheEntry
 
 __all__ = ["decode_entry", "entry_fields", "glob_escape"]
 

@@ -13,11 +13,11 @@ from typing import Protocol
 import numpy as np
 from redis.exceptions import RedisClusterException, RedisError
 
-from cache.index import VectorIndex
-from cache.metrics import CacheMetrics
-from cache.redis_conn import AnyRedis
-from cache.settings import CacheSettings
-from cache.types import CacheEntry
+from tiergate.cache.index import VectorIndex
+from tiergate.cache.metrics import CacheMetrics
+from tiergate.cache.redis_conn import AnyRedis
+from tiergate.cache.settings import CacheSettings
+from tiergate.cache.types import CacheEntry
 
 __all__ = ["BLOCK_MS", "FAILURES", "Conn", "Layout", "Misconfigured"]
 

@@ -30,16 +30,16 @@ from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
-from cache.index import VectorIndex
-from cache.keys import tenant_tag
-from cache.metrics import CacheMetrics
-from cache.redis_conn import AnyRedis, Capabilities, is_cluster, open_redis, safe_url, vector_sets
-from cache.redis_layout import BLOCK_MS, FAILURES, Layout, Misconfigured
-from cache.redis_stream import StreamLayout
-from cache.redis_vset import VectorSetLayout
-from cache.settings import CacheSettings
-from cache.store import StoreUnavailable
-from cache.types import CacheEntry
+from tiergate.cache.index import VectorIndex
+from tiergate.cache.keys import tenant_tag
+from tiergate.cache.metrics import CacheMetrics
+from tiergate.cache.redis_conn import AnyRedis, Capabilities, is_cluster, open_redis, safe_url, vector_sets
+from tiergate.cache.redis_layout import BLOCK_MS, FAILURES, Layout, Misconfigured
+from tiergate.cache.redis_stream import StreamLayout
+from tiergate.cache.redis_vset import VectorSetLayout
+from tiergate.cache.settings import CacheSettings
+from tiergate.cache.store import StoreUnavailable
+from tiergate.cache.types import CacheEntry
 
 __all__ = ["RedisStore"]
 

@@ -35,10 +35,10 @@ import numpy as np
 import structlog
 from redis.asyncio.cluster import RedisCluster
 
-from cache.keys import tenant_tag
-from cache.redis_codec import decode_entry, entry_fields, glob_escape
-from cache.redis_layout import BLOCK_MS, Conn, Misconfigured
-from cache.types import CacheEntry
+from tiergate.cache.keys import tenant_tag
+from tiergate.cache.redis_codec import decode_entry, entry_fields, glob_escape
+from tiergate.cache.redis_layout import BLOCK_MS, Conn, Misconfigured
+from tiergate.cache.types import CacheEntry
 
 __all__ = ["StreamLayout"]
 

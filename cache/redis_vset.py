@@ -45,9 +45,9 @@ import numpy as np
 import structlog
 from redis.exceptions import ResponseError
 
-from cache.redis_codec import decode_entry, entry_fields, glob_escape
-from cache.redis_layout import FAILURES, Conn
-from cache.types import CacheEntry
+from tiergate.cache.redis_codec import decode_entry, entry_fields, glob_escape
+from tiergate.cache.redis_layout import FAILURES, Conn
+from tiergate.cache.types import CacheEntry
 
 __all__ = ["VectorSetLayout", "entry_key", "vset_key", "zset_key"]
 

@@ -27,23 +27,30 @@ import msgspec
 import numpy as np
 import structlog
 
-from cache.batcher import EmbeddingBatcher, Vector
-from cache.errbound import FLOOR
-from cache.guards import Signature, overlap, signature, veto
-from cache.judge import EmbeddingJudge, Judge
-from cache.keys import RequestKey, answer_fits, normalize_text, request_key, tenant_tag, uncacheable_reason
-from cache.metrics import CacheMetrics, default_metrics
-from cache.settings import CacheSettings
-from cache.shared import MemoryShared, SharedState
-from cache.store import Store, StoreUnavailable
-from cache.types import CachedAnswer, CacheEntry, CacheHit
-from cache.verify import Feedback, LookupResult, Verifier
-from core.tasks import cancel_and_wait
+from tiergate.cache.batcher import EmbeddingBatcher, Vector
+from tiergate.cache.errbound import FLOOR
+from tiergate.cache.guards import Signature, overlap, signature, veto
+from tiergate.cache.judge import EmbeddingJudge, Judge
+from tiergate.cache.keys import (
+    RequestKey,
+    answer_fits,
+    normalize_text,
+    request_key,
+    tenant_tag,
+    uncacheable_reason,
+)
+from tiergate.cache.metrics import CacheMetrics, default_metrics
+from tiergate.cache.settings import CacheSettings
+from tiergate.cache.shared import MemoryShared, SharedState
+from tiergate.cache.store import Store, StoreUnavailable
+from tiergate.cache.types import CachedAnswer, CacheEntry, CacheHit
+from tiergate.cache.verify import Feedback, LookupResult, Verifier
+from tiergate.core.tasks import cancel_and_wait
 
 if TYPE_CHECKING:
-    from cache.pairscore import PairScorer
-    from core.types import CacheRule
-    from core.wire import ParsedRequest
+    from tiergate.cache.pairscore import PairScorer
+    from tiergate.core.types import CacheRule
+    from tiergate.core.wire import ParsedRequest
 
 __all__ = ["Feedback", "LookupResult", "PairScore", "SemanticCache"]
 

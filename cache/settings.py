@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from cache.guards import GUARDS
+from tiergate.cache.guards import GUARDS
 
 __all__ = ["DEFAULT_GUARDS", "DEFAULT_THRESHOLD", "CacheSettings"]
 

@@ -23,9 +23,9 @@ from typing import Protocol
 import msgspec
 import numpy as np
 
-from cache.errbound import new_counts
-from cache.keys import tenant_tag
-from cache.redis_store import RedisStore
+from tiergate.cache.errbound import new_counts
+from tiergate.cache.keys import tenant_tag
+from tiergate.cache.redis_store import RedisStore
 
 __all__ = ["HitRecord", "MemoryShared", "RedisShared", "SharedState", "request_key_hash"]
 

@@ -17,9 +17,9 @@ from typing import Protocol
 
 import numpy as np
 
-from cache.index import VectorIndex
-from cache.keys import tenant_tag
-from cache.types import CacheEntry
+from tiergate.cache.index import VectorIndex
+from tiergate.cache.keys import tenant_tag
+from tiergate.cache.types import CacheEntry
 
 __all__ = ["MemoryStore", "Store", "StoreUnavailable"]
 

@@ -18,17 +18,17 @@ from typing import TYPE_CHECKING
 
 import structlog
 
-from cache.errbound import ErrorBound
-from cache.judge import Judge
-from cache.keys import RequestKey
-from cache.metrics import CacheMetrics
-from cache.settings import CacheSettings
-from cache.shared import HitRecord, SharedState
-from cache.store import Store
-from cache.types import CachedAnswer, CacheEntry, CacheHit, CacheStatus
+from tiergate.cache.errbound import ErrorBound
+from tiergate.cache.judge import Judge
+from tiergate.cache.keys import RequestKey
+from tiergate.cache.metrics import CacheMetrics
+from tiergate.cache.settings import CacheSettings
+from tiergate.cache.shared import HitRecord, SharedState
+from tiergate.cache.store import Store
+from tiergate.cache.types import CachedAnswer, CacheEntry, CacheHit, CacheStatus
 
 if TYPE_CHECKING:
-    from core.types import CacheRule
+    from tiergate.core.types import CacheRule
 
 __all__ = ["Feedback", "LookupResult", "Verifier"]
 

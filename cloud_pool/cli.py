@@ -18,10 +18,10 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from cloud_pool import render
-from cloud_pool.process import VllmProcess, VllmStartError
-from cloud_pool.spec import SpecError, VllmSpec, load_spec
-from cloud_pool.vllm_env import REPO_ROOT, missing_reason, vllm_python
+from tiergate.cloud_pool import render
+from tiergate.cloud_pool.process import VllmProcess, VllmStartError
+from tiergate.cloud_pool.spec import SpecError, VllmSpec, load_spec
+from tiergate.cloud_pool.vllm_env import REPO_ROOT, missing_reason, vllm_python
 
 app = typer.Typer(help="vLLM server specs for tiergate's cloud tier: check, render, launch.", no_args_is_help=True)
 _err = Console(stderr=True)

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 if TYPE_CHECKING:
-    from cloud_pool.vllm_metrics import Rates, VllmMetrics
+    from tiergate.cloud_pool.vllm_metrics import Rates, VllmMetrics
 
 __all__ = ["CloudMetrics"]
 

@@ -25,17 +25,17 @@ from urllib.parse import urlsplit
 import aiohttp
 import structlog
 
-from cloud_pool.breaker import BreakerState, CircuitBreaker
-from cloud_pool.metrics import CloudMetrics
-from cloud_pool.probe import Unhealthy, probe
-from cloud_pool.selection import Selector, Strategy
-from cloud_pool.vllm_metrics import Rates, VllmMetrics, Window
-from core.pool import Endpoint, context_mismatch
-from core.tasks import cancel_and_wait
+from tiergate.cloud_pool.breaker import BreakerState, CircuitBreaker
+from tiergate.cloud_pool.metrics import CloudMetrics
+from tiergate.cloud_pool.probe import Unhealthy, probe
+from tiergate.cloud_pool.selection import Selector, Strategy
+from tiergate.cloud_pool.vllm_metrics import Rates, VllmMetrics, Window
+from tiergate.core.pool import Endpoint, context_mismatch
+from tiergate.core.tasks import cancel_and_wait
 
 if TYPE_CHECKING:
-    from core.types import Features
-    from core.wire import ParsedRequest
+    from tiergate.core.types import Features
+    from tiergate.core.wire import ParsedRequest
 
 __all__ = ["CloudPool", "PoolSnapshot", "Resolver"]
 

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from core.pool import Endpoint
+    from tiergate.core.pool import Endpoint
 
 __all__ = ["PrefixMemory"]
 

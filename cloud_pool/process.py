@@ -20,8 +20,8 @@ import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-from cloud_pool.render import vllm_argv, vllm_env
-from cloud_pool.spec import VllmSpec
+from tiergate.cloud_pool.render import vllm_argv, vllm_env
+from tiergate.cloud_pool.spec import VllmSpec
 
 __all__ = ["VllmProcess", "VllmStartError", "free_port"]
 

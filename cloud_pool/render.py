@@ -20,7 +20,7 @@ from typing import Any
 from ruamel.yaml import YAML
 from ruamel.yaml.scalarstring import LiteralScalarString
 
-from cloud_pool.spec import DraftModel, Eagle3, Ngram, VllmSpec
+from tiergate.cloud_pool.spec import DraftModel, Eagle3, Ngram, VllmSpec
 
 __all__ = [
     "kubernetes_objects",

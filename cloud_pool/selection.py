@@ -30,11 +30,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
-from cloud_pool.prefix_memory import PrefixMemory
+from tiergate.cloud_pool.prefix_memory import PrefixMemory
 
 if TYPE_CHECKING:
-    from core.pool import Endpoint
-    from core.wire import ParsedRequest
+    from tiergate.core.pool import Endpoint
+    from tiergate.core.wire import ParsedRequest
 
 __all__ = ["CACHED_BOUND_FACTOR", "STRATEGIES", "Choice", "Selector", "Strategy", "affinity_key", "approx_tokens",
            "rendezvous_order"]

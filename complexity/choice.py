@@ -30,8 +30,8 @@ from typing import Any
 
 import numpy as np
 
-from complexity.encoder import MAX_CHARS, Encoder
-from complexity.trees import PercentileMap, TreeEnsemble, calibration, fit_trees, negate_and_join
+from tiergate.complexity.encoder import MAX_CHARS, Encoder
+from tiergate.complexity.trees import PercentileMap, TreeEnsemble, calibration, fit_trees, negate_and_join
 
 __all__ = ["CHOICE_FEATURES", "DEFAULT_VECTORS_FILE", "MIN_ROWS", "ChoiceExpert", "ChoiceFeaturizer", "Member"]
 

@@ -13,11 +13,11 @@ from typing import Annotated
 import numpy as np
 import typer
 
-from complexity.apgr import apgr, share_for_pgr
-from complexity.choice import DEFAULT_VECTORS_FILE
-from complexity.model import ComplexityModel
-from complexity.train import Labelled, read_labelled, train
-from complexity.word_vectors import build
+from tiergate.complexity.apgr import apgr, share_for_pgr
+from tiergate.complexity.choice import DEFAULT_VECTORS_FILE
+from tiergate.complexity.model import ComplexityModel
+from tiergate.complexity.train import Labelled, read_labelled, train
+from tiergate.complexity.word_vectors import build
 
 __all__ = ["MIN_ROWS", "classifier_app"]
 

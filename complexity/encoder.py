@@ -18,8 +18,8 @@ from pathlib import Path
 
 from tokenizers import Tokenizer
 
-from complexity.tokens import DEFAULT_TOKENIZER_FILE
-from complexity.wordpiece import AsciiWordPiece
+from tiergate.complexity.tokens import DEFAULT_TOKENIZER_FILE
+from tiergate.complexity.wordpiece import AsciiWordPiece
 
 __all__ = ["Encoder", "MAX_CHARS"]
 

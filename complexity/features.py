@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from complexity.encoder import MAX_CHARS, Encoder
+from tiergate.complexity.encoder import MAX_CHARS, Encoder
 
 __all__ = ["CONTENT", "CUES", "FEATURES", "LENGTH", "OPTIONS", "Featurizer", "Featured", "Messages", "as_messages",
            "cue_counts", "last_user_text"]

@@ -36,9 +36,9 @@ from typing import Any
 
 import numpy as np
 
-from complexity.choice import ChoiceExpert, ChoiceFeaturizer
-from complexity.encoder import Encoder
-from complexity.features import (
+from tiergate.complexity.choice import ChoiceExpert, ChoiceFeaturizer
+from tiergate.complexity.encoder import Encoder
+from tiergate.complexity.features import (
     CONTENT,
     FEATURES,
     LENGTH,
@@ -48,7 +48,7 @@ from complexity.features import (
     Messages,
     as_messages,
 )
-from complexity.trees import PercentileMap
+from tiergate.complexity.trees import PercentileMap
 
 __all__ = ["DEFAULT_MODEL_FILE", "MODEL_FORMAT", "ComplexityModel", "Design", "Guard", "Head", "Parts"]
 

@@ -20,10 +20,10 @@ from typing import Any
 
 import numpy as np
 
-from complexity.apgr import apgr
-from complexity.features import CONTENT
-from complexity.model import Design
-from complexity.train import fit, ridge, source_weights, target
+from tiergate.complexity.apgr import apgr
+from tiergate.complexity.features import CONTENT
+from tiergate.complexity.model import Design
+from tiergate.complexity.train import fit, ridge, source_weights, target
 
 __all__ = ["GRID", "MIN_SOURCES", "select_design"]
 

@@ -25,8 +25,8 @@ from pathlib import Path
 import structlog
 from tokenizers import Tokenizer
 
-from core.paths import tiergate_home
-from core.wire import ChatRequest, ParsedRequest
+from tiergate.core.paths import tiergate_home
+from tiergate.core.wire import ChatRequest, ParsedRequest
 
 __all__ = [
     "DEFAULT_TOKENIZER",

@@ -25,9 +25,17 @@ from typing import Any
 
 import numpy as np
 
-from complexity.choice import CHOICE_FEATURES, MIN_ROWS, ChoiceExpert, ChoiceFeaturizer
-from complexity.features import CONTENT, LENGTH, OPTIONS, Featurizer, Messages, as_messages, last_user_text
-from complexity.model import MIN_OPTIONS, ComplexityModel, Design, Guard, Head
+from tiergate.complexity.choice import CHOICE_FEATURES, MIN_ROWS, ChoiceExpert, ChoiceFeaturizer
+from tiergate.complexity.features import (
+    CONTENT,
+    LENGTH,
+    OPTIONS,
+    Featurizer,
+    Messages,
+    as_messages,
+    last_user_text,
+)
+from tiergate.complexity.model import MIN_OPTIONS, ComplexityModel, Design, Guard, Head
 
 __all__ = ["Labelled", "choice_matrix", "expert_scores", "fit", "one_blas_thread", "read_labelled", "ridge", "source_weights", "train"]
 
@@ -248,7 +256,7 @@ def train(data: Labelled, design: Design | None = None, *, select: bool = False,
 def _train(data: Labelled, design: Design | None, select: bool, expert: bool, license_note: str,
            featurizer: Featurizer | None) -> ComplexityModel:
     # an import cycle otherwise: design selection builds on `fit`
-    from complexity.select import MIN_SOURCES, select_design
+    from tiergate.complexity.select import MIN_SOURCES, select_design
 
     feats = featurizer or Featurizer()
     h = feats.matrix(data.conversations)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from starlette.requests import Request
 from starlette.responses import Response
 
-from core.errors import OpenAIError
+from tiergate.core.errors import OpenAIError
 
 __all__ = ["DONE", "error_response", "read_body", "sse"]
 

@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
-    from core.types import Features
-    from core.wire import ParsedRequest
+    from tiergate.core.types import Features
+    from tiergate.core.wire import ParsedRequest
 
 __all__ = ["Endpoint", "Pool", "context_mismatch"]
 

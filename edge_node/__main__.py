@@ -1,5 +1,5 @@
-"""`python -m edge_node ...` is the `edge-node` command."""
+"""`python -m tiergate.edge_node ...` is the `edge-node` command."""
 
-from edge_node.cli import app
+from tiergate.edge_node.cli import app
 
 app()

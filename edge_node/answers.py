@@ -14,9 +14,9 @@ from typing import Any
 
 import msgspec
 
-from edge_node.logprobs import TokenLogprob
-from edge_node.request import Chunk
-from edge_node.structured import ToolCallOutput
+from tiergate.edge_node.logprobs import TokenLogprob
+from tiergate.edge_node.request import Chunk
+from tiergate.edge_node.structured import ToolCallOutput
 
 __all__ = ["Answer", "sse"]
 

@@ -13,11 +13,11 @@ import time
 import numpy as np
 import structlog
 
-from edge_node.logprobs import LogprobReader
-from edge_node.metrics import EdgeMetrics
-from edge_node.request import ActiveRequest, Chunk, FinishReason
-from edge_node.runtime import LlamaRuntime
-from edge_node.slots import SlotTable
+from tiergate.edge_node.logprobs import LogprobReader
+from tiergate.edge_node.metrics import EdgeMetrics
+from tiergate.edge_node.request import ActiveRequest, Chunk, FinishReason
+from tiergate.edge_node.runtime import LlamaRuntime
+from tiergate.edge_node.slots import SlotTable
 
 __all__ = ["Batch", "DecodeStep", "Outbox"]
 

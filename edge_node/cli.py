@@ -19,18 +19,18 @@ from urllib.parse import urlparse
 import click
 import typer
 
-from core.logs import configure_logging
-from edge_node.demo_model import build_demo_model
-from edge_node.drain import DrainingServer
-from edge_node.engine import Engine
-from edge_node.hub import resolve_model
-from edge_node.model_file import ModelFileError
-from edge_node.packaged import MODELS, install, packaged_path
-from edge_node.quantize import QuantizeError
-from edge_node.quantize import quantize as quantize_gguf
-from edge_node.registration import NodeIdentity, Registrar
-from edge_node.runtime import LlamaRuntime, RuntimeConfig
-from edge_node.server import ServerState, create_app
+from tiergate.core.logs import configure_logging
+from tiergate.edge_node.demo_model import build_demo_model
+from tiergate.edge_node.drain import DrainingServer
+from tiergate.edge_node.engine import Engine
+from tiergate.edge_node.hub import resolve_model
+from tiergate.edge_node.model_file import ModelFileError
+from tiergate.edge_node.packaged import MODELS, install, packaged_path
+from tiergate.edge_node.quantize import QuantizeError
+from tiergate.edge_node.quantize import quantize as quantize_gguf
+from tiergate.edge_node.registration import NodeIdentity, Registrar
+from tiergate.edge_node.runtime import LlamaRuntime, RuntimeConfig
+from tiergate.edge_node.server import ServerState, create_app
 
 try:  # typer >= 0.29 vendors its own click
     from typer._click import exceptions as _tc_exc

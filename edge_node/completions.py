@@ -28,12 +28,18 @@ import structlog
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response, StreamingResponse
 
-from core.errors import OpenAIError, bad_request
-from core.http import DONE, error_response, read_body
-from core.wire import MAX_TOP_LOGPROBS, ChatRequest, CompletionRequest, decode_chat, decode_completion
-from edge_node.answers import Answer, sse
-from edge_node.chat import ChatTemplateError
-from edge_node.engine import (
+from tiergate.core.errors import OpenAIError, bad_request
+from tiergate.core.http import DONE, error_response, read_body
+from tiergate.core.wire import (
+    MAX_TOP_LOGPROBS,
+    ChatRequest,
+    CompletionRequest,
+    decode_chat,
+    decode_completion,
+)
+from tiergate.edge_node.answers import Answer, sse
+from tiergate.edge_node.chat import ChatTemplateError
+from tiergate.edge_node.engine import (
     Chunk,
     ContextOverflowError,
     Engine,
@@ -43,11 +49,11 @@ from edge_node.engine import (
     Generation,
     QueueFullError,
 )
-from edge_node.logprobs import TokenLogprob
-from edge_node.metrics import EdgeMetrics
-from edge_node.sampling import DEFAULT_MIN_P, DEFAULT_TOP_K, SamplingParams, check_grammar
-from edge_node.state import ServerState
-from edge_node.structured import Structured, plan, read_tool_call
+from tiergate.edge_node.logprobs import TokenLogprob
+from tiergate.edge_node.metrics import EdgeMetrics
+from tiergate.edge_node.sampling import DEFAULT_MIN_P, DEFAULT_TOP_K, SamplingParams, check_grammar
+from tiergate.edge_node.state import ServerState
+from tiergate.edge_node.structured import Structured, plan, read_tool_call
 
 __all__ = ["Completions", "sampling_params"]
 

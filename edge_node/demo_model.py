@@ -28,7 +28,7 @@ import gguf
 import numpy as np
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
-from edge_node.quantize import quantize
+from tiergate.edge_node.quantize import quantize
 
 __all__ = ["CHAT_TEMPLATE", "SHAPES", "DemoModel", "ModelShape", "build_demo_model"]
 

@@ -18,8 +18,8 @@ from typing import Any, Protocol
 import structlog
 import uvicorn
 
-from core.shutdown import DeadlineServer
-from edge_node.state import ServerState
+from tiergate.core.shutdown import DeadlineServer
+from tiergate.edge_node.state import ServerState
 
 __all__ = ["DrainingServer"]
 

@@ -26,14 +26,14 @@ from dataclasses import dataclass
 
 import structlog
 
-from edge_node.batch import DecodeStep, Outbox
-from edge_node.handoff import LoopHandoff
-from edge_node.metrics import EdgeMetrics
-from edge_node.request import ActiveRequest, Chunk
-from edge_node.runtime import LlamaRuntime
-from edge_node.sampling import SamplerChain, SamplingParams
-from edge_node.slots import PREFIX_COPY_MIN, PREFIX_REUSE_MIN, SlotTable
-from edge_node.throughput import TokenRate
+from tiergate.edge_node.batch import DecodeStep, Outbox
+from tiergate.edge_node.handoff import LoopHandoff
+from tiergate.edge_node.metrics import EdgeMetrics
+from tiergate.edge_node.request import ActiveRequest, Chunk
+from tiergate.edge_node.runtime import LlamaRuntime
+from tiergate.edge_node.sampling import SamplerChain, SamplingParams
+from tiergate.edge_node.slots import PREFIX_COPY_MIN, PREFIX_REUSE_MIN, SlotTable
+from tiergate.edge_node.throughput import TokenRate
 
 __all__ = [
     "Chunk",

@@ -14,7 +14,7 @@ from pathlib import Path
 import gguf
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 
-from edge_node.model_file import ModelFileError
+from tiergate.edge_node.model_file import ModelFileError
 
 __all__ = ["tokenizer_from_gguf"]
 

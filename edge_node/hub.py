@@ -10,8 +10,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from edge_node.model_file import ModelFileError
-from edge_node.packaged import is_packaged, packaged_path
+from tiergate.edge_node.model_file import ModelFileError
+from tiergate.edge_node.packaged import is_packaged, packaged_path
 
 __all__ = ["is_hub_ref", "resolve_model"]
 

@@ -26,8 +26,8 @@ from pathlib import Path
 
 import structlog
 
-from core.paths import tiergate_home
-from edge_node.model_file import ModelFileError
+from tiergate.core.paths import tiergate_home
+from tiergate.edge_node.model_file import ModelFileError
 
 __all__ = ["MODELS", "PackagedModel", "install", "is_packaged", "packaged_path"]
 

@@ -26,12 +26,12 @@ import aiohttp
 import msgspec
 import structlog
 
-from core.pool import Endpoint, context_mismatch
-from core.wire import decode_json
+from tiergate.core.pool import Endpoint, context_mismatch
+from tiergate.core.wire import decode_json
 
 if TYPE_CHECKING:
-    from core.types import Features
-    from core.wire import ParsedRequest
+    from tiergate.core.types import Features
+    from tiergate.core.wire import ParsedRequest
 
 __all__ = ["EdgePool", "HeartbeatError", "NodeInfo", "parse_heartbeat"]
 

@@ -16,8 +16,8 @@ from types import MappingProxyType
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from edge_node.llama_log import LlamaLogBridge
-from edge_node.model_file import ModelFileError, check_gguf
+from tiergate.edge_node.llama_log import LlamaLogBridge
+from tiergate.edge_node.model_file import ModelFileError, check_gguf
 
 __all__ = ["QUANT_TYPES", "QuantizeError", "quantize"]
 

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 import aiohttp
 import structlog
 
-from core.tasks import cancel_and_wait
-from edge_node.engine import EngineStats
+from tiergate.core.tasks import cancel_and_wait
+from tiergate.edge_node.engine import EngineStats
 
 __all__ = ["NodeIdentity", "Registrar"]
 

@@ -12,12 +12,12 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
-from edge_node.logprobs import TokenLogprob
-from edge_node.sampling import SamplerChain, SamplingParams
-from edge_node.textstream import TextStream
+from tiergate.edge_node.logprobs import TokenLogprob
+from tiergate.edge_node.sampling import SamplerChain, SamplingParams
+from tiergate.edge_node.textstream import TextStream
 
 if TYPE_CHECKING:
-    from edge_node.slots import Slot
+    from tiergate.edge_node.slots import Slot
 
 __all__ = ["ActiveRequest", "Chunk", "FinishReason"]
 

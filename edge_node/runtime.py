@@ -16,10 +16,10 @@ from pathlib import Path
 
 import structlog
 
-from edge_node.chat import BuiltinTemplate, ChatTemplate, choose_template
-from edge_node.gilcalls import GilCalls
-from edge_node.llama_log import LlamaLogBridge
-from edge_node.model_file import GGUFInfo, ModelFileError, check_gguf, check_memory
+from tiergate.edge_node.chat import BuiltinTemplate, ChatTemplate, choose_template
+from tiergate.edge_node.gilcalls import GilCalls
+from tiergate.edge_node.llama_log import LlamaLogBridge
+from tiergate.edge_node.model_file import GGUFInfo, ModelFileError, check_gguf, check_memory
 
 __all__ = ["LlamaRuntime", "ModelLoadError", "RuntimeConfig"]
 

@@ -12,7 +12,7 @@ import math
 import random
 from dataclasses import dataclass, field
 
-from core.wire import LOGIT_BIAS_MAX, MAX_TOP_LOGPROBS
+from tiergate.core.wire import LOGIT_BIAS_MAX, MAX_TOP_LOGPROBS
 
 __all__ = ["SamplerChain", "SamplingParams", "check_grammar"]
 

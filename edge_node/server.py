@@ -18,12 +18,12 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from core import tracing
-from core.errors import OpenAIError, not_found
-from core.http import error_response
-from core.tracing import TracingMiddleware
-from edge_node.completions import Completions
-from edge_node.state import ServerState
+from tiergate.core import tracing
+from tiergate.core.errors import OpenAIError, not_found
+from tiergate.core.http import error_response
+from tiergate.core.tracing import TracingMiddleware
+from tiergate.edge_node.completions import Completions
+from tiergate.edge_node.state import ServerState
 
 __all__ = ["ServerState", "create_app"]
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 
-from edge_node.request import ActiveRequest
-from edge_node.runtime import LlamaRuntime
+from tiergate.edge_node.request import ActiveRequest
+from tiergate.edge_node.runtime import LlamaRuntime
 
 __all__ = ["PREFIX_COPY_MIN", "PREFIX_REUSE_MIN", "Slot", "SlotTable"]
 

@@ -6,7 +6,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
-from edge_node.engine import Engine
+from tiergate.edge_node.engine import Engine
 
 __all__ = ["ServerState"]
 

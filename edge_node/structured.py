@@ -21,7 +21,7 @@ from typing import Any
 
 from llama_cpp.llama_grammar import JSON_GBNF, json_schema_to_gbnf
 
-from core.errors import OpenAIError, bad_request
+from tiergate.core.errors import OpenAIError, bad_request
 
 __all__ = ["Structured", "ToolCallOutput", "plan", "read_tool_call"]
 

@@ -12,13 +12,13 @@ import time
 import structlog
 from starlette.responses import Response
 
-from core.errors import OpenAIError
-from core.types import Decision, Features
-from gateway.auth import Tenant
-from gateway.context import Arrival, Outcome, RequestContext
-from gateway.limits import Limiter
-from gateway.metrics import GatewayMetrics
-from gateway.stats import Stats
+from tiergate.core.errors import OpenAIError
+from tiergate.core.types import Decision, Features
+from tiergate.gateway.auth import Tenant
+from tiergate.gateway.context import Arrival, Outcome, RequestContext
+from tiergate.gateway.limits import Limiter
+from tiergate.gateway.metrics import GatewayMetrics
+from tiergate.gateway.stats import Stats
 
 __all__ = ["Accounting"]
 

@@ -15,14 +15,14 @@ import msgspec
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from cache.store import StoreUnavailable
-from core.errors import OpenAIError, bad_request, unauthorized
-from core.http import read_body
-from core.wire import decode_json
-from edge_node.pool import HeartbeatError, parse_heartbeat
+from tiergate.cache.store import StoreUnavailable
+from tiergate.core.errors import OpenAIError, bad_request, unauthorized
+from tiergate.core.http import read_body
+from tiergate.core.wire import decode_json
+from tiergate.edge_node.pool import HeartbeatError, parse_heartbeat
 
 if TYPE_CHECKING:
-    from gateway.lifecycle import Gateway
+    from tiergate.gateway.lifecycle import Gateway
 
 __all__ = ["AdminEndpoints", "AdminKey", "EdgeEndpoints"]
 

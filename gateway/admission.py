@@ -12,7 +12,7 @@ import heapq
 import itertools
 from collections.abc import Callable
 
-from core.types import Priority
+from tiergate.core.types import Priority
 
 __all__ = ["Admission"]
 

@@ -22,19 +22,19 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from core import tracing
-from core.errors import OpenAIError, not_found
-from core.http import error_response
-from core.logs import configure_logging
-from core.tracing import TracingMiddleware
-from gateway.admin import AdminEndpoints, EdgeEndpoints
-from gateway.auth import KeyRing
-from gateway.feedback import CacheFeedback
-from gateway.lifecycle import Gateway
-from gateway.openapi import openapi_document
-from gateway.pipeline import Completions
-from gateway.settings import Settings
-from gateway.status import StatusPage
+from tiergate.core import tracing
+from tiergate.core.errors import OpenAIError, not_found
+from tiergate.core.http import error_response
+from tiergate.core.logs import configure_logging
+from tiergate.core.tracing import TracingMiddleware
+from tiergate.gateway.admin import AdminEndpoints, EdgeEndpoints
+from tiergate.gateway.auth import KeyRing
+from tiergate.gateway.feedback import CacheFeedback
+from tiergate.gateway.lifecycle import Gateway
+from tiergate.gateway.openapi import openapi_document
+from tiergate.gateway.pipeline import Completions
+from tiergate.gateway.settings import Settings
+from tiergate.gateway.status import StatusPage
 
 __all__ = ["create_app"]
 

@@ -14,9 +14,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from ruamel.yaml import YAML
 from ruamel.yaml.error import YAMLError
 
-from core import tracing
-from core.errors import unauthorized
-from core.types import Priority
+from tiergate.core import tracing
+from tiergate.core.errors import unauthorized
+from tiergate.core.types import Priority
 
 __all__ = ["DEMO_KEY", "KeyFileError", "KeyRing", "Tenant", "hash_key"]
 

@@ -24,15 +24,15 @@ import msgspec
 import structlog
 from starlette.responses import Response
 
-from core.errors import OpenAIError
-from core.pool import Endpoint
-from core.types import Cascade, Decision
-from core.wire import ChatRequest
-from gateway.context import Outcome, RequestContext
-from gateway.dispatch import Attempt
-from gateway.relay import Relay
-from gateway.upstream import FailureKind, UpstreamFailure
-from policies.confidence import (
+from tiergate.core.errors import OpenAIError
+from tiergate.core.pool import Endpoint
+from tiergate.core.types import Cascade, Decision
+from tiergate.core.wire import ChatRequest
+from tiergate.gateway.context import Outcome, RequestContext
+from tiergate.gateway.dispatch import Attempt
+from tiergate.gateway.relay import Relay
+from tiergate.gateway.upstream import FailureKind, UpstreamFailure
+from tiergate.policies.confidence import (
     Confidence,
     TokenScore,
     Verdict,
@@ -42,7 +42,7 @@ from policies.confidence import (
 )
 
 if TYPE_CHECKING:
-    from gateway.lifecycle import Gateway
+    from tiergate.gateway.lifecycle import Gateway
 
 __all__ = ["CascadeRunner", "applies"]
 

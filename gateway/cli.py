@@ -9,15 +9,15 @@ from typing import Annotated
 import typer
 import uvicorn
 
-from cache.cli import cache_app
-from complexity.cli import classifier_app
-from gateway.demo import prepare as prepare_demo
-from gateway.demo import run_demo
-from gateway.distill_cli import distill_app
-from gateway.drain import DrainingServer
-from gateway.settings import Settings
-from policies.cli import classify, policy_app
-from policies.loader import PolicyError, load_policy
+from tiergate.cache.cli import cache_app
+from tiergate.complexity.cli import classifier_app
+from tiergate.gateway.demo import prepare as prepare_demo
+from tiergate.gateway.demo import run_demo
+from tiergate.gateway.distill_cli import distill_app
+from tiergate.gateway.drain import DrainingServer
+from tiergate.gateway.settings import Settings
+from tiergate.policies.cli import classify, policy_app
+from tiergate.policies.loader import PolicyError, load_policy
 
 app = typer.Typer(help="tiergate: an OpenAI-compatible gateway routing between edge, cloud and a semantic cache.",
                   no_args_is_help=True, pretty_exceptions_enable=False)
@@ -47,11 +47,11 @@ def serve(
     if settings.cache and settings.cache_verifier is not None:
         _check_verifier(settings.cache_verifier)
     if settings.workers > 1:  # each worker is a full gateway; uvicorn's supervisor handles signals (no drain delay)
-        uvicorn.run("gateway.main:app", host=settings.host, port=settings.port, workers=settings.workers, loop="uvloop",
+        uvicorn.run("tiergate.gateway.main:app", host=settings.host, port=settings.port, workers=settings.workers, loop="uvloop",
                     http="httptools", log_level="warning", access_log=False,
                     timeout_graceful_shutdown=int(settings.graceful_shutdown_s))
         return
-    from gateway.app import create_app  # start-up time: the operator commands need none of the app
+    from tiergate.gateway.app import create_app  # start-up time: the operator commands need none of the app
 
     app = create_app(settings)
     config = uvicorn.Config(app, host=settings.host, port=settings.port, loop="uvloop", http="httptools",
@@ -61,7 +61,10 @@ def serve(
 
 def _check_verifier(path: Path) -> None:
     """A verifier that cannot be loaded is a clear error before the server starts, not a failed start-up."""
-    from cache.pairscore import PairScorer, VerifierError  # start-up time: only with TIERGATE_CACHE_VERIFIER
+    from tiergate.cache.pairscore import (  # start-up time: only with TIERGATE_CACHE_VERIFIER
+        PairScorer,
+        VerifierError,
+    )
 
     try:
         PairScorer.load(path).close()

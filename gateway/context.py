@@ -13,13 +13,13 @@ from dataclasses import dataclass
 
 import msgspec
 
-from cache.keys import RequestKey
-from core.types import Decision, Features
-from core.wire import ParsedRequest
-from gateway.auth import Tenant
-from gateway.limits import TenantSlot
-from policies.confidence import Verdict
-from policies.model import Policy
+from tiergate.cache.keys import RequestKey
+from tiergate.core.types import Decision, Features
+from tiergate.core.wire import ParsedRequest
+from tiergate.gateway.auth import Tenant
+from tiergate.gateway.limits import TenantSlot
+from tiergate.policies.confidence import Verdict
+from tiergate.policies.model import Policy
 
 __all__ = ["Arrival", "Outcome", "RequestContext"]
 

@@ -22,14 +22,14 @@ from pathlib import Path
 
 from rich.console import Console
 
-from cache.export import default_embedder_dir, export_embedder, is_complete
-from core.paths import tiergate_home
-from edge_node.gguf_tokenizer import tokenizer_from_gguf
-from edge_node.model_file import ModelFileError
-from edge_node.packaged import MODELS, install, packaged_path
-from gateway.auth import DEMO_KEY
-from gateway.settings import Settings
-from policies.loader import load_policy
+from tiergate.cache.export import default_embedder_dir, export_embedder, is_complete
+from tiergate.core.paths import tiergate_home
+from tiergate.edge_node.gguf_tokenizer import tokenizer_from_gguf
+from tiergate.edge_node.model_file import ModelFileError
+from tiergate.edge_node.packaged import MODELS, install, packaged_path
+from tiergate.gateway.auth import DEMO_KEY
+from tiergate.gateway.settings import Settings
+from tiergate.policies.loader import load_policy
 
 __all__ = ["Artifacts", "contexts", "prepare", "run_demo"]
 

@@ -18,14 +18,14 @@ from typing import Any
 
 import msgspec
 
-from core import tracing
-from core.errors import OpenAIError, rate_limited, upstream_error
-from core.pool import Endpoint
-from core.types import Decision, Features, Timeouts
-from core.wire import ParsedRequest, decode_json
-from gateway.metrics import GatewayMetrics
-from gateway.tiers import Tier
-from gateway.upstream import FailureKind, UpstreamClient, UpstreamFailure, UpstreamResponse
+from tiergate.core import tracing
+from tiergate.core.errors import OpenAIError, rate_limited, upstream_error
+from tiergate.core.pool import Endpoint
+from tiergate.core.types import Decision, Features, Timeouts
+from tiergate.core.wire import ParsedRequest, decode_json
+from tiergate.gateway.metrics import GatewayMetrics
+from tiergate.gateway.tiers import Tier
+from tiergate.gateway.upstream import FailureKind, UpstreamClient, UpstreamFailure, UpstreamResponse
 
 __all__ = ["Attempt", "Dispatcher", "shutting_down"]
 

@@ -22,13 +22,13 @@ import msgspec
 import structlog
 from redis.exceptions import RedisError
 
-from core.wire import ChatRequest
-from gateway.context import Outcome, RequestContext
-from policies.distill_config import DistillConfig
+from tiergate.core.wire import ChatRequest
+from tiergate.gateway.context import Outcome, RequestContext
+from tiergate.policies.distill_config import DistillConfig
 
 if TYPE_CHECKING:
-    from cache.redis_conn import AnyRedis
-    from gateway.lifecycle import Gateway
+    from tiergate.cache.redis_conn import AnyRedis
+    from tiergate.gateway.lifecycle import Gateway
 
 __all__ = ["STREAM_KEY", "Distiller", "JsonlRecords", "RedisRecords", "Redactor"]
 

@@ -20,9 +20,9 @@ from typing import Annotated, Any
 
 import typer
 
-from cache.redis_conn import open_redis, safe_url
-from gateway.distill import JsonlRecords, RedisRecords
-from gateway.settings import Settings
+from tiergate.cache.redis_conn import open_redis, safe_url
+from tiergate.gateway.distill import JsonlRecords, RedisRecords
+from tiergate.gateway.settings import Settings
 
 __all__ = ["distill_app"]
 

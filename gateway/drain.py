@@ -15,7 +15,7 @@ import threading
 import structlog
 import uvicorn
 
-from core.shutdown import DeadlineServer
+from tiergate.core.shutdown import DeadlineServer
 
 __all__ = ["DrainingServer"]
 

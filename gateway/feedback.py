@@ -20,12 +20,12 @@ import msgspec
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from cache.store import StoreUnavailable
-from core.errors import OpenAIError, bad_request, not_found
-from core.http import read_body
+from tiergate.cache.store import StoreUnavailable
+from tiergate.core.errors import OpenAIError, bad_request, not_found
+from tiergate.core.http import read_body
 
 if TYPE_CHECKING:
-    from gateway.lifecycle import Gateway
+    from tiergate.gateway.lifecycle import Gateway
 
 __all__ = ["CacheFeedback"]
 

@@ -19,23 +19,23 @@ from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector,
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
-from cache import CacheMetrics, CacheSettings, HttpJudge, SemanticCache, build_cache
-from cache.redis_conn import AnyRedis, open_redis
-from cloud_pool.metrics import CloudMetrics
-from gateway.accounting import Accounting
-from gateway.admin import AdminKey
-from gateway.auth import KeyRing
-from gateway.dispatch import Dispatcher
-from gateway.distill import Distiller, JsonlRecords, RedisRecords
-from gateway.limits import Limiter
-from gateway.metrics import GatewayMetrics
-from gateway.settings import Settings
-from gateway.shadow import ShadowChecks
-from gateway.stats import Stats
-from gateway.tiers import Tiers
-from gateway.upstream import UpstreamClient
-from policies.classify import Classifier
-from policies.store import PolicyMetrics, PolicyStore
+from tiergate.cache import CacheMetrics, CacheSettings, HttpJudge, SemanticCache, build_cache
+from tiergate.cache.redis_conn import AnyRedis, open_redis
+from tiergate.cloud_pool.metrics import CloudMetrics
+from tiergate.gateway.accounting import Accounting
+from tiergate.gateway.admin import AdminKey
+from tiergate.gateway.auth import KeyRing
+from tiergate.gateway.dispatch import Dispatcher
+from tiergate.gateway.distill import Distiller, JsonlRecords, RedisRecords
+from tiergate.gateway.limits import Limiter
+from tiergate.gateway.metrics import GatewayMetrics
+from tiergate.gateway.settings import Settings
+from tiergate.gateway.shadow import ShadowChecks
+from tiergate.gateway.stats import Stats
+from tiergate.gateway.tiers import Tiers
+from tiergate.gateway.upstream import UpstreamClient
+from tiergate.policies.classify import Classifier
+from tiergate.policies.store import PolicyMetrics, PolicyStore
 
 __all__ = ["Gateway"]
 

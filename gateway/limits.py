@@ -15,9 +15,9 @@ import time
 from collections import defaultdict
 from collections.abc import Callable
 
-from core.errors import OpenAIError, rate_limited
-from gateway.auth import Tenant
-from gateway.metrics import GatewayMetrics
+from tiergate.core.errors import OpenAIError, rate_limited
+from tiergate.gateway.auth import Tenant
+from tiergate.gateway.metrics import GatewayMetrics
 
 __all__ = ["Limiter", "TenantSlot"]
 

@@ -13,9 +13,15 @@ from typing import Any
 
 import msgspec
 
-from core.wire import CONTROLLED_FIELDS, LOGIT_BIAS_MAX, MAX_TOP_LOGPROBS, ChatRequest, CompletionRequest
-from edge_node.pool import NodeInfo
-from gateway.params import MAX_TOP_K, SAMPLING_RANGES
+from tiergate.core.wire import (
+    CONTROLLED_FIELDS,
+    LOGIT_BIAS_MAX,
+    MAX_TOP_LOGPROBS,
+    ChatRequest,
+    CompletionRequest,
+)
+from tiergate.edge_node.pool import NodeInfo
+from tiergate.gateway.params import MAX_TOP_K, SAMPLING_RANGES
 
 __all__ = ["openapi_document"]
 

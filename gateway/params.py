@@ -9,8 +9,8 @@ from __future__ import annotations
 import math
 from collections.abc import Collection
 
-from core.errors import bad_request, not_found
-from core.wire import LOGIT_BIAS_MAX, MAX_TOP_LOGPROBS, ChatRequest, ParsedRequest
+from tiergate.core.errors import bad_request, not_found
+from tiergate.core.wire import LOGIT_BIAS_MAX, MAX_TOP_LOGPROBS, ChatRequest, ParsedRequest
 
 __all__ = ["MAX_TOP_K", "SAMPLING_RANGES", "check_params"]
 

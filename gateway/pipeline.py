@@ -19,13 +19,13 @@ import msgspec
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
-from cache.types import CacheHit
-from core import tracing
-from core.errors import OpenAIError, bad_request, from_validation
-from core.http import read_body
-from core.pool import Endpoint
-from core.types import Decision, Features
-from core.wire import (
+from tiergate.cache.types import CacheHit
+from tiergate.core import tracing
+from tiergate.core.errors import OpenAIError, bad_request, from_validation
+from tiergate.core.http import read_body
+from tiergate.core.pool import Endpoint
+from tiergate.core.types import Decision, Features
+from tiergate.core.wire import (
     ChatRequest,
     StreamOptions,
     decode_request,
@@ -34,15 +34,15 @@ from core.wire import (
     unknown_names,
     upstream_body,
 )
-from gateway.auth import Tenant
-from gateway.cascade import CascadeRunner, applies
-from gateway.context import Arrival, Outcome, RequestContext
-from gateway.disconnect import DisconnectWatch
-from gateway.params import check_params
-from gateway.relay import Relay
+from tiergate.gateway.auth import Tenant
+from tiergate.gateway.cascade import CascadeRunner, applies
+from tiergate.gateway.context import Arrival, Outcome, RequestContext
+from tiergate.gateway.disconnect import DisconnectWatch
+from tiergate.gateway.params import check_params
+from tiergate.gateway.relay import Relay
 
 if TYPE_CHECKING:
-    from gateway.lifecycle import Gateway
+    from tiergate.gateway.lifecycle import Gateway
 
 __all__ = ["Completions"]
 

@@ -18,16 +18,23 @@ import structlog
 from starlette.background import BackgroundTask, BackgroundTasks
 from starlette.responses import Response, StreamingResponse
 
-from cache.types import CachedAnswer, CacheHit
-from core.errors import OpenAIError
-from core.http import DONE, sse
-from gateway.context import Outcome, RequestContext, answer_headers
-from gateway.dispatch import Attempt, shutting_down
-from gateway.render import AnswerSummary, StreamAccumulator, cacheable, render_json, render_sse, summarize
-from gateway.upstream import FailureKind, UpstreamFailure
+from tiergate.cache.types import CachedAnswer, CacheHit
+from tiergate.core.errors import OpenAIError
+from tiergate.core.http import DONE, sse
+from tiergate.gateway.context import Outcome, RequestContext, answer_headers
+from tiergate.gateway.dispatch import Attempt, shutting_down
+from tiergate.gateway.render import (
+    AnswerSummary,
+    StreamAccumulator,
+    cacheable,
+    render_json,
+    render_sse,
+    summarize,
+)
+from tiergate.gateway.upstream import FailureKind, UpstreamFailure
 
 if TYPE_CHECKING:
-    from gateway.lifecycle import Gateway
+    from tiergate.gateway.lifecycle import Gateway
 
 __all__ = ["Relay"]
 

@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 
 import msgspec
 
-from cache.types import CachedAnswer
-from core.http import DONE, sse
-from core.wire import decode_json
+from tiergate.cache.types import CachedAnswer
+from tiergate.core.http import DONE, sse
+from tiergate.core.wire import decode_json
 
 __all__ = ["AnswerSummary", "StreamAccumulator", "cacheable", "render_json", "render_sse", "summarize"]
 

@@ -12,8 +12,8 @@ from typing import Literal
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from core.paths import tiergate_home
-from policies.loader import DEFAULT_POLICY
+from tiergate.core.paths import tiergate_home
+from tiergate.policies.loader import DEFAULT_POLICY
 
 __all__ = ["Settings"]
 

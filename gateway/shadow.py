@@ -22,16 +22,16 @@ from typing import TYPE_CHECKING
 import msgspec
 import structlog
 
-from core import tracing
-from core.errors import OpenAIError
-from core.pool import Endpoint
-from core.wire import upstream_body
-from gateway.context import Outcome, RequestContext
-from gateway.relay import Relay
-from gateway.render import cacheable, summarize
+from tiergate.core import tracing
+from tiergate.core.errors import OpenAIError
+from tiergate.core.pool import Endpoint
+from tiergate.core.wire import upstream_body
+from tiergate.gateway.context import Outcome, RequestContext
+from tiergate.gateway.relay import Relay
+from tiergate.gateway.render import cacheable, summarize
 
 if TYPE_CHECKING:
-    from gateway.lifecycle import Gateway
+    from tiergate.gateway.lifecycle import Gateway
 
 __all__ = ["ShadowChecks"]
 

@@ -26,11 +26,11 @@ from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Re
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from core.errors import OpenAIError
-from core.http import error_response
+from tiergate.core.errors import OpenAIError
+from tiergate.core.http import error_response
 
 if TYPE_CHECKING:
-    from gateway.lifecycle import Gateway
+    from tiergate.gateway.lifecycle import Gateway
 
 __all__ = ["StatusPage"]
 

@@ -10,13 +10,13 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 
-from cloud_pool.metrics import CloudMetrics
-from cloud_pool.pool import CloudPool
-from core.errors import not_found
-from core.pool import Pool
-from edge_node.pool import EdgePool
-from gateway.admission import Admission
-from policies.model import Policy, TierConfig
+from tiergate.cloud_pool.metrics import CloudMetrics
+from tiergate.cloud_pool.pool import CloudPool
+from tiergate.core.errors import not_found
+from tiergate.core.pool import Pool
+from tiergate.edge_node.pool import EdgePool
+from tiergate.gateway.admission import Admission
+from tiergate.policies.model import Policy, TierConfig
 
 __all__ = ["Tier", "Tiers", "make_pool"]
 

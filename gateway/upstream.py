@@ -17,10 +17,10 @@ from dataclasses import dataclass
 import aiohttp
 import msgspec
 
-from core import tracing
-from core.pool import Endpoint
-from core.types import Timeouts
-from core.wire import decode_json
+from tiergate.core import tracing
+from tiergate.core.pool import Endpoint
+from tiergate.core.types import Timeouts
+from tiergate.core.wire import decode_json
 
 __all__ = ["FailureKind", "MAX_EVENT_BYTES", "UpstreamClient", "UpstreamFailure", "UpstreamResponse", "opens_answer"]
 

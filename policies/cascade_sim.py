@@ -7,8 +7,8 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-from core.types import Cascade, Decision
-from policies.confidence import judge_recorded
+from tiergate.core.types import Cascade, Decision
+from tiergate.policies.confidence import judge_recorded
 
 __all__ = ["CascadeTally", "describe_cascade"]
 

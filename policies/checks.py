@@ -11,9 +11,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Literal
 
-from complexity.model import ComplexityModel
-from complexity.tokens import TokenizerNotFound, load_tokenizer, resolve_tokenizer
-from policies.model import BUILTIN_TOKENIZER, DEFAULT_RULE_NAME, Policy
+from tiergate.complexity.model import ComplexityModel
+from tiergate.complexity.tokens import TokenizerNotFound, load_tokenizer, resolve_tokenizer
+from tiergate.policies.model import BUILTIN_TOKENIZER, DEFAULT_RULE_NAME, Policy
 
 __all__ = ["Issue", "semantic_issues"]
 

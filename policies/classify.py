@@ -19,13 +19,13 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Protocol
 
-from complexity.model import DEFAULT_MODEL_FILE, ComplexityModel
-from complexity.tokens import TokenCounter
-from core import tracing
-from core.errors import bad_request
-from core.types import Features, Priority
-from core.wire import ChatRequest, ParsedRequest
-from policies.model import Policy
+from tiergate.complexity.model import DEFAULT_MODEL_FILE, ComplexityModel
+from tiergate.complexity.tokens import TokenCounter
+from tiergate.core import tracing
+from tiergate.core.errors import bad_request
+from tiergate.core.types import Features, Priority
+from tiergate.core.wire import ChatRequest, ParsedRequest
+from tiergate.policies.model import Policy
 
 __all__ = ["PRIORITY_HEADER", "Classifier", "lowered_priority", "messages_of"]
 

@@ -23,17 +23,17 @@ import msgspec
 import structlog
 import typer
 
-from complexity.model import DEFAULT_MODEL_FILE, ComplexityModel
-from core.types import Priority
-from core.wire import ChatRequest, CompletionRequest
-from policies.cascade_sim import describe_cascade
-from policies.classify import Classifier, messages_of
-from policies.engine import PolicyEngine
-from policies.loader import DEFAULT_POLICY, PolicyError, check_policy, load_policy
-from policies.model import Policy
-from policies.servers import read_contexts
-from policies.simulate import Simulation
-from policies.store import policy_version
+from tiergate.complexity.model import DEFAULT_MODEL_FILE, ComplexityModel
+from tiergate.core.types import Priority
+from tiergate.core.wire import ChatRequest, CompletionRequest
+from tiergate.policies.cascade_sim import describe_cascade
+from tiergate.policies.classify import Classifier, messages_of
+from tiergate.policies.engine import PolicyEngine
+from tiergate.policies.loader import DEFAULT_POLICY, PolicyError, check_policy, load_policy
+from tiergate.policies.model import Policy
+from tiergate.policies.servers import read_contexts
+from tiergate.policies.simulate import Simulation
+from tiergate.policies.store import policy_version
 
 __all__ = ["SCHEMA_FILE", "classify", "policy_app", "schema_text"]
 

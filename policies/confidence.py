@@ -13,7 +13,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from core.types import Cascade
+from tiergate.core.types import Cascade
 
 __all__ = ["Confidence", "TokenScore", "Verdict", "confidence", "judge_recorded", "verdict", "scores_from_openai", "scores_from_text_logprobs"]
 

@@ -10,7 +10,7 @@ import re
 
 from pydantic import Field, field_validator
 
-from policies.base import StrictModel as _Model
+from tiergate.policies.base import StrictModel as _Model
 
 __all__ = ["DistillConfig", "RedactConfig"]
 

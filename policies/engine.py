@@ -13,9 +13,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
-from core import tracing
-from core.types import CacheRule, Cascade, Decision, Features, Reject, Timeouts
-from policies.model import CacheOverride, Policy, Rule, TimeoutsOverride, When
+from tiergate.core import tracing
+from tiergate.core.types import CacheRule, Cascade, Decision, Features, Reject, Timeouts
+from tiergate.policies.model import CacheOverride, Policy, Rule, TimeoutsOverride, When
 
 __all__ = ["Check", "Explanation", "PolicyEngine", "RuleTrace"]
 

@@ -18,8 +18,8 @@ from pydantic import BaseModel, ValidationError
 from ruamel.yaml import YAML
 from ruamel.yaml.error import MarkedYAMLError, YAMLError
 
-from policies.checks import Issue, semantic_issues
-from policies.model import Policy
+from tiergate.policies.checks import Issue, semantic_issues
+from tiergate.policies.model import Policy
 
 __all__ = ["DEFAULT_POLICY", "PolicyError", "Problem", "check_policy", "load_policy", "parse_policy"]
 

@@ -24,9 +24,9 @@ from pydantic import (
     model_validator,
 )
 
-from core.types import Priority
-from policies.base import StrictModel
-from policies.distill_config import DistillConfig
+from tiergate.core.types import Priority
+from tiergate.policies.base import StrictModel
+from tiergate.policies.distill_config import DistillConfig
 
 __all__ = [
     "BUILTIN_TOKENIZER",

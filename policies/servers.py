@@ -14,7 +14,7 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from policies.model import Policy
+from tiergate.policies.model import Policy
 
 __all__ = ["ServerContext", "read_contexts"]
 

@@ -11,9 +11,9 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from typing import Any
 
-from core.types import Decision, Features
-from policies.cascade_sim import CascadeTally
-from policies.model import Policy
+from tiergate.core.types import Decision, Features
+from tiergate.policies.cascade_sim import CascadeTally
+from tiergate.policies.model import Policy
 
 __all__ = ["UNLABELLED", "Simulation"]
 

@@ -22,9 +22,9 @@ from pathlib import Path
 import structlog
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Info
 
-from policies.engine import PolicyEngine
-from policies.loader import PolicyError, Problem, parse_policy
-from policies.model import Policy
+from tiergate.policies.engine import PolicyEngine
+from tiergate.policies.loader import PolicyError, Problem, parse_policy
+from tiergate.policies.model import Policy
 
 __all__ = ["ActivePolicy", "PolicyMetrics", "PolicyStore", "ReloadResult", "policy_version"]
 

@@ -34,7 +34,7 @@ EXTRAS="edge,export"
 [ "$DEV" = 1 ] && EXTRAS="edge,export,dev"
 echo "==> installing tiergate[$EXTRAS]"
 "${PIP[@]}" install -q -e ".[${EXTRAS}]" 2>&1 | grep -v -E "^WARNING: Location|is ignored" || true
-.venv/bin/python -c "import gateway, edge_node, cloud_pool, policies, cache, llama_cpp" \
+(cd / && "$OLDPWD/.venv/bin/python" -c "import tiergate.gateway, tiergate.edge_node, tiergate.cloud_pool, tiergate.policies, tiergate.cache, llama_cpp") \
   || { echo "error: tiergate did not install cleanly" >&2; exit 1; }
 
 if [ "$DEV" = 1 ]; then

@@ -34,9 +34,12 @@ def _modules(package: str) -> list[Path]:
 
 
 def _imported(node: ast.Import | ast.ImportFrom) -> list[str]:
+    """Absolute module names, with the `tiergate.` namespace taken off (`tiergate.gateway.app` -> `gateway.app`)."""
     if isinstance(node, ast.ImportFrom):
-        return [node.module] if node.module and node.level == 0 else []
-    return [alias.name for alias in node.names]
+        names = [node.module] if node.module and node.level == 0 else []
+    else:
+        names = [alias.name for alias in node.names]
+    return [name.removeprefix("tiergate.") for name in names]
 
 
 def _imports(path: Path) -> list[tuple[int, str, bool]]:
@@ -91,7 +94,7 @@ def test_the_checks_catch_what_they_are_for(tmp_path: Path, monkeypatch: pytest.
     """A planted upward import and a planted silent local import are both found (the checks can fail)."""
     pkg = tmp_path / "core"
     pkg.mkdir()
-    (pkg / "bad.py").write_text("from gateway.app import create_app\n\n\ndef f():\n    import json\n    return json\n")
+    (pkg / "bad.py").write_text("from tiergate.gateway.app import create_app\n\n\ndef f():\n    import json\n    return json\n")
     (pkg / "ok.py").write_text("def f():\n    import yaml  # optional dependency: YAML output only\n    return yaml\n")
     monkeypatch.setattr(__import__(__name__, fromlist=["ROOT"]), "ROOT", tmp_path)
     assert layer_violations("core") == ["core/bad.py:1: imports gateway.app"]

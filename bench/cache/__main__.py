@@ -40,11 +40,11 @@ from bench.cache.e2e import render as e2e_render
 from bench.cache.e2e import run as run_e2e
 from bench.cache.pairs import load_pairs, split
 from bench.report import REPO, RESULTS, machine_facts, machine_line, write_section
-from cache import build_cache
-from cache.embedder import OnnxEmbedder
-from cache.export import default_embedder_dir
-from cache.settings import DEFAULT_THRESHOLD
-from core.types import CacheRule
+from tiergate.cache import build_cache
+from tiergate.cache.embedder import OnnxEmbedder
+from tiergate.cache.export import default_embedder_dir
+from tiergate.cache.settings import DEFAULT_THRESHOLD
+from tiergate.core.types import CacheRule
 
 DOCS = REPO / "docs" / "benchmarks.md"
 HEADING = "## Semantic cache (bench/cache)"

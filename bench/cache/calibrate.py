@@ -22,8 +22,8 @@ from pathlib import Path
 import numpy as np
 
 from bench.cache.pairs import DEFAULT_PAIRS, Pairs, load_pairs, split
-from cache.guards import GUARDS, Signature, overlap, signature, veto
-from cache.settings import DEFAULT_GUARDS
+from tiergate.cache.guards import GUARDS, Signature, overlap, signature, veto
+from tiergate.cache.settings import DEFAULT_GUARDS
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,7 @@ from sklearn.linear_model import LogisticRegression
 
 from bench.cache.calibrate import Labelled
 from bench.cache.pairs import split
-from cache.errbound import FLOOR, OVERLAP_EDGES
+from tiergate.cache.errbound import FLOOR, OVERLAP_EDGES
 
 MIN_HITS = 50
 RANKINGS = ("cosine", "cosine per overlap region", "cosine + surface features")

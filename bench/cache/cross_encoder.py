@@ -33,9 +33,9 @@ from bench.cache.ceiling import frontier, table
 from bench.cache.errbound import BOUNDS
 from bench.cache.pairs import DEFAULT_PAIRS, load_pairs, split
 from bench.report import RESULTS, machine_facts, machine_line
-from cache.errbound import FLOOR
-from cache.export import default_embedder_dir
-from cache.verifier_train import MAX_LENGTH, fine_tune
+from tiergate.cache.errbound import FLOOR
+from tiergate.cache.export import default_embedder_dir
+from tiergate.cache.verifier_train import MAX_LENGTH, fine_tune
 
 RECALL = 0.40
 RESULT_FILE = RESULTS / "cache_cross_encoder.json"

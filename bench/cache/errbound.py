@@ -49,14 +49,14 @@ from bench.cache import ceiling
 from bench.cache.calibrate import Labelled, labelled
 from bench.cache.pairs import split
 from bench.cache.verifier import verifier_streams
-from cache.keys import RequestKey
-from cache.metrics import CacheMetrics
-from cache.settings import CacheSettings
-from cache.shared import MemoryShared
-from cache.store import MemoryStore
-from cache.types import CachedAnswer, CacheEntry, CacheHit
-from cache.verify import LookupResult, Verifier
-from core.types import CacheRule
+from tiergate.cache.keys import RequestKey
+from tiergate.cache.metrics import CacheMetrics
+from tiergate.cache.settings import CacheSettings
+from tiergate.cache.shared import MemoryShared
+from tiergate.cache.store import MemoryStore
+from tiergate.cache.types import CachedAnswer, CacheEntry, CacheHit
+from tiergate.cache.verify import LookupResult, Verifier
+from tiergate.core.types import CacheRule
 
 BOUNDS = (0.02, 0.05, 0.10, 0.15, 0.20)
 ORDERS = 20  # replay orders: enough to see how often one order's rate crosses the bound

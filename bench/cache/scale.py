@@ -47,21 +47,21 @@ from bench.cache.e2e import POLICY
 from bench.cache.efsweep import sweep
 from bench.procs import Server, cpu_seconds, free_port, peak_rss_mib, redis_binary
 from bench.report import REPO
-from cache import CacheSettings, SemanticCache
-from cache.batcher import EmbeddingBatcher, Vector
-from cache.embedder import OnnxEmbedder
-from cache.export import default_embedder_dir
-from cache.index import VectorIndex
-from cache.keys import request_key
-from cache.metrics import CacheMetrics
-from cache.redis_codec import entry_fields
-from cache.redis_store import RedisStore
-from cache.redis_vset import entry_key, vset_key, zset_key
-from cache.settings import DEFAULT_THRESHOLD
-from cache.shared import RedisShared
-from cache.types import CachedAnswer, CacheEntry
-from core.types import CacheRule
-from core.wire import ChatRequest, Message
+from tiergate.cache import CacheSettings, SemanticCache
+from tiergate.cache.batcher import EmbeddingBatcher, Vector
+from tiergate.cache.embedder import OnnxEmbedder
+from tiergate.cache.export import default_embedder_dir
+from tiergate.cache.index import VectorIndex
+from tiergate.cache.keys import request_key
+from tiergate.cache.metrics import CacheMetrics
+from tiergate.cache.redis_codec import entry_fields
+from tiergate.cache.redis_store import RedisStore
+from tiergate.cache.redis_vset import entry_key, vset_key, zset_key
+from tiergate.cache.settings import DEFAULT_THRESHOLD
+from tiergate.cache.shared import RedisShared
+from tiergate.cache.types import CachedAnswer, CacheEntry
+from tiergate.core.types import CacheRule
+from tiergate.core.wire import ChatRequest, Message
 
 SNAPSHOTS = REPO / ".tiergate" / "bench" / "cache"
 FILL_VERSION = "f1"  # bump when the generator or the layout of a fill changes: old snapshots are not reused

@@ -26,10 +26,10 @@ import numpy as np
 from bench.cache.calibrate import Labelled
 from bench.cache.pairs import DEFAULT_PAIRS, digest, split
 from bench.report import REPO
-from cache.errbound import FLOOR
-from cache.keys import normalize_text
-from cache.pairscore import PairScorer
-from cache.verifier_train import OUT_OF_FOLD, pair_key, train_verifier
+from tiergate.cache.errbound import FLOOR
+from tiergate.cache.keys import normalize_text
+from tiergate.cache.pairscore import PairScorer
+from tiergate.cache.verifier_train import OUT_OF_FOLD, pair_key, train_verifier
 
 if TYPE_CHECKING:  # errbound runs this module's method: a type only, no import cycle
     from bench.cache.errbound import Stream

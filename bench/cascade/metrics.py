@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from complexity.apgr import apgr as _apgr
+from tiergate.complexity.apgr import apgr as _apgr
 
 __all__ = ["KeptAtLoss", "apgr", "auroc", "bootstrap_ci", "kept_at_loss", "at_threshold"]
 

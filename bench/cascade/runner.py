@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from bench.cascade.tasks import Item
 from bench.procs import cpu_seconds
-from policies.confidence import TokenScore, scores_from_openai
+from tiergate.policies.confidence import TokenScore, scores_from_openai
 
 __all__ = ["Answer", "ask", "ask_all"]
 

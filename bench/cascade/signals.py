@@ -23,11 +23,11 @@ import numpy as np
 
 from bench.cascade.runner import Answer
 from bench.report import REPO
-from core.types import Priority
-from core.wire import decode_chat
-from policies.classify import Classifier
-from policies.confidence import confidence
-from policies.loader import load_policy
+from tiergate.core.types import Priority
+from tiergate.core.wire import decode_chat
+from tiergate.policies.classify import Classifier
+from tiergate.policies.confidence import confidence
+from tiergate.policies.loader import load_policy
 
 __all__ = ["DESIGN", "FIRST_K", "PromptFeatures", "answer_signals", "prompt_features"]
 

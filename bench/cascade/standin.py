@@ -14,10 +14,10 @@ from pathlib import Path
 
 from bench.cascade.runner import Answer, ask_all
 from bench.cascade.tasks import Item
-from cloud_pool.process import VllmProcess, free_port
-from cloud_pool.spec import CpuOptions, VllmSpec
-from cloud_pool.vllm_env import missing_reason, vllm_python
-from core.paths import tiergate_home
+from tiergate.cloud_pool.process import VllmProcess, free_port
+from tiergate.cloud_pool.spec import CpuOptions, VllmSpec
+from tiergate.cloud_pool.vllm_env import missing_reason, vllm_python
+from tiergate.core.paths import tiergate_home
 
 __all__ = ["STANDIN_MODEL_DIR", "stand_in_answers"]
 

@@ -32,8 +32,8 @@ from collections import Counter
 from bench.chaos.load import Result, run_load
 from bench.chaos.stack import KEY, Stack, build_vllm_model
 from bench.report import REPO, RESULTS, write_section
-from core.paths import tiergate_home
-from gateway.demo import prepare
+from tiergate.core.paths import tiergate_home
+from tiergate.gateway.demo import prepare
 
 WORK = REPO / ".tiergate" / "bench" / "chaos"
 RESULT_FILE = RESULTS / "chaos-bench.json"

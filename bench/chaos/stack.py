@@ -20,10 +20,10 @@ from pathlib import Path
 
 from bench.procs import Server, free_port, peak_rss_mib, redis_answers
 from bench.report import REPO
-from cloud_pool.process import VllmProcess
-from cloud_pool.spec import VllmSpec
-from cloud_pool.vllm_env import missing_reason, vllm_python
-from edge_node.packaged import packaged_path
+from tiergate.cloud_pool.process import VllmProcess
+from tiergate.cloud_pool.spec import VllmSpec
+from tiergate.cloud_pool.vllm_env import missing_reason, vllm_python
+from tiergate.edge_node.packaged import packaged_path
 
 __all__ = ["KEY", "Stack"]
 
@@ -93,7 +93,7 @@ class Stack:
         env = {"TIERGATE_POLICY": str(self.policy), "TIERGATE_PORT": str(port), "TIERGATE_API_KEYS": f"{KEY}=chaos",
                "TIERGATE_REDIS_URL": f"redis://127.0.0.1:{self.redis_port}/0", "TIERGATE_LOG_LEVEL": "warning",
                "TIERGATE_DRAIN_DELAY_S": "0"}
-        self.servers["gateway"] = Server("gateway", [sys.executable, "-m", "gateway.cli", "serve"],
+        self.servers["gateway"] = Server("gateway", [sys.executable, "-m", "tiergate.gateway.cli", "serve"],
                                          self.gateway_url + "/healthz", env=env, log=self.work / "gateway.log").start()
         for name in ("edge-a", "edge-b"):
             self.start_edge(name)
@@ -101,7 +101,7 @@ class Stack:
 
     def start_edge(self, name: str) -> None:
         port = free_port()
-        self.servers[name] = Server(name, [sys.executable, "-m", "edge_node", "serve", "--model", str(self.edge_model),
+        self.servers[name] = Server(name, [sys.executable, "-m", "tiergate.edge_node", "serve", "--model", str(self.edge_model),
                                            "--port", str(port), "--parallel", str(self.parallel), "--threads", "1",
                                            "--ctx", "1024", "--model-name", name, "--gateway", self.gateway_url,
                                            "--log-level", "warning"],

@@ -31,10 +31,10 @@ from bench.cloud.workloads import REGIMES, requests
 from bench.procs import tree_peak_rss_mib
 from bench.report import RESULTS, machine_facts, pct, publish
 from bench.versions import VLLM_ROUTER
-from cloud_pool.process import VllmProcess, free_port
-from cloud_pool.spec import CpuOptions, NoSpeculation, VllmSpec
-from cloud_pool.vllm_env import REPO_ROOT, missing_reason, vllm_python
-from core.paths import tiergate_home
+from tiergate.cloud_pool.process import VllmProcess, free_port
+from tiergate.cloud_pool.spec import CpuOptions, NoSpeculation, VllmSpec
+from tiergate.cloud_pool.vllm_env import REPO_ROOT, missing_reason, vllm_python
+from tiergate.core.paths import tiergate_home
 
 SECTION = "## Cloud pool (bench/cloud)"
 SERVED = "tiergate-cloud"

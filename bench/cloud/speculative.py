@@ -25,10 +25,10 @@ from bench.cloud.__main__ import SERVED, model_dir, vllm_spec
 from bench.cloud.workloads import text
 from bench.procs import tree_peak_rss_mib
 from bench.report import RESULTS, machine_facts
-from cloud_pool.process import VllmProcess, free_port
-from cloud_pool.spec import Ngram
-from cloud_pool.vllm_env import missing_reason, vllm_python
-from cloud_pool.vllm_metrics import parse
+from tiergate.cloud_pool.process import VllmProcess, free_port
+from tiergate.cloud_pool.spec import Ngram
+from tiergate.cloud_pool.vllm_env import missing_reason, vllm_python
+from tiergate.cloud_pool.vllm_metrics import parse
 
 
 async def run_spec(url: str, concurrency: int, n: int, max_tokens: int) -> dict:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from cloud_pool.tiny_model import words
+from tiergate.cloud_pool.tiny_model import words
 
 __all__ = ["REGIMES", "Regime", "requests", "text"]
 

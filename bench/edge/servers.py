@@ -27,8 +27,8 @@ from urllib.parse import urlsplit
 import httpx
 
 from bench.procs import Server, free_port
-from core.paths import tiergate_home
-from edge_node.demo_model import build_demo_model
+from tiergate.core.paths import tiergate_home
+from tiergate.edge_node.demo_model import build_demo_model
 
 __all__ = ["MODELS", "ModelSpec", "banned_tokens", "base_url", "make_servers", "prompt_tokens", "resolve_model"]
 
@@ -51,7 +51,9 @@ MODELS = {
 def resolve_model(key: str) -> Path:
     """The GGUF file for a model key: packaged models are verified by sha256, generated ones built once."""
     if key in ("smollm2", "gemma"):
-        from edge_node.packaged import packaged_path  # verifies the file (size, sha256) before it is used
+        from tiergate.edge_node.packaged import (
+            packaged_path,  # verifies the file (size, sha256) before it is used
+        )
 
         return packaged_path({"smollm2": "smollm2-135m-instruct", "gemma": "gemma-3-270m"}[key])
     size = "tiny" if key == "demo" else "bench"
@@ -87,7 +89,7 @@ def make_servers(model: Path, spec: ModelSpec, llama_server: Path, lcp_bin: Path
     py = sys.executable
     ep, lp, pp = free_port(), free_port(), free_port()
     stem = spec.key
-    edge = Server("edge-node", [py, "-m", "edge_node", "serve", "--model", str(model), "--port", str(ep),
+    edge = Server("edge-node", [py, "-m", "tiergate.edge_node", "serve", "--model", str(model), "--port", str(ep),
                                 "--parallel", str(slots), "--ctx", str(ctx), "--threads", "1", "--batch", "512",
                                 "--model-name", "bench"],
                   f"http://127.0.0.1:{ep}/health", log=logs / f"{stem}-edge-node.log")

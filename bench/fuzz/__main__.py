@@ -44,7 +44,7 @@ API_KEY, ADMIN_KEY, EDGE_TOKEN = "fuzz-api-key-1", "fuzz-admin-key-1", "fuzz-edg
 def build_model() -> Path:
     gguf = MODEL_DIR / "tiergate-demo-tiny-q4_0.gguf"
     if not gguf.exists():
-        from edge_node.demo_model import (
+        from tiergate.edge_node.demo_model import (
             build_demo_model,  # start-up time: llama.cpp only when the model is missing
         )
 
@@ -93,11 +93,11 @@ def start_all(work: Path, model: Path) -> dict[str, Server]:
            "TIERGATE_ADMIN_KEY": ADMIN_KEY, "TIERGATE_EDGE_TOKEN": EDGE_TOKEN, "TIERGATE_LOG_LEVEL": "warning"}
     for name in ("gateway", "gateway-registration"):
         port = free_port()
-        procs[name] = Server(name, [py, "-m", "gateway.cli", "serve", "--port", str(port)],
+        procs[name] = Server(name, [py, "-m", "tiergate.gateway.cli", "serve", "--port", str(port)],
                              f"http://127.0.0.1:{port}/readyz", env=env | {"TIERGATE_PORT": str(port)},
                              log=work / f"{name}.log").start()
     port = free_port()
-    procs["edge-node"] = Server("edge-node", [py, "-m", "edge_node", "serve", "--model", str(model), "--port", str(port),
+    procs["edge-node"] = Server("edge-node", [py, "-m", "tiergate.edge_node", "serve", "--model", str(model), "--port", str(port),
                                               "--parallel", "4", "--ctx", "1024", "--threads", "1",
                                               "--log-level", "warning"],
                                 f"http://127.0.0.1:{port}/health", log=work / "edge-node.log").start()

@@ -3,7 +3,7 @@
     .venv/bin/python -m bench.load [--clients 500] [--duration 60] [--nodes 2] [--parallel 8] [--write-docs]
 
 What runs (all on 127.0.0.1, each its own process):
-- edge nodes: `python -m edge_node serve` on the tiny demo model (2 layers, Q4_0, built once under
+- edge nodes: `python -m tiergate.edge_node serve` on the tiny demo model (2 layers, Q4_0, built once under
   .tiergate/bench/load-tiny/), `--parallel P --threads 1`, registering with the gateway by heartbeat;
 - the gateway: `tiergate serve` (uvicorn + uvloop, the production entry point), policy written by this script;
 - the load generator: this process, one asyncio event loop (uvloop when installed) with one aiohttp session.
@@ -48,7 +48,7 @@ import uvloop
 
 from bench.procs import Server, cpu_seconds, free_port, peak_rss_mib
 from bench.report import REPO, RESULTS, write_section
-from edge_node.demo_model import build_demo_model
+from tiergate.edge_node.demo_model import build_demo_model
 
 DOCS = REPO / "docs" / "benchmarks.md"
 SECTION = "## Load (bench/load)"
@@ -94,7 +94,7 @@ rules:
 
 def tiergate_cmd() -> list[str]:
     script = Path(sys.executable).with_name("tiergate")
-    return [str(script), "serve"] if script.exists() else [sys.executable, "-m", "gateway.cli", "serve"]
+    return [str(script), "serve"] if script.exists() else [sys.executable, "-m", "tiergate.gateway.cli", "serve"]
 
 
 def rss_mib(pid: int) -> float:
@@ -392,7 +392,7 @@ def main() -> None:
         for i in range(args.nodes):
             p = free_port()
             procs[f"edge node {i + 1}"] = Server(
-                f"edge-{i + 1}", [sys.executable, "-m", "edge_node", "serve", "--model", str(gguf), "--host", "127.0.0.1",
+                f"edge-{i + 1}", [sys.executable, "-m", "tiergate.edge_node", "serve", "--model", str(gguf), "--host", "127.0.0.1",
                                   "--port", str(p), "--parallel", str(args.parallel), "--ctx", "256", "--threads", "1",
                                   "--gateway", gw_url, "--model-name", f"edge-{i + 1}", "--log-format", "json"],
                 f"http://127.0.0.1:{p}/health", env={"HF_HUB_OFFLINE": "1"}, log=WORK / f"edge-{i + 1}.log").start(180)

@@ -38,7 +38,7 @@ from bench.overhead.targets import litellm_target, make_targets
 from bench.procs import Server, free_port, peak_rss_mib, tree_peak_rss_mib
 from bench.report import RESULTS, machine_facts, publish
 from bench.versions import LITELLM
-from core.paths import tiergate_home
+from tiergate.core.paths import tiergate_home
 
 SECTION = "## Gateway overhead (bench/overhead)"
 

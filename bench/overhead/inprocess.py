@@ -120,7 +120,7 @@ def main() -> None:
         os.environ.update({"TIERGATE_POLICY": str(tmp / "policy.yaml"), "TIERGATE_API_KEYS": f"{KEY}=bench",
                            "TIERGATE_LOG_LEVEL": "warning", "TIERGATE_EMBEDDER": ""})
         os.sched_setaffinity(0, {0})
-        from gateway.app import create_app  # after --tree (above) and after the environment it reads
+        from tiergate.gateway.app import create_app  # after --tree (above) and after the environment it reads
 
         print(f"{args.tree or 'this checkout'}: "
               f"{uvloop.run(_drive(create_app(), KEY, args.batches, args.gap_ms / 1000))}")

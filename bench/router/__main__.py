@@ -37,10 +37,10 @@ from bench.router import latency, loso, traffic
 from bench.router.report import HEADING, markdown
 from bench.versions import LITELLM as LITELLM_VERSION
 from bench.versions import LITELLM_SPEC
-from complexity.features import last_user_text
-from complexity.model import DEFAULT_MODEL_FILE, ComplexityModel
-from complexity.select import GRID
-from complexity.train import one_blas_thread
+from tiergate.complexity.features import last_user_text
+from tiergate.complexity.model import DEFAULT_MODEL_FILE, ComplexityModel
+from tiergate.complexity.select import GRID
+from tiergate.complexity.train import one_blas_thread
 
 
 def _shared_routing_data() -> Path:

@@ -23,10 +23,10 @@ __all__ = ["measure"]
 
 CHILD = """
 import json, sys, time
-from core.types import Priority
-from core.wire import decode_chat
-from policies.classify import Classifier
-from policies.loader import load_policy
+from tiergate.core.types import Priority
+from tiergate.core.wire import decode_chat
+from tiergate.policies.classify import Classifier
+from tiergate.policies.loader import load_policy
 
 class Store:
     def __init__(self, policy):

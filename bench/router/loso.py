@@ -21,12 +21,12 @@ from typing import Any
 import numpy as np
 
 from bench.router.subjects import subjects
-from complexity.apgr import apgr, apgr_resampled
-from complexity.choice import ChoiceExpert, ChoiceFeaturizer
-from complexity.features import CONTENT, LENGTH, OPTIONS, Featurizer, last_user_text
-from complexity.model import MIN_OPTIONS, Design
-from complexity.select import select_design
-from complexity.train import Labelled, expert_scores, fit, read_labelled
+from tiergate.complexity.apgr import apgr, apgr_resampled
+from tiergate.complexity.choice import ChoiceExpert, ChoiceFeaturizer
+from tiergate.complexity.features import CONTENT, LENGTH, OPTIONS, Featurizer, last_user_text
+from tiergate.complexity.model import MIN_OPTIONS, Design
+from tiergate.complexity.select import select_design
+from tiergate.complexity.train import Labelled, expert_scores, fit, read_labelled
 
 __all__ = ["DATA_FILES", "Evaluation", "Prepared", "ci", "mmlu_in_source", "prepare", "run_loso"]
 

@@ -13,10 +13,14 @@ from pathlib import Path
 from typing import Any
 
 from bench.report import REPO
-from complexity.train import Labelled
-from policies.cli import _classifier, _classify_line, _load  # the command's own steps, not a copy of them
-from policies.loader import DEFAULT_POLICY
-from policies.simulate import Simulation
+from tiergate.complexity.train import Labelled
+from tiergate.policies.cli import (  # the command's own steps, not a copy of them
+    _classifier,
+    _classify_line,
+    _load,
+)
+from tiergate.policies.loader import DEFAULT_POLICY
+from tiergate.policies.simulate import Simulation
 
 __all__ = ["simulate_default", "traffic_lines"]
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from bench.cache.scale import render
-from cache.settings import CacheSettings
+from tiergate.cache.settings import CacheSettings
 
 
 def _row(version: str, entries: int, p50: float, rss: int, first: float, sweep: list | None = None) -> dict:

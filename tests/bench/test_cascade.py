@@ -16,7 +16,7 @@ from bench.cascade.report import markdown
 from bench.cascade.runner import Answer
 from bench.cascade.signals import answer_signals
 from bench.cascade.tasks import make_items
-from policies.confidence import TokenScore
+from tiergate.policies.confidence import TokenScore
 
 # ------------------------------------------------------------------------------------------- checkers
 

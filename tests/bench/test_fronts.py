@@ -5,7 +5,7 @@ from __future__ import annotations
 from bench.cloud.fronts import ROWS, _policy
 from bench.cloud.workloads import REGIMES, requests
 from bench.overhead.targets import POLICY
-from policies.loader import parse_policy
+from tiergate.policies.loader import parse_policy
 
 
 def test_the_cloud_policy_has_one_tier_per_tiergate_row() -> None:

@@ -6,11 +6,11 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from cache.metrics import CacheMetrics
-from cache.settings import CacheSettings
-from cache.types import CachedAnswer
-from core.types import CacheRule
-from core.wire import ChatRequest, CompletionRequest, Message
+from tiergate.cache.metrics import CacheMetrics
+from tiergate.cache.settings import CacheSettings
+from tiergate.cache.types import CachedAnswer
+from tiergate.core.types import CacheRule
+from tiergate.core.wire import ChatRequest, CompletionRequest, Message
 
 RULE = CacheRule(threshold=0.94)
 # Generous timeouts: the test machine's two cores are shared, and a test about hits must not turn into a

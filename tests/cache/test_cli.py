@@ -5,8 +5,8 @@ import warnings
 import pytest
 from typer.testing import CliRunner
 
-from cache.cli import cache_app
-from cache.export import known_noise_to
+from tiergate.cache.cli import cache_app
+from tiergate.cache.export import known_noise_to
 
 runner = CliRunner()
 

@@ -5,9 +5,9 @@ import asyncio
 import numpy as np
 import pytest
 
-from cache.batcher import EmbeddingBatcher
-from cache.embedder import EmbedderError, OnnxEmbedder, clean_text, resolve_embedder_path
 from tests.cache.helpers import fresh_metrics
+from tiergate.cache.batcher import EmbeddingBatcher
+from tiergate.cache.embedder import EmbedderError, OnnxEmbedder, clean_text, resolve_embedder_path
 
 
 def test_vectors_are_normalised_and_paraphrases_are_close(onnx_embedder: OnnxEmbedder) -> None:

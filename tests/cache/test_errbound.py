@@ -9,11 +9,19 @@ import random
 import numpy as np
 import pytest
 
-from cache import build_cache
-from cache.errbound import EDGES, OVERLAP_EDGES, ErrorBound, certified_cutoffs, estimate, new_counts, region
-from cache.settings import CacheSettings
-from cache.shared import MemoryShared
 from tests.cache.helpers import RULE, SETTINGS, answer, chat, fresh_metrics, sample
+from tiergate.cache import build_cache
+from tiergate.cache.errbound import (
+    EDGES,
+    OVERLAP_EDGES,
+    ErrorBound,
+    certified_cutoffs,
+    estimate,
+    new_counts,
+    region,
+)
+from tiergate.cache.settings import CacheSettings
+from tiergate.cache.shared import MemoryShared
 
 pytestmark = pytest.mark.anyio
 

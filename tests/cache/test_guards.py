@@ -1,6 +1,6 @@
 import pytest
 
-from cache.guards import GUARDS, overlap, signature, veto
+from tiergate.cache.guards import GUARDS, overlap, signature, veto
 
 
 def judge(a: str, b: str) -> str | None:

@@ -4,7 +4,7 @@ import sys
 import numpy as np
 import pytest
 
-from cache.index import VectorIndex
+from tiergate.cache.index import VectorIndex
 
 DIM = 32
 
@@ -81,7 +81,7 @@ def test_onnxruntime_still_imports_after_an_hnsw_graph_was_built() -> None:
     # usearch loaded before onnxruntime used to crash the process at onnxruntime's import.
     code = (
         "import numpy as np\n"
-        "from cache.index import VectorIndex\n"
+        "from tiergate.cache.index import VectorIndex\n"
         "idx = VectorIndex(8, hnsw_at=10)\n"
         "v = np.random.default_rng(0).standard_normal((300, 8)).astype(np.float32)\n"
         "v /= np.linalg.norm(v, axis=1, keepdims=True)\n"

@@ -2,7 +2,8 @@ import dataclasses
 
 import pytest
 
-from cache.keys import (
+from tests.cache.helpers import RULE, answer, chat, completion
+from tiergate.cache.keys import (
     DEFAULT_TEMPERATURE,
     answer_fits,
     effective_temperature,
@@ -11,8 +12,7 @@ from cache.keys import (
     tenant_tag,
     uncacheable_reason,
 )
-from core.wire import ChatRequest, ContentPart, Message
-from tests.cache.helpers import RULE, answer, chat, completion
+from tiergate.core.wire import ChatRequest, ContentPart, Message
 
 
 def test_exact_key_ignores_whitespace_noise_but_not_case() -> None:

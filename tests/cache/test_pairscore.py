@@ -13,10 +13,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from cache import build_cache
-from cache.errbound import FLOOR
-from cache.pairscore import MANIFEST, Combination, PairScorer, VerifierError
 from tests.cache.helpers import RULE, SETTINGS, answer, chat, fresh_metrics, sample
+from tiergate.cache import build_cache
+from tiergate.cache.errbound import FLOOR
+from tiergate.cache.pairscore import MANIFEST, Combination, PairScorer, VerifierError
 
 pytestmark = pytest.mark.anyio
 

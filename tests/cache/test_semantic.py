@@ -7,11 +7,11 @@ import dataclasses
 
 import pytest
 
-from cache import SemanticCache, build_cache
-from cache.index import VectorIndex
-from cache.store import MemoryStore, StoreUnavailable
-from core.wire import ChatRequest, ContentPart, Message
 from tests.cache.helpers import RULE, SETTINGS, answer, chat, completion, fresh_metrics, sample
+from tiergate.cache import SemanticCache, build_cache
+from tiergate.cache.index import VectorIndex
+from tiergate.cache.store import MemoryStore, StoreUnavailable
+from tiergate.core.wire import ChatRequest, ContentPart, Message
 
 pytestmark = pytest.mark.anyio
 

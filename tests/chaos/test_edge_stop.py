@@ -19,8 +19,6 @@ from pathlib import Path
 import httpx
 import pytest
 
-from gateway.auth import KeyRing
-from gateway.settings import Settings
 from tests.chaos.policies import edge_then_cloud
 from tests.chaos.record import record
 from tests.chaos.traffic import Traffic, summarize
@@ -28,6 +26,8 @@ from tests.support.edge import parse_metrics, registered_node
 from tests.support.instant_upstream import make_app
 from tests.support.servers import aiohttp_server, gateway_server
 from tests.support.waiting import wait_until
+from tiergate.gateway.auth import KeyRing
+from tiergate.gateway.settings import Settings
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 KEYS = KeyRing.from_inline("chaos-key-1=chaos:normal")

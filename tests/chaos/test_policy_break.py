@@ -13,14 +13,14 @@ from pathlib import Path
 import httpx
 import pytest
 
-from gateway.settings import Settings
-from policies.store import policy_version
 from tests.chaos.record import record
 from tests.chaos.traffic import Traffic, summarize
 from tests.gateway.conftest import KEYS
 from tests.support.instant_upstream import make_app
 from tests.support.servers import aiohttp_server, gateway_server
 from tests.support.waiting import wait_until
+from tiergate.gateway.settings import Settings
+from tiergate.policies.store import policy_version
 
 pytestmark = pytest.mark.timeout(300)
 

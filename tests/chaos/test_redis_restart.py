@@ -18,14 +18,14 @@ from typing import Self
 import httpx
 import pytest
 
-from gateway.auth import KeyRing
-from gateway.settings import Settings
 from tests.chaos.record import record
 from tests.chaos.traffic import Traffic, summarize
 from tests.gateway.conftest import write_policy
 from tests.support.instant_upstream import make_app
 from tests.support.servers import aiohttp_server, gateway_server
 from tests.support.waiting import wait_until
+from tiergate.gateway.auth import KeyRing
+from tiergate.gateway.settings import Settings
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 

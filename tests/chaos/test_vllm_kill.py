@@ -15,13 +15,13 @@ from pathlib import Path
 import httpx
 import pytest
 
-from gateway.auth import KeyRing
-from gateway.settings import Settings
 from tests.chaos.policies import cloud_only
 from tests.chaos.record import record
 from tests.chaos.traffic import Traffic, summarize
 from tests.support.servers import gateway_server
 from tests.support.waiting import wait_until
+from tiergate.gateway.auth import KeyRing
+from tiergate.gateway.settings import Settings
 
 pytestmark = [pytest.mark.integration, pytest.mark.vllm, pytest.mark.vllm_destructive, pytest.mark.timeout(1800)]
 KEYS = KeyRing.from_inline("chaos-key-1=chaos:normal")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from cloud_pool.breaker import BreakerState, CircuitBreaker
+from tiergate.cloud_pool.breaker import BreakerState, CircuitBreaker
 
 
 class Clock:

@@ -10,12 +10,12 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 from structlog.testing import capture_logs
 
-from cloud_pool.metrics import CloudMetrics
-from cloud_pool.pool import CloudPool
-from cloud_pool.selection import affinity_key
-from core.pool import Pool
-from core.wire import ChatRequest, Message
 from tests.support.servers import aiohttp_server, free_port
+from tiergate.cloud_pool.metrics import CloudMetrics
+from tiergate.cloud_pool.pool import CloudPool
+from tiergate.cloud_pool.selection import affinity_key
+from tiergate.core.pool import Pool
+from tiergate.core.wire import ChatRequest, Message
 
 MODEL = "tiergate-cloud"
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from cloud_pool.prefix_memory import PrefixMemory
-from core.pool import Endpoint
+from tiergate.cloud_pool.prefix_memory import PrefixMemory
+from tiergate.core.pool import Endpoint
 
 
 def eps(*ids: str) -> list[Endpoint]:

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from cloud_pool.process import VllmProcess, VllmStartError, free_port
-from cloud_pool.spec import parse_spec
+from tiergate.cloud_pool.process import VllmProcess, VllmStartError, free_port
+from tiergate.cloud_pool.spec import parse_spec
 
 FAKE = textwrap.dedent("""
     import http.server, os, signal, sys, time
@@ -126,7 +126,7 @@ def test_cli_launch_shows_ready_and_forwards_sigterm(tmp_path: Path, fake_python
     spec_file.write_text(f"name: fake\nmodel: {tmp_path}\ndevice: cpu\nhost: 127.0.0.1\nport: {port}\n")
     pids = tmp_path / "pids-cli"
     env = os.environ | {"TIERGATE_VLLM_PYTHON": str(fake_python), "FAKE_PIDS": str(pids), "COLUMNS": "200"}
-    cli = subprocess.Popen([sys.executable, "-c", "from cloud_pool.cli import app; app()", "launch", str(spec_file)],
+    cli = subprocess.Popen([sys.executable, "-c", "from tiergate.cloud_pool.cli import app; app()", "launch", str(spec_file)],
                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         lines = []
@@ -152,7 +152,7 @@ def test_cli_launch_without_the_vllm_venv_says_how_to_get_it(tmp_path: Path) -> 
     spec_file = tmp_path / "spec.yaml"
     spec_file.write_text(f"name: fake\nmodel: {tmp_path}\ndevice: cpu\n")
     env = os.environ | {"TIERGATE_VLLM_PYTHON": str(tmp_path / "nope" / "python")}
-    out = subprocess.run([sys.executable, "-c", "from cloud_pool.cli import app; app()", "launch", str(spec_file)],
+    out = subprocess.run([sys.executable, "-c", "from tiergate.cloud_pool.cli import app; app()", "launch", str(spec_file)],
                          env=env, capture_output=True, text=True, timeout=60)
     assert out.returncode == 2
     assert "scripts/setup-vllm.sh" in out.stdout + out.stderr

@@ -9,9 +9,9 @@ from pathlib import Path
 from ruamel.yaml import YAML
 from typer.testing import CliRunner
 
-from cloud_pool.cli import app
-from cloud_pool.render import kubernetes_objects, kubernetes_yaml, shell_command, vllm_argv, vllm_env
-from cloud_pool.spec import load_spec, parse_spec
+from tiergate.cloud_pool.cli import app
+from tiergate.cloud_pool.render import kubernetes_objects, kubernetes_yaml, shell_command, vllm_argv, vllm_env
+from tiergate.cloud_pool.spec import load_spec, parse_spec
 
 SPECS = Path(__file__).resolve().parents[2] / "cloud_pool" / "specs"
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from cloud_pool.spec import Eagle3, Ngram, SpecError, load_spec, parse_spec
+from tiergate.cloud_pool.spec import Eagle3, Ngram, SpecError, load_spec, parse_spec
 
 SPECS = Path(__file__).resolve().parents[2] / "cloud_pool" / "specs"
 

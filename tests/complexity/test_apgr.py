@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from complexity.apgr import apgr, apgr_resampled, pgr_curve, share_for_pgr
+from tiergate.complexity.apgr import apgr, apgr_resampled, pgr_curve, share_for_pgr
 
 rng = np.random.default_rng(0)
 WEAK = (rng.random(400) < 0.6).astype(float)

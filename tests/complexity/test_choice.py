@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from complexity.choice import CHOICE_FEATURES, DEFAULT_VECTORS_FILE, ChoiceFeaturizer
-from complexity.encoder import Encoder
-from complexity.trees import DEFAULT_PARAMS, export, fit_trees, interp, negate_and_join
-from gateway.cli import app
+from tiergate.complexity.choice import CHOICE_FEATURES, DEFAULT_VECTORS_FILE, ChoiceFeaturizer
+from tiergate.complexity.encoder import Encoder
+from tiergate.complexity.trees import DEFAULT_PARAMS, export, fit_trees, interp, negate_and_join
+from tiergate.gateway.cli import app
 
 MC = ("Statement 1 | Every group of order 4 is cyclic. Statement 2 | Z_4 is cyclic.\n"
       "A. True, True\nB. False, False\nC. True, False\nD. False, True\nAnswer:")

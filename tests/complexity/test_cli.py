@@ -6,8 +6,8 @@ import json
 
 from typer.testing import CliRunner
 
-from complexity.cli import classifier_app
-from complexity.model import ComplexityModel
+from tiergate.complexity.cli import classifier_app
+from tiergate.complexity.model import ComplexityModel
 
 from .conftest import synthetic, write_jsonl
 

@@ -4,9 +4,17 @@ from __future__ import annotations
 
 import pytest
 
-from complexity.encoder import MAX_CHARS
-from complexity.features import CONTENT, CUES, FEATURES, Featurizer, as_messages, cue_counts, last_user_text
-from complexity.tokens import TokenCounter
+from tiergate.complexity.encoder import MAX_CHARS
+from tiergate.complexity.features import (
+    CONTENT,
+    CUES,
+    FEATURES,
+    Featurizer,
+    as_messages,
+    cue_counts,
+    last_user_text,
+)
+from tiergate.complexity.tokens import TokenCounter
 
 
 @pytest.fixture(scope="module")

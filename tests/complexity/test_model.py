@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from complexity.cli import classifier_app
-from complexity.features import FEATURES, as_messages
-from complexity.model import DEFAULT_MODEL_FILE, MODEL_FORMAT, ComplexityModel
-from complexity.train import read_labelled, source_weights, train
+from tiergate.complexity.cli import classifier_app
+from tiergate.complexity.features import FEATURES, as_messages
+from tiergate.complexity.model import DEFAULT_MODEL_FILE, MODEL_FORMAT, ComplexityModel
+from tiergate.complexity.train import read_labelled, source_weights, train
 
 from .conftest import ROUTING, synthetic, write_jsonl
 

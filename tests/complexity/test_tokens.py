@@ -9,7 +9,7 @@ import msgspec
 import pytest
 from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
-from complexity.tokens import (
+from tiergate.complexity.tokens import (
     DEFAULT_TOKENIZER_FILE,
     PER_MESSAGE_OVERHEAD,
     PER_REQUEST_OVERHEAD,
@@ -17,7 +17,7 @@ from complexity.tokens import (
     TokenizerNotFound,
     resolve_tokenizer,
 )
-from core.wire import ChatRequest, CompletionRequest
+from tiergate.core.wire import ChatRequest, CompletionRequest
 
 TEXT = "The quick brown fox jumps over the lazy dog; naïve café, 日本語 and tokenization!"
 

@@ -7,10 +7,10 @@ import json
 import numpy as np
 import pytest
 
-from complexity.apgr import apgr
-from complexity.model import ComplexityModel, Design
-from complexity.select import GRID, select_design
-from complexity.train import read_labelled, source_weights, train
+from tiergate.complexity.apgr import apgr
+from tiergate.complexity.model import ComplexityModel, Design
+from tiergate.complexity.select import GRID, select_design
+from tiergate.complexity.train import read_labelled, source_weights, train
 
 from .conftest import multiple_choice, synthetic, write_jsonl
 

@@ -12,8 +12,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tokenizers import Tokenizer
 
-from complexity.encoder import Encoder
-from complexity.wordpiece import AsciiWordPiece
+from tiergate.complexity.encoder import Encoder
+from tiergate.complexity.wordpiece import AsciiWordPiece
 
 TOKENIZER_FILE = Path(__file__).resolve().parents[2] / "complexity" / "tokenizer_default.json"
 DATA = Path(__file__).resolve().parents[3] / "shared" / "data"

@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from core.tasks import cancel_and_wait
+from tiergate.core.tasks import cancel_and_wait
 
 pytestmark = pytest.mark.anyio
 

@@ -36,7 +36,7 @@ def _metric_modules() -> list[str]:
         for path in sorted((REPO / pkg).rglob("*.py")):
             if "prometheus_client" in path.read_text(encoding="utf-8"):
                 rel = path.relative_to(REPO).with_suffix("")
-                mods.append(".".join(rel.parts).removesuffix(".__init__"))
+                mods.append(".".join(("tiergate", *rel.parts)).removesuffix(".__init__"))
     return mods
 
 

@@ -16,9 +16,9 @@ from pathlib import Path
 import typer
 import yaml
 
-from gateway.settings import Settings
-from policies.loader import load_policy
 from tests.support.tools import require_tool
+from tiergate.gateway.settings import Settings
+from tiergate.policies.loader import load_policy
 
 REPO = Path(__file__).resolve().parents[2]
 DEPLOY = REPO / "deploy"
@@ -32,7 +32,7 @@ def _edge_serve_options() -> set[str]:
     """Every option `edge-node serve` accepts, read from its click command (not from help text)."""
     # optional dependency: edge_node.cli imports llama-cpp-python (the edge extra) and loads libllama;
     # the rest of this module checks files and runs without it
-    from edge_node.cli import app
+    from tiergate.edge_node.cli import app
 
     serve = typer.main.get_command(app).commands["serve"]
     return {opt for p in serve.params for opt in (*p.opts, *p.secondary_opts)}

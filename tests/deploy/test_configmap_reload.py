@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from policies.store import PolicyStore, policy_version
+from tiergate.policies.store import PolicyStore, policy_version
 
 POLICY = """\
 version: 1

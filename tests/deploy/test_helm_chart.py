@@ -22,11 +22,11 @@ import jsonschema
 import pytest
 import yaml
 
-from cloud_pool.render import kubernetes_objects
-from cloud_pool.spec import KubernetesOptions, ModelCache, VllmSpec
-from gateway.settings import Settings
-from policies.loader import load_policy
 from tests.support.kube import CHART, KUBE_VERSIONS, REPO, helm, render_chart, validate_object
+from tiergate.cloud_pool.render import kubernetes_objects
+from tiergate.cloud_pool.spec import KubernetesOptions, ModelCache, VllmSpec
+from tiergate.gateway.settings import Settings
+from tiergate.policies.loader import load_policy
 
 SCENARIOS = ["defaults", *sorted(p.name for p in (CHART / "ci").glob("*-values.yaml"))]
 NAMESPACE = "llm"

@@ -1,7 +1,7 @@
 import pytest
 
-from edge_node.chat import ChatTemplate, ChatTemplateError, choose_template
-from edge_node.demo_model import CHAT_TEMPLATE
+from tiergate.edge_node.chat import ChatTemplate, ChatTemplateError, choose_template
+from tiergate.edge_node.demo_model import CHAT_TEMPLATE
 
 
 def test_model_template_renders_messages_and_generation_prompt():

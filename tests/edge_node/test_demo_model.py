@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 from tokenizers import Tokenizer
 
-from edge_node.demo_model import CHAT_TEMPLATE, SHAPES, build_demo_model
+from tiergate.edge_node.demo_model import CHAT_TEMPLATE, SHAPES, build_demo_model
 
 
 @pytest.fixture(scope="module")

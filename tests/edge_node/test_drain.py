@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import threading
 
-from edge_node.drain import DrainingServer
+from tiergate.edge_node.drain import DrainingServer
 
 
 class _Registrar:

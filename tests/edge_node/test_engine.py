@@ -8,9 +8,15 @@ import time
 
 import pytest
 
-from edge_node.engine import ContextOverflowError, Engine, EngineError, EngineFailedError, QueueFullError
-from edge_node.runtime import LlamaRuntime, RuntimeConfig
-from edge_node.sampling import SamplerChain, SamplingParams
+from tiergate.edge_node.engine import (
+    ContextOverflowError,
+    Engine,
+    EngineError,
+    EngineFailedError,
+    QueueFullError,
+)
+from tiergate.edge_node.runtime import LlamaRuntime, RuntimeConfig
+from tiergate.edge_node.sampling import SamplerChain, SamplingParams
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=40)
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from edge_node.gguf_tokenizer import tokenizer_from_gguf
-from edge_node.packaged import packaged_path
+from tiergate.edge_node.gguf_tokenizer import tokenizer_from_gguf
+from tiergate.edge_node.packaged import packaged_path
 
 TEXTS = ["Hello world", "What is 12 times 12345?", "  spaces  and\ttabs\n\nnewlines", "Ünïcödé façade — naïve 😀",
          "<|im_start|>user\nhi<|im_end|>", "x=3.14159; y = x**2 // 7", "don't won't I'll", "https://ex.com/a?b=c&d=1",

@@ -6,7 +6,7 @@ import asyncio
 import os
 import threading
 
-from edge_node.handoff import LoopHandoff
+from tiergate.edge_node.handoff import LoopHandoff
 
 
 def _write(fd: int, data: bytes, n: int) -> int:

@@ -1,7 +1,7 @@
 import pytest
 
-from edge_node.hub import is_hub_ref, resolve_model
-from edge_node.model_file import ModelFileError
+from tiergate.edge_node.hub import is_hub_ref, resolve_model
+from tiergate.edge_node.model_file import ModelFileError
 
 
 def test_local_paths_are_not_hub_refs(tmp_path):

@@ -1,7 +1,7 @@
 import pytest
 
-from edge_node.demo_model import build_demo_model
-from edge_node.model_file import ModelFileError, check_gguf, check_memory
+from tiergate.edge_node.demo_model import build_demo_model
+from tiergate.edge_node.model_file import ModelFileError, check_gguf, check_memory
 
 
 @pytest.fixture(scope="module")

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from edge_node.model_file import ModelFileError
-from edge_node.packaged import MODELS, PackagedModel, packaged_path, verify
+from tiergate.edge_node.model_file import ModelFileError
+from tiergate.edge_node.packaged import MODELS, PackagedModel, packaged_path, verify
 
 
 def _model(path: Path, data: bytes) -> PackagedModel:

@@ -9,10 +9,10 @@ import redis.asyncio as aioredis
 from aiohttp import web
 from structlog.testing import capture_logs
 
-from cache.redis_conn import open_redis
-from core.pool import Pool
-from edge_node.pool import EdgePool, HeartbeatError, parse_heartbeat
 from tests.support.servers import aiohttp_server
+from tiergate.cache.redis_conn import open_redis
+from tiergate.core.pool import Pool
+from tiergate.edge_node.pool import EdgePool, HeartbeatError, parse_heartbeat
 
 
 class Clock:

@@ -6,9 +6,9 @@ import asyncio
 
 from aiohttp import web
 
-from edge_node.engine import EngineStats
-from edge_node.registration import NodeIdentity, Registrar
 from tests.support.servers import aiohttp_server, free_port
+from tiergate.edge_node.engine import EngineStats
+from tiergate.edge_node.registration import NodeIdentity, Registrar
 
 
 def stats() -> EngineStats:

@@ -1,7 +1,7 @@
 import pytest
 
-from core.wire import decode_chat
-from edge_node.sampling import DEFAULT_MIN_P, DEFAULT_TOP_K, SamplingParams
+from tiergate.core.wire import decode_chat
+from tiergate.edge_node.sampling import DEFAULT_MIN_P, DEFAULT_TOP_K, SamplingParams
 
 
 def test_defaults_are_valid():
@@ -40,7 +40,7 @@ def test_a_bias_at_the_edge_of_the_documented_range_is_accepted():
 def test_requests_that_do_not_say_get_llama_cpp_defaults_and_may_turn_them_off():
     # optional dependency: edge_node.completions imports llama-cpp-python (the edge extra); the other tests
     # here need only edge_node.sampling
-    from edge_node.completions import sampling_params as _params
+    from tiergate.edge_node.completions import sampling_params as _params
 
     plain = decode_chat(b'{"model": "m", "messages": [{"role": "user", "content": "hi"}], "temperature": 0.7}')
     p = _params(plain, 8, 1000)

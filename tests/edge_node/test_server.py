@@ -19,13 +19,13 @@ import structlog
 import uvicorn
 from structlog.testing import LogCapture
 
-from edge_node import completions as edge_server
-from edge_node.engine import Engine
-from edge_node.runtime import LlamaRuntime, RuntimeConfig
-from edge_node.sampling import SamplerChain
-from edge_node.server import ServerState, create_app
 from tests.support.servers import free_port
 from tests.support.waiting import wait_until
+from tiergate.edge_node import completions as edge_server
+from tiergate.edge_node.engine import Engine
+from tiergate.edge_node.runtime import LlamaRuntime, RuntimeConfig
+from tiergate.edge_node.sampling import SamplerChain
+from tiergate.edge_node.server import ServerState, create_app
 
 
 @dataclass
@@ -160,7 +160,7 @@ def test_a_bug_mid_stream_ends_the_stream_with_an_error_event_and_done(node, mon
     def bug(*args, **kwargs):
         raise ZeroDivisionError("a bug while framing")
 
-    monkeypatch.setattr("edge_node.answers._usage", bug)  # runs after the last token, headers long sent
+    monkeypatch.setattr("tiergate.edge_node.answers._usage", bug)  # runs after the last token, headers long sent
     body = chat_body(max_tokens=4, stream=True, stream_options={"include_usage": True})
     r = httpx.post(node.url + "/v1/chat/completions", json=body, timeout=10)
     assert r.status_code == 200

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from edge_node.slots import SlotTable
+from tiergate.edge_node.slots import SlotTable
 
 
 class _Memory:

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from core.errors import OpenAIError
-from edge_node.structured import plan, read_tool_call
+from tiergate.core.errors import OpenAIError
+from tiergate.edge_node.structured import plan, read_tool_call
 
 TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "object",
                                                                     "properties": {"x": {"type": "integer"}}}}}

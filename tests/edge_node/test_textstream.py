@@ -1,6 +1,6 @@
 """TextStream: hold partial UTF-8 and possible stop-string prefixes; release everything else at once."""
 
-from edge_node.textstream import TextStream
+from tiergate.edge_node.textstream import TextStream
 
 
 def feed_all(ts: TextStream, pieces: list[bytes]) -> list[str]:

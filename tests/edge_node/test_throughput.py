@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from edge_node import throughput
-from edge_node.throughput import TokenRate
+from tiergate.edge_node import throughput
+from tiergate.edge_node.throughput import TokenRate
 
 
 def test_the_rate_counts_what_the_window_holds_and_forgets_the_rest(monkeypatch):

@@ -34,8 +34,8 @@ from schemathesis.specs.openapi.checks import (
     response_schema_conformance,
 )
 
-from gateway.openapi import openapi_document
 from tests.gateway.conftest import stack
+from tiergate.gateway.openapi import openapi_document
 
 AUTH = {"Authorization": "Bearer key-alpha-1"}
 ADMIN_KEY, EDGE_TOKEN = "fuzz-admin-key", "fuzz-edge-token"

@@ -14,10 +14,10 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from ruamel.yaml import YAML
 
-from core.types import Features, Priority
-from policies.engine import PolicyEngine
-from policies.loader import PolicyError, parse_policy
-from policies.model import Policy
+from tiergate.core.types import Features, Priority
+from tiergate.policies.engine import PolicyEngine
+from tiergate.policies.loader import PolicyError, parse_policy
+from tiergate.policies.model import Policy
 
 FUZZ = settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck), database=None)
 SOURCE = "fuzz.yaml"

@@ -15,8 +15,8 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from core.errors import OpenAIError, from_validation
-from core.wire import ChatRequest, CompletionRequest, decode_chat, decode_completion, encode
+from tiergate.core.errors import OpenAIError, from_validation
+from tiergate.core.wire import ChatRequest, CompletionRequest, decode_chat, decode_completion, encode
 
 FUZZ = settings(max_examples=400, deadline=None, suppress_health_check=list(HealthCheck), database=None)
 DECODERS = {"chat": decode_chat, "text": decode_completion}

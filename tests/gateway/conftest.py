@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from gateway.auth import KeyRing
-from gateway.settings import Settings
 from tests.support.instant_upstream import make_app
 from tests.support.servers import aiohttp_server, gateway_server
+from tiergate.gateway.auth import KeyRing
+from tiergate.gateway.settings import Settings
 
 KEYS = KeyRing.from_inline("key-alpha-1=alpha:normal,key-beta-1=beta:low,key-gold-1=gold:high")
 

@@ -2,9 +2,9 @@ import asyncio
 
 import pytest
 
-from core.types import Priority
-from gateway.admission import Admission
 from tests.support.waiting import eventually
+from tiergate.core.types import Priority
+from tiergate.gateway.admission import Admission
 
 pytestmark = pytest.mark.anyio
 

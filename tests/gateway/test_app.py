@@ -12,11 +12,11 @@ import openai
 import pytest
 from aiohttp import web
 
-from gateway.settings import Settings
 from tests.gateway.conftest import KEYS, stack, write_policy
 from tests.support.instant_upstream import HITS, LAST_BODY, make_app
 from tests.support.servers import aiohttp_server, gateway_server
 from tests.support.waiting import wait_until
+from tiergate.gateway.settings import Settings
 
 AUTH = {"Authorization": "Bearer key-alpha-1"}
 CHAT = {"model": "auto", "messages": [{"role": "user", "content": "Say hi"}], "max_tokens": 4, "temperature": 0}

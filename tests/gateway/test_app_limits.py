@@ -7,11 +7,11 @@ import asyncio
 import httpx
 import pytest
 
-from gateway.auth import KeyRing
 from tests.gateway.conftest import stack
 from tests.support.instant_upstream import GATE, make_app
 from tests.support.servers import aiohttp_server
 from tests.support.waiting import eventually, wait_until
+from tiergate.gateway.auth import KeyRing
 
 CHAT = {"model": "auto", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 4, "temperature": 1}
 

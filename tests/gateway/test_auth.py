@@ -1,10 +1,10 @@
 import pytest
 
-from core.errors import OpenAIError
-from core.types import Priority
-from gateway.app import create_app
-from gateway.auth import DEMO_KEY, KeyFileError, KeyRing, hash_key
-from gateway.settings import Settings
+from tiergate.core.errors import OpenAIError
+from tiergate.core.types import Priority
+from tiergate.gateway.app import create_app
+from tiergate.gateway.auth import DEMO_KEY, KeyFileError, KeyRing, hash_key
+from tiergate.gateway.settings import Settings
 
 
 def test_demo_key_maps_to_demo_tenant():

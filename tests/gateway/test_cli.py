@@ -6,7 +6,7 @@ import pytest
 import uvicorn
 from typer.testing import CliRunner
 
-from gateway.cli import app
+from tiergate.gateway.cli import app
 
 
 @pytest.fixture
@@ -25,7 +25,7 @@ def test_workers_come_from_the_environment(captured, monkeypatch):
     monkeypatch.setenv("TIERGATE_WORKERS", "3")
     result = CliRunner().invoke(app, ["serve", "--port", "18099"])
     assert result.exit_code == 0, result.output
-    assert captured["workers"] == 3 and captured["port"] == 18099 and captured["target"] == "gateway.main:app"
+    assert captured["workers"] == 3 and captured["port"] == 18099 and captured["target"] == "tiergate.gateway.main:app"
 
 
 def test_the_workers_option_overrides_the_environment(captured, monkeypatch):

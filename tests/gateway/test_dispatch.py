@@ -5,14 +5,14 @@ from __future__ import annotations
 import pytest
 from prometheus_client import CollectorRegistry
 
-from core.errors import OpenAIError
-from core.types import Decision, Features, Priority, Timeouts
-from gateway.admission import Admission
-from gateway.dispatch import Dispatcher
-from gateway.metrics import GatewayMetrics
-from gateway.tiers import Tier
-from gateway.upstream import UpstreamClient
-from policies.model import TierConfig
+from tiergate.core.errors import OpenAIError
+from tiergate.core.types import Decision, Features, Priority, Timeouts
+from tiergate.gateway.admission import Admission
+from tiergate.gateway.dispatch import Dispatcher
+from tiergate.gateway.metrics import GatewayMetrics
+from tiergate.gateway.tiers import Tier
+from tiergate.gateway.upstream import UpstreamClient
+from tiergate.policies.model import TierConfig
 
 pytestmark = pytest.mark.anyio
 

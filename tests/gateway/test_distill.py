@@ -13,15 +13,15 @@ import pytest
 import redis as redis_sync
 from typer.testing import CliRunner
 
-from cache.redis_conn import open_redis
-from gateway.auth import KeyRing
-from gateway.distill import STREAM_KEY, JsonlRecords, Redactor, RedisRecords
-from gateway.distill_cli import distill_app
-from gateway.settings import Settings
-from policies.distill_config import DistillConfig
 from tests.support.instant_upstream import make_app
 from tests.support.servers import aiohttp_server, gateway_server
 from tests.support.waiting import wait_until
+from tiergate.cache.redis_conn import open_redis
+from tiergate.gateway.auth import KeyRing
+from tiergate.gateway.distill import STREAM_KEY, JsonlRecords, Redactor, RedisRecords
+from tiergate.gateway.distill_cli import distill_app
+from tiergate.gateway.settings import Settings
+from tiergate.policies.distill_config import DistillConfig
 
 KEYS = KeyRing.from_inline("key-acme-1=acme:normal,key-beta-1=beta:normal")
 SECRET = "my card is 4111-1111-1111-1111"

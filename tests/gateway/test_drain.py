@@ -33,7 +33,7 @@ def test_a_signal_drains_then_exits(tmp_path: Path, sig: int):
                             "TIERGATE_DRAIN_DELAY_S": "600", "TIERGATE_GRACEFUL_SHUTDOWN_S": "20",
                             "TIERGATE_EMBEDDER": "", "TIERGATE_LOG_FORMAT": "json"}
         log = (tmp_path / "gw.log").open("wb")
-        proc = subprocess.Popen([sys.executable, "-m", "gateway.cli", "serve"], env=env, stdout=log,
+        proc = subprocess.Popen([sys.executable, "-m", "tiergate.gateway.cli", "serve"], env=env, stdout=log,
                                 stderr=subprocess.STDOUT)
         base = f"http://127.0.0.1:{port}"
         try:
@@ -81,7 +81,7 @@ def test_what_outlives_the_graceful_time_ends_with_an_explicit_error(tmp_path: P
                             "TIERGATE_DRAIN_DELAY_S": "0.2", "TIERGATE_GRACEFUL_SHUTDOWN_S": "3",
                             "TIERGATE_LOG_FORMAT": "json"}
         log = (tmp_path / "gw.log").open("wb")
-        proc = subprocess.Popen([sys.executable, "-m", "gateway.cli", "serve"], env=env, stdout=log,
+        proc = subprocess.Popen([sys.executable, "-m", "tiergate.gateway.cli", "serve"], env=env, stdout=log,
                                 stderr=subprocess.STDOUT)
         base = f"http://127.0.0.1:{port}"
         ask = {"model": "auto", "max_tokens": 200, "temperature": 1, "messages": [{"role": "user", "content": "x"}]}

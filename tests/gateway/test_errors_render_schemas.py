@@ -1,10 +1,10 @@
 import msgspec
 import pytest
 
-from cache.types import CachedAnswer
-from core.errors import OpenAIError, from_validation, rate_limited
-from core.wire import decode_chat, decode_completion, encode
-from gateway.render import StreamAccumulator, cacheable, render_json, render_sse, summarize
+from tiergate.cache.types import CachedAnswer
+from tiergate.core.errors import OpenAIError, from_validation, rate_limited
+from tiergate.core.wire import decode_chat, decode_completion, encode
+from tiergate.gateway.render import StreamAccumulator, cacheable, render_json, render_sse, summarize
 
 
 def test_chat_request_decodes_and_keeps_the_kind_out_of_the_wire_format():

@@ -7,10 +7,10 @@ import asyncio
 import pytest
 from prometheus_client import CollectorRegistry
 
-from core.errors import OpenAIError
-from gateway.auth import Tenant
-from gateway.limits import Limiter
-from gateway.metrics import GatewayMetrics
+from tiergate.core.errors import OpenAIError
+from tiergate.gateway.auth import Tenant
+from tiergate.gateway.limits import Limiter
+from tiergate.gateway.metrics import GatewayMetrics
 
 pytestmark = pytest.mark.anyio
 

@@ -16,11 +16,11 @@ from pathlib import Path
 import httpx
 import pytest
 
-from gateway.settings import Settings
 from tests.gateway.conftest import KEYS
 from tests.support.instant_upstream import HITS, MODE, make_app
 from tests.support.servers import aiohttp_server, gateway_server
 from tests.support.waiting import wait_until
+from tiergate.gateway.settings import Settings
 
 AUTH = {"Authorization": "Bearer key-alpha-1"}
 HEARTBEAT = {"node_id": "frozen-node", "model": "edge-model", "slots": 4}

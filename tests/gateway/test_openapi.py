@@ -13,8 +13,8 @@ import jsonschema
 import pytest
 from starlette.routing import Route
 
-from gateway.openapi import openapi_document
 from tests.gateway.conftest import stack
+from tiergate.gateway.openapi import openapi_document
 
 DOC = json.loads(openapi_document())
 API, EDGE = {"Authorization": "Bearer key-alpha-1"}, {"Authorization": "Bearer edge-t"}

@@ -5,9 +5,9 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from core.errors import OpenAIError
-from core.wire import decode_chat
-from gateway.params import check_params
+from tiergate.core.errors import OpenAIError
+from tiergate.core.wire import decode_chat
+from tiergate.gateway.params import check_params
 
 POISON = {"model": "auto", "messages": [{"role": "user", "content": "give json"}], "max_tokens": 8,
           "temperature": 0, "response_format": {"type": "json_object"}, "logit_bias": {"0": 1e39, "1": 1e39}}

@@ -11,11 +11,11 @@ from pathlib import Path
 
 import httpx
 
-from gateway.auth import KeyRing
-from gateway.settings import Settings
 from tests.support.instant_upstream import GATE, OPENED, make_app
 from tests.support.servers import aiohttp_server, gateway_server
 from tests.support.waiting import wait_until
+from tiergate.gateway.auth import KeyRing
+from tiergate.gateway.settings import Settings
 
 KEYS = KeyRing.from_inline("key-acme-1=acme:normal")
 

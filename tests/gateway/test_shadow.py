@@ -10,11 +10,11 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
-from core.errors import OpenAIError
-from gateway.metrics import GatewayMetrics
-from gateway.settings import Settings
-from gateway.shadow import ShadowChecks
 from tests.support.waiting import eventually
+from tiergate.core.errors import OpenAIError
+from tiergate.gateway.metrics import GatewayMetrics
+from tiergate.gateway.settings import Settings
+from tiergate.gateway.shadow import ShadowChecks
 
 pytestmark = pytest.mark.anyio
 

@@ -15,11 +15,11 @@ from pathlib import Path
 import httpx
 import pytest
 
-from gateway.settings import Settings
-from gateway.stats import Stats
 from tests.support.browser import chromium, text_of, wait_for
 from tests.support.instant_upstream import make_app
 from tests.support.servers import aiohttp_server, gateway_server
+from tiergate.gateway.settings import Settings
+from tiergate.gateway.stats import Stats
 
 ADMIN_KEY = "dashboard-admin-key-0123456789"
 DEMO = {"Authorization": "Bearer tg-demo-key"}

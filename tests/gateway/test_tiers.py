@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 from prometheus_client import CollectorRegistry
 
-from cloud_pool.metrics import CloudMetrics
-from cloud_pool.pool import CloudPool
-from edge_node.pool import EdgePool
-from gateway.tiers import make_pool
-from policies.model import TierConfig
+from tiergate.cloud_pool.metrics import CloudMetrics
+from tiergate.cloud_pool.pool import CloudPool
+from tiergate.edge_node.pool import EdgePool
+from tiergate.gateway.tiers import make_pool
+from tiergate.policies.model import TierConfig
 
 MODEL = "served-model"
 METRICS = CloudMetrics(CollectorRegistry())

@@ -7,11 +7,11 @@ import asyncio
 import pytest
 from aiohttp import web
 
-from core.pool import Endpoint
-from core.types import Timeouts
-from gateway import upstream
-from gateway.upstream import UpstreamClient, UpstreamFailure
 from tests.support.servers import aiohttp_server
+from tiergate.core.pool import Endpoint
+from tiergate.core.types import Timeouts
+from tiergate.gateway import upstream
+from tiergate.gateway.upstream import UpstreamClient, UpstreamFailure
 
 
 def _server(segments: list[bytes], pause_s: float = 0.02, close_early: bool = False) -> web.Application:

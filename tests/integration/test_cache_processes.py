@@ -10,16 +10,16 @@ import textwrap
 
 import pytest
 
-from cache import build_cache
 from tests.cache.helpers import RULE, SETTINGS, chat, fresh_metrics
 from tests.support.waiting import eventually
+from tiergate.cache import build_cache
 
 pytestmark = [pytest.mark.integration, pytest.mark.anyio]
 
 _CHILD = textwrap.dedent(
     """
     import asyncio, sys
-    from cache import build_cache
+    from tiergate.cache import build_cache
     from tests.cache.helpers import RULE, SETTINGS, answer, chat
 
     async def main(url, embedder):

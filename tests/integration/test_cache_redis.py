@@ -13,13 +13,13 @@ import redis
 import redis.asyncio
 from typer.testing import CliRunner
 
-from cache import CacheSettings, SemanticCache, build_cache
-from cache.cli import cache_app
-from cache.redis_stream import StreamLayout
-from cache.redis_vset import VectorSetLayout
 from tests.cache.helpers import RULE, SETTINGS, answer, chat, fresh_metrics, sample
 from tests.support.redis import flushed
 from tests.support.waiting import eventually
+from tiergate.cache import CacheSettings, SemanticCache, build_cache
+from tiergate.cache.cli import cache_app
+from tiergate.cache.redis_stream import StreamLayout
+from tiergate.cache.redis_vset import VectorSetLayout
 
 pytestmark = [pytest.mark.integration, pytest.mark.anyio]
 

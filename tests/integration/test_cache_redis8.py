@@ -17,13 +17,13 @@ import redis.asyncio
 from structlog.testing import capture_logs
 from typer.testing import CliRunner
 
-from cache import build_cache
-from cache.cli import cache_app
-from cache.keys import request_key
-from cache.redis_conn import Capabilities, vector_sets
 from tests.cache.helpers import RULE, SETTINGS, answer, chat, fresh_metrics, sample
 from tests.support.redis import flushed
 from tests.support.waiting import eventually
+from tiergate.cache import build_cache
+from tiergate.cache.cli import cache_app
+from tiergate.cache.keys import request_key
+from tiergate.cache.redis_conn import Capabilities, vector_sets
 
 pytestmark = [pytest.mark.integration, pytest.mark.anyio]
 

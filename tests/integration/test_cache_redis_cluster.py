@@ -10,16 +10,16 @@ import redis
 from prometheus_client import CollectorRegistry
 from structlog.testing import capture_logs
 
-from cache import CacheSettings, SemanticCache, build_cache
-from cache.keys import request_key
-from cache.redis_conn import open_redis
-from core.errors import OpenAIError
-from gateway.auth import Tenant
-from gateway.limits import Limiter
-from gateway.metrics import GatewayMetrics
 from tests.cache.helpers import RULE, SETTINGS, answer, chat, fresh_metrics, sample
 from tests.support.servers import free_port
 from tests.support.waiting import eventually
+from tiergate.cache import CacheSettings, SemanticCache, build_cache
+from tiergate.cache.keys import request_key
+from tiergate.cache.redis_conn import open_redis
+from tiergate.core.errors import OpenAIError
+from tiergate.gateway.auth import Tenant
+from tiergate.gateway.limits import Limiter
+from tiergate.gateway.metrics import GatewayMetrics
 
 pytestmark = [pytest.mark.integration, pytest.mark.anyio]
 

@@ -13,16 +13,16 @@ import httpx
 import numpy as np
 import pytest
 
-from cache.errbound import FLOOR
-from cache.keys import normalize_text
-from cache.pairscore import MANIFEST, PairScorer
-from cache.verifier_train import OUT_OF_FOLD, pair_key
-from gateway.auth import KeyRing
-from gateway.settings import Settings
 from tests.support.instant_upstream import make_app
 from tests.support.redis import flushed
 from tests.support.servers import aiohttp_server, gateway_server
 from tests.support.waiting import wait_until
+from tiergate.cache.errbound import FLOOR
+from tiergate.cache.keys import normalize_text
+from tiergate.cache.pairscore import MANIFEST, PairScorer
+from tiergate.cache.verifier_train import OUT_OF_FOLD, pair_key
+from tiergate.gateway.auth import KeyRing
+from tiergate.gateway.settings import Settings
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 

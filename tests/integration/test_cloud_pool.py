@@ -21,21 +21,21 @@ import pytest
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
-from cloud_pool.pool import CloudPool
-from cloud_pool.selection import affinity_key
-from cloud_pool.tiny_model import words
-from cloud_pool.vllm_metrics import parse
-from core.errors import OpenAIError
-from core.types import Decision, Features, Priority
-from core.wire import ChatRequest, CompletionRequest, Message
-from gateway.admission import Admission
-from gateway.dispatch import Dispatcher
-from gateway.metrics import GatewayMetrics
-from gateway.tiers import Tier
-from gateway.upstream import UpstreamClient, UpstreamFailure
-from policies.model import TierConfig
 from tests.support.servers import aiohttp_server, free_port
 from tests.support.vllm import BLOCK_SIZE, MODEL_NAME
+from tiergate.cloud_pool.pool import CloudPool
+from tiergate.cloud_pool.selection import affinity_key
+from tiergate.cloud_pool.tiny_model import words
+from tiergate.cloud_pool.vllm_metrics import parse
+from tiergate.core.errors import OpenAIError
+from tiergate.core.types import Decision, Features, Priority
+from tiergate.core.wire import ChatRequest, CompletionRequest, Message
+from tiergate.gateway.admission import Admission
+from tiergate.gateway.dispatch import Dispatcher
+from tiergate.gateway.metrics import GatewayMetrics
+from tiergate.gateway.tiers import Tier
+from tiergate.gateway.upstream import UpstreamClient, UpstreamFailure
+from tiergate.policies.model import TierConfig
 
 pytestmark = [pytest.mark.integration, pytest.mark.vllm, pytest.mark.timeout(1200)]
 

@@ -21,9 +21,9 @@ import httpx
 import psutil
 import pytest
 
-from gateway.auth import DEMO_KEY
-from gateway.demo import contexts
 from tests.support.require import skip_or_fail
+from tiergate.gateway.auth import DEMO_KEY
+from tiergate.gateway.demo import contexts
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 PORTS = (8080, 8081, 8090)  # gateway, edge node, cloud stand-in: fixed by the demo and the default policy

@@ -11,11 +11,11 @@ import httpx
 import openai
 import pytest
 
-from gateway.auth import KeyRing
-from gateway.settings import Settings
 from tests.support.edge import registered_node
 from tests.support.servers import gateway_server
 from tests.support.waiting import wait_until
+from tiergate.gateway.auth import KeyRing
+from tiergate.gateway.settings import Settings
 
 pytestmark = pytest.mark.integration
 KEYS = KeyRing.from_inline("int-key-1=acme:normal")

@@ -7,12 +7,12 @@ from pathlib import Path
 import httpx
 import pytest
 
-from gateway.auth import KeyRing
-from gateway.settings import Settings
 from tests.gateway.conftest import write_policy
 from tests.support.instant_upstream import make_app
 from tests.support.servers import aiohttp_server, gateway_server
 from tests.support.waiting import wait_until
+from tiergate.gateway.auth import KeyRing
+from tiergate.gateway.settings import Settings
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 

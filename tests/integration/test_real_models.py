@@ -17,11 +17,11 @@ import jsonschema
 import pytest
 from openai import OpenAI
 
-from edge_node.packaged import packaged_path
-from gateway.settings import Settings
 from tests.gateway.conftest import write_policy
 from tests.support.edge import EdgeProcess, start_edge_node
 from tests.support.servers import gateway_server
+from tiergate.edge_node.packaged import packaged_path
+from tiergate.gateway.settings import Settings
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 

@@ -64,7 +64,7 @@ def test_one_request_is_one_trace_through_the_gateway_and_the_edge_node(tmp_path
                             "TIERGATE_TRACES_FILE": str(gw_spans), "TIERGATE_LOG_FORMAT": "json",
                             "TIERGATE_DRAIN_DELAY_S": "0"}
         log = (tmp_path / "gw.log").open("wb")
-        gw = subprocess.Popen([sys.executable, "-m", "gateway.cli", "serve"], env=env, stdout=log,
+        gw = subprocess.Popen([sys.executable, "-m", "tiergate.gateway.cli", "serve"], env=env, stdout=log,
                               stderr=subprocess.STDOUT)
         base = f"http://127.0.0.1:{port}"
         try:

@@ -9,9 +9,9 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from cloud_pool.process import VllmProcess, VllmStartError, free_port
 from tests.support.edge import parse_metrics
 from tests.support.vllm import MODEL_NAME, START_TIMEOUT_S, require_vllm_python, server_spec
+from tiergate.cloud_pool.process import VllmProcess, VllmStartError, free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.vllm, pytest.mark.timeout(1200)]
 

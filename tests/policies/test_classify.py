@@ -11,13 +11,13 @@ import msgspec
 import pytest
 from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
-from complexity.model import DEFAULT_MODEL_FILE, ComplexityModel
-from complexity.tokens import TokenCounter
-from core.errors import OpenAIError
-from core.types import Priority
-from core.wire import ChatRequest, CompletionRequest
-from policies.classify import PRIORITY_HEADER, Classifier, lowered_priority, messages_of
-from policies.loader import load_policy
+from tiergate.complexity.model import DEFAULT_MODEL_FILE, ComplexityModel
+from tiergate.complexity.tokens import TokenCounter
+from tiergate.core.errors import OpenAIError
+from tiergate.core.types import Priority
+from tiergate.core.wire import ChatRequest, CompletionRequest
+from tiergate.policies.classify import PRIORITY_HEADER, Classifier, lowered_priority, messages_of
+from tiergate.policies.loader import load_policy
 
 POLICY = """\
 version: 1

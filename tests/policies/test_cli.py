@@ -11,11 +11,11 @@ from aiohttp import web
 from ruamel.yaml import YAML
 from typer.testing import CliRunner
 
-from complexity.features import FEATURES
-from complexity.model import DEFAULT_MODEL_FILE
-from policies.cli import SCHEMA_FILE, classify, policy_app, schema_text
-from policies.loader import DEFAULT_POLICY
 from tests.support.servers import aiohttp_server
+from tiergate.complexity.features import FEATURES
+from tiergate.complexity.model import DEFAULT_MODEL_FILE
+from tiergate.policies.cli import SCHEMA_FILE, classify, policy_app, schema_text
+from tiergate.policies.loader import DEFAULT_POLICY
 
 from .conftest import BASE
 

@@ -6,8 +6,14 @@ import math
 
 import pytest
 
-from core.types import Cascade
-from policies.confidence import TokenScore, confidence, scores_from_openai, scores_from_text_logprobs, verdict
+from tiergate.core.types import Cascade
+from tiergate.policies.confidence import (
+    TokenScore,
+    confidence,
+    scores_from_openai,
+    scores_from_text_logprobs,
+    verdict,
+)
 
 
 def test_signals_over_the_whole_answer_and_its_first_tokens():

@@ -6,10 +6,10 @@ import itertools
 
 import pytest
 
-from core.types import CacheRule, Features, Priority, Timeouts
-from policies.engine import PolicyEngine
-from policies.loader import parse_policy
-from policies.model import Policy
+from tiergate.core.types import CacheRule, Features, Priority, Timeouts
+from tiergate.policies.engine import PolicyEngine
+from tiergate.policies.loader import parse_policy
+from tiergate.policies.model import Policy
 
 from .conftest import BASE
 

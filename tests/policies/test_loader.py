@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from core.types import Features, Priority
-from policies.engine import PolicyEngine
-from policies.loader import PolicyError, check_policy, load_policy, parse_policy
-from policies.model import Policy
+from tiergate.core.types import Features, Priority
+from tiergate.policies.engine import PolicyEngine
+from tiergate.policies.loader import PolicyError, check_policy, load_policy, parse_policy
+from tiergate.policies.model import Policy
 
 from .conftest import BASE
 

@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry
 
-from core.types import Features, Priority
-from policies.loader import PolicyError
-from policies.store import PolicyMetrics, PolicyStore, policy_version
+from tiergate.core.types import Features, Priority
+from tiergate.policies.loader import PolicyError
+from tiergate.policies.store import PolicyMetrics, PolicyStore, policy_version
 
 from .conftest import BASE
 
@@ -194,7 +194,7 @@ WATCHER = textwrap.dedent("""
     import asyncio, sys
     from pathlib import Path
     from prometheus_client import CollectorRegistry
-    from policies.store import PolicyMetrics, PolicyStore
+    from tiergate.policies.store import PolicyMetrics, PolicyStore
 
     async def main(path, stop):
         reg = CollectorRegistry()

@@ -1,7 +1,7 @@
 """Real edge nodes for tests: a tiny INT4 demo model built once per session, and `edge-node serve` processes.
 
 `edge_model` builds the tiny llama GGUF (Q4_0, llama.cpp's quantizer) with its tokenizer.json in a
-session tmp dir. `edge_node_factory(...)` starts `python -m edge_node serve` as a real subprocess on a
+session tmp dir. `edge_node_factory(...)` starts `python -m tiergate.edge_node serve` as a real subprocess on a
 free 127.0.0.1 port, waits for /health, and stops every node it started at the end of the test
 (SIGTERM, then SIGKILL). `start_edge_node()` is the same as a context manager, for other fixtures
 (e.g. a gateway test that needs two nodes). Without llama-cpp-python these fixtures skip, and fail under CI
@@ -24,10 +24,10 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from edge_node.demo_model import build_demo_model
 from tests.support.ports import free_port
 from tests.support.require import skip_or_fail
 from tests.support.waiting import wait_until
+from tiergate.edge_node.demo_model import build_demo_model
 
 __all__ = [
     "EdgeProcess",
@@ -111,7 +111,7 @@ def start_edge_node(
 ) -> Iterator[EdgeProcess]:
     """Run `edge-node serve --model MODEL` on 127.0.0.1 until the block ends."""
     port = port or free_port()
-    args = [sys.executable, "-m", "edge_node", "serve", "--model", str(model), "--host", "127.0.0.1",
+    args = [sys.executable, "-m", "tiergate.edge_node", "serve", "--model", str(model), "--host", "127.0.0.1",
             "--port", str(port), "--threads", "1", "--log-format", "json", *extra_args]
     log_path = workdir / f"edge-{port}.log"
     with open(log_path, "wb") as log:
@@ -168,8 +168,8 @@ def edge_node(edge_node_factory) -> EdgeProcess:
 
 
 def run_cli(*args: str, timeout_s: float = 120.0, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    """Run `python -m edge_node ARGS` to completion (for exit-code and error-message tests)."""
-    return subprocess.run([sys.executable, "-m", "edge_node", *args], capture_output=True, text=True, check=False,
+    """Run `python -m tiergate.edge_node ARGS` to completion (for exit-code and error-message tests)."""
+    return subprocess.run([sys.executable, "-m", "tiergate.edge_node", *args], capture_output=True, text=True, check=False,
                           timeout=timeout_s, env={**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})})
 
 

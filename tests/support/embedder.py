@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from cache.embedder import OnnxEmbedder
-from cache.export import default_embedder_dir, export_embedder, is_complete
 from tests.support.require import skip_or_fail
+from tiergate.cache.embedder import OnnxEmbedder
+from tiergate.cache.export import default_embedder_dir, export_embedder, is_complete
 
 __all__ = ["embedder_dir", "onnx_embedder"]
 

@@ -77,7 +77,7 @@ def gateway_server(settings, keyring=None, ready: bool = True) -> Iterator[Threa
     """Serve a real gateway (uvicorn, same settings as production) on a free port until the block ends."""
     # start-up time: every pytest run loads this module (the tests.support.redis plugin imports free_port);
     # the whole gateway (~0.4 s) is imported only once a test starts one
-    from gateway.app import create_app
+    from tiergate.gateway.app import create_app
 
     port = free_port()
     settings = settings.model_copy(update={"port": port, "log_format": "console", "log_level": "warning"})

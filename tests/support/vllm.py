@@ -19,12 +19,12 @@ from pathlib import Path
 
 import pytest
 
-from cloud_pool.process import VllmProcess, VllmStartError, free_port
-from cloud_pool.spec import CpuOptions, Ngram, NoSpeculation, VllmSpec
-from cloud_pool.vllm_env import missing_reason, vllm_python
-from core.paths import tiergate_home
-from edge_node.packaged import packaged_path
 from tests.support.require import skip_or_fail
+from tiergate.cloud_pool.process import VllmProcess, VllmStartError, free_port
+from tiergate.cloud_pool.spec import CpuOptions, Ngram, NoSpeculation, VllmSpec
+from tiergate.cloud_pool.vllm_env import missing_reason, vllm_python
+from tiergate.core.paths import tiergate_home
+from tiergate.edge_node.packaged import packaged_path
 
 __all__ = ["BLOCK_SIZE", "MODEL_NAME", "VllmServers", "real_vllm_model", "require_vllm_python", "server_spec"]
 

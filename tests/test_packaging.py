@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import sysconfig
@@ -59,13 +60,15 @@ def test_the_installed_wheel_adds_only_its_namespace_and_the_commands_run(wheel:
     site = next(venv.glob("lib/python*/site-packages"))
     (site / "deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")  # a path line: its .pth files stay unread
     before = {p.name for p in site.iterdir()}
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # tests/conftest.py points it at the checkout
     subprocess.run([sys.executable, "-m", "pip", "--python", str(venv / "bin" / "python"), "install", "--no-deps",
-                    "-q", str(wheel)], check=True, capture_output=True, text=True)
+                    "-q", str(wheel)], env=env, check=True, capture_output=True, text=True)
     added = {p.name for p in site.iterdir()} - before
     assert added == {"tiergate", "tiergate-0.1.0.dist-info"}
     where = subprocess.run([str(venv / "bin" / "python"), "-c", "import tiergate.gateway.app as m; print(m.__file__)"],
-                           cwd=tmp_path, capture_output=True, text=True, check=True).stdout.strip()
+                           cwd=tmp_path, env=env, capture_output=True, text=True, check=True).stdout.strip()
     assert Path(where).is_relative_to(site)
     for command, says in (("tiergate", "serve"), ("edge-node", "serve"), ("cloud-pool", "launch")):
-        run = subprocess.run([str(venv / "bin" / command), "--help"], cwd=tmp_path, capture_output=True, text=True)
+        run = subprocess.run([str(venv / "bin" / command), "--help"], cwd=tmp_path, env=env, capture_output=True,
+                             text=True)
         assert run.returncode == 0 and says in run.stdout, (command, run.stderr[-2000:])

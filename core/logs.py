@@ -10,7 +10,7 @@ import structlog
 
 __all__ = ["configure_logging", "get_logger"]
 
-_encode = msgspec.json.Encoder().encode
+_encode = msgspec.json.Encoder(enc_hook=repr).encode  # what JSON cannot hold is logged as its repr
 
 
 def _dumps(obj: object, **_: object) -> str:

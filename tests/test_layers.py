@@ -153,7 +153,6 @@ def test_tests_take_their_helpers_from_tests_support_not_bench(tmp_path: Path) -
 UNTESTED_ALLOWED: frozenset[str] = frozenset({
     "complexity/word_vectors.py",
     "policies/checks.py",
-    "policies/servers.py",
     "cache/judge.py",
     "cache/metrics.py",
     "cache/redis_codec.py",

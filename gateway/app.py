@@ -54,8 +54,10 @@ def create_app(settings: Settings | None = None, *, keyring: KeyRing | None = No
         settings=gw.settings, keyring=gw.keyring, policy_store=gw.policy_store, classifier=gw.classifier,
         limiter=gw.limiter, metrics=gw.metrics, cache=gw.current_cache, dispatcher=gw.dispatcher, relay=gw.relay,
         settlements=gw.settlements))
-    admin, edge, status = AdminEndpoints(gw), EdgeEndpoints(gw), StatusPage(gw)
-    feedback = CacheFeedback(gw)
+    admin = AdminEndpoints(gw.admin, gw.policy_store, gw.current_cache)
+    edge = EdgeEndpoints(gw.settings.edge_token, gw.settings.max_body_bytes, gw.tiers)
+    status = StatusPage(gw)  # it reads the process's state live, through the narrow `StatusSource`
+    feedback = CacheFeedback(gw.keyring, gw.current_cache)
 
     async def chat(request: Request) -> Response:
         return await completions.handle(request, "chat")

@@ -10,6 +10,8 @@ escalated request are counted in metrics and charged to the tenant when the requ
 Streams: the first tier's stream is held back until the decision, which comes after `first_tokens` tokens (or at
 its end without it), then either relayed from its start or dropped for the target's stream. The client sees
 nothing before the decision, so an escalation is invisible apart from its latency (measured in bench/cascade).
+
+Tested in `tests/gateway/test_settlement.py`, `tests/gateway/test_pipeline.py` and `tests/integration/test_cascade.py`.
 """
 
 from __future__ import annotations

@@ -4,6 +4,8 @@
 that; `Outcome` is the little that is learnt on the way to the answer (the cache's verdict, whether a backend
 got the request). Settlement reads all three. `UpstreamBody` is the recipe of what backends are sent: a value
 dispatch reads (and marks sent) rather than a closure calling back into the pipeline.
+
+Tested in `tests/gateway/test_settlement.py` and `tests/gateway/test_app.py`.
 """
 
 from __future__ import annotations

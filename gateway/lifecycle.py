@@ -69,7 +69,7 @@ class Gateway:
         self.dispatcher = Dispatcher(self.upstream, self.tiers, self.metrics)
         self.limiter = Limiter(self.metrics, self.redis)
         self.stats = Stats()  # the status page's rolling window of recent requests
-        self.accounting = Accounting(self.metrics, self.stats, self.limiter)
+        self.accounting = Accounting(self.metrics, self.stats)
         self.draining = False
         self.started_at = time.time()
         self.distill = Distiller(self.metrics, RedisRecords(self.redis) if self.redis is not None

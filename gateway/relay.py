@@ -3,6 +3,8 @@
 Backend bytes go to the client untouched; they are only read on the side (`gateway.render`) for usage, the cache
 and metrics. What an answer still owes once the client has it is the request's `Settlement`, called after its
 last byte: the response's background task, or the stream's close hook.
+
+Tested in `tests/gateway/test_settlement.py`, `tests/gateway/test_app.py` and `tests/gateway/test_first_token.py`.
 """
 
 from __future__ import annotations

@@ -1,8 +1,11 @@
-"""After an answer, or instead of one: metrics, the request's log line, the status page's sample, the token bill.
+"""After an answer, or instead of one: metrics, the request's log line, the status page's sample.
 
-Every request the gateway read ends here exactly once: answered (`answered`), refused with an OpenAI error
-(`refused`) or abandoned by its client (`gone`). The work runs after the last byte has gone out wherever it
-can (a background task, a stream's close hook), so clients never wait for it.
+Every request the gateway read is counted here exactly once, by its `gateway.settlement.Settlement`: answered
+(`answered`), refused with an OpenAI error (`refused`) or abandoned by its client (`gone`). The token bill is
+the settlement's. The work runs after the last byte has gone out wherever it can (a background task, a
+stream's close hook), so clients never wait for it.
+
+Tested in `tests/gateway/test_settlement.py` and `tests/gateway/test_app.py`.
 """
 
 from __future__ import annotations
@@ -16,7 +19,6 @@ from tiergate.core.errors import OpenAIError
 from tiergate.core.types import Decision, Features
 from tiergate.gateway.auth import Tenant
 from tiergate.gateway.context import Arrival, Outcome, RequestContext
-from tiergate.gateway.limits import Limiter
 from tiergate.gateway.metrics import GatewayMetrics
 from tiergate.gateway.stats import Stats
 
@@ -27,10 +29,9 @@ _JSON = "application/json"
 
 
 class Accounting:
-    def __init__(self, metrics: GatewayMetrics, stats: Stats, limiter: Limiter) -> None:
+    def __init__(self, metrics: GatewayMetrics, stats: Stats) -> None:
         self._metrics = metrics
         self._stats = stats
-        self._limiter = limiter
 
     def record(self, arrival: Arrival, *, tier: str, status: int, overhead: float, tenant: Tenant | None,
                decision: Decision | None, features: Features | None, cache: str, prompt_tokens: int = 0,
@@ -60,12 +61,6 @@ class Accounting:
         self.record(ctx.arrival, tier=tier, status=status, overhead=overhead, tenant=ctx.tenant,
                     decision=ctx.decision, features=ctx.features, cache=outcome.cache, prompt_tokens=prompt_tokens,
                     completion_tokens=completion_tokens, elapsed=elapsed)
-
-    async def settle(self, ctx: RequestContext, outcome: Outcome, tier: str, overhead: float, elapsed: float,
-                     prompt_tokens: int, completion_tokens: int, status: int = 200) -> None:
-        """A complete answer: count it and charge the tenant's token budget."""
-        self.answered(ctx, outcome, tier, status, overhead, prompt_tokens, completion_tokens, elapsed=elapsed)
-        await self._limiter.charge_tokens(ctx.tenant, prompt_tokens + completion_tokens)
 
     def refused(self, arrival: Arrival, exc: OpenAIError, *, tenant: Tenant | None = None,
                 decision: Decision | None = None, features: Features | None = None, cache: str = "bypass") -> Response:

@@ -4,25 +4,27 @@
   (`TIERGATE_ADMIN_KEY`), checked by one `AdminKey`;
 - `/edge/v1/heartbeat`, `/edge/v1/deregister` need the edge token (`TIERGATE_EDGE_TOKEN`), or, without one,
   a node on this machine.
+
+Tested in `tests/gateway/test_app_limits.py` and `tests/gateway/test_status.py`.
 """
 
 from __future__ import annotations
 
 import hmac
-from typing import TYPE_CHECKING
+from collections.abc import Callable
 
 import msgspec
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from tiergate.cache import SemanticCache
 from tiergate.cache.store import StoreUnavailable
 from tiergate.core.errors import OpenAIError, bad_request, unauthorized
 from tiergate.core.http import read_body
 from tiergate.core.wire import decode_json
 from tiergate.edge_node.pool import HeartbeatError, parse_heartbeat
-
-if TYPE_CHECKING:
-    from tiergate.gateway.lifecycle import Gateway
+from tiergate.gateway.tiers import Tiers
+from tiergate.policies.store import PolicyStore
 
 __all__ = ["AdminEndpoints", "AdminKey", "EdgeEndpoints"]
 
@@ -66,12 +68,14 @@ class AdminKey:
 class AdminEndpoints:
     """Policy reload and cache invalidation, for operators."""
 
-    def __init__(self, gateway: Gateway) -> None:
-        self._gw = gateway
+    def __init__(self, key: AdminKey, policy_store: PolicyStore, cache: Callable[[], SemanticCache | None]) -> None:
+        self._key = key
+        self._policy_store = policy_store
+        self._cache = cache  # built at start-up, when enabled
 
     async def reload(self, request: Request) -> Response:
-        self._gw.admin.require(request)
-        store = self._gw.policy_store
+        self._key.require(request)
+        store = self._policy_store
         result = await store.reload()
         version = store.current.version
         if result.ok:
@@ -82,8 +86,8 @@ class AdminEndpoints:
                         media_type="application/json")
 
     async def invalidate_cache(self, request: Request) -> Response:
-        self._gw.admin.require(request)
-        cache = self._gw.cache
+        self._key.require(request)
+        cache = self._cache()
         if cache is None:
             raise OpenAIError(409, "The cache is disabled.", code="cache_disabled")
         q = request.query_params
@@ -103,11 +107,13 @@ class AdminEndpoints:
 class EdgeEndpoints:
     """Registration of edge nodes: heartbeats (which also register) and deregistration."""
 
-    def __init__(self, gateway: Gateway) -> None:
-        self._gw = gateway
+    def __init__(self, token: str | None, max_body_bytes: int, tiers: Tiers) -> None:
+        self._token = token
+        self._max_body_bytes = max_body_bytes
+        self._tiers = tiers
 
     def _check_token(self, request: Request) -> None:
-        token = self._gw.settings.edge_token
+        token = self._token
         if token is None:
             host = request.client.host if request.client else ""
             if host not in _LOOPBACK:
@@ -119,8 +125,8 @@ class EdgeEndpoints:
     async def heartbeat(self, request: Request) -> Response:
         self._check_token(request)
         try:
-            info = parse_heartbeat(await read_body(request, self._gw.settings.max_body_bytes))
-            pool = self._gw.tiers.edge_pool(info.tier)
+            info = parse_heartbeat(await read_body(request, self._max_body_bytes))
+            pool = self._tiers.edge_pool(info.tier)
             await pool.heartbeat(info)
         except HeartbeatError as exc:
             raise bad_request(str(exc), code="invalid_heartbeat") from None
@@ -129,10 +135,10 @@ class EdgeEndpoints:
     async def deregister(self, request: Request) -> Response:
         self._check_token(request)
         try:
-            info = decode_json(_deregistration, await read_body(request, self._gw.settings.max_body_bytes))
+            info = decode_json(_deregistration, await read_body(request, self._max_body_bytes))
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
             raise bad_request(f"deregister body must be {{\"node_id\": ...}}: {exc}", code="invalid_heartbeat") from None
         if not info.get("node_id"):
             raise bad_request("deregister body needs `node_id`.", code="invalid_heartbeat")
-        known = await self._gw.tiers.edge_pool(info.get("tier")).deregister(str(info["node_id"]))
+        known = await self._tiers.edge_pool(info.get("tier")).deregister(str(info["node_id"]))
         return JSONResponse({"ok": True, "known": known})

@@ -32,7 +32,7 @@ from tiergate.gateway.auth import KeyRing
 from tiergate.gateway.feedback import CacheFeedback
 from tiergate.gateway.lifecycle import Gateway
 from tiergate.gateway.openapi import openapi_document
-from tiergate.gateway.pipeline import Completions
+from tiergate.gateway.pipeline import Completions, PipelineParts
 from tiergate.gateway.settings import Settings
 from tiergate.gateway.status import StatusPage
 
@@ -50,9 +50,14 @@ def create_app(settings: Settings | None = None, *, keyring: KeyRing | None = No
     configure_logging(settings.log_format, settings.log_level)
     traced = tracing.configure("tiergate-gateway")  # off unless the environment says where spans go
     gw = Gateway(settings, keyring=keyring)
-    completions = Completions(gw)
-    admin, edge, status = AdminEndpoints(gw), EdgeEndpoints(gw), StatusPage(gw)
-    feedback = CacheFeedback(gw)
+    completions = Completions(PipelineParts(
+        settings=gw.settings, keyring=gw.keyring, policy_store=gw.policy_store, classifier=gw.classifier,
+        limiter=gw.limiter, metrics=gw.metrics, cache=gw.current_cache, dispatcher=gw.dispatcher, relay=gw.relay,
+        settlements=gw.settlements))
+    admin = AdminEndpoints(gw.admin, gw.policy_store, gw.current_cache)
+    edge = EdgeEndpoints(gw.settings.edge_token, gw.settings.max_body_bytes, gw.tiers)
+    status = StatusPage(gw)  # it reads the process's state live, through the narrow `StatusSource`
+    feedback = CacheFeedback(gw.keyring, gw.current_cache)
 
     async def chat(request: Request) -> Response:
         return await completions.handle(request, "chat")

@@ -5,11 +5,13 @@ judged by the rule's thresholds (`policies.confidence.verdict`); a confident ans
 (minus the log-probabilities the client did not ask for), any other outcome escalates to the cascade's target:
 low confidence, an answer cut at max_tokens, an empty one, the first tier failing, or its time running out
 (`budget_s`). The client gets exactly one answer, whose usage is that answer's; the first tier's tokens on an
-escalated request are charged to the tenant and counted in metrics.
+escalated request are counted in metrics and charged to the tenant when the request settles.
 
 Streams: the first tier's stream is held back until the decision, which comes after `first_tokens` tokens (or at
 its end without it), then either relayed from its start or dropped for the target's stream. The client sees
 nothing before the decision, so an escalation is invisible apart from its latency (measured in bench/cascade).
+
+Tested in `tests/gateway/test_settlement.py`, `tests/gateway/test_pipeline.py` and `tests/integration/test_cascade.py`.
 """
 
 from __future__ import annotations
@@ -18,19 +20,20 @@ import asyncio
 import dataclasses
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import msgspec
 import structlog
 from starlette.responses import Response
 
 from tiergate.core.errors import OpenAIError
-from tiergate.core.pool import Endpoint
 from tiergate.core.types import Cascade, Decision
 from tiergate.core.wire import ChatRequest
-from tiergate.gateway.context import Outcome, RequestContext
-from tiergate.gateway.dispatch import Attempt
+from tiergate.gateway.context import Outcome, RequestContext, UpstreamBody
+from tiergate.gateway.dispatch import Attempt, Dispatcher
+from tiergate.gateway.metrics import GatewayMetrics
 from tiergate.gateway.relay import Relay
+from tiergate.gateway.settlement import Settlement
 from tiergate.gateway.upstream import FailureKind, UpstreamFailure
 from tiergate.policies.confidence import (
     Confidence,
@@ -40,9 +43,6 @@ from tiergate.policies.confidence import (
     scores_from_text_logprobs,
     verdict,
 )
-
-if TYPE_CHECKING:
-    from tiergate.gateway.lifecycle import Gateway
 
 __all__ = ["CascadeRunner", "applies"]
 
@@ -71,13 +71,15 @@ class _Read:
 
 
 class CascadeRunner:
-    def __init__(self, gateway: Gateway, relay: Relay) -> None:
-        self._gw = gateway
+    def __init__(self, dispatcher: Dispatcher, metrics: GatewayMetrics, relay: Relay) -> None:
+        self._dispatcher = dispatcher
+        self._metrics = metrics
         self._relay = relay
 
-    async def run(self, ctx: RequestContext, outcome: Outcome, path: str,
-                  body_for: Callable[[dict[str, Any]], Callable[[Endpoint], bytes]]) -> Response:
-        """`body_for(changes)` builds the per-endpoint body with extra field changes (see Completions)."""
+    async def run(self, ctx: RequestContext, outcome: Outcome, path: str, body: UpstreamBody,
+                  settle: Settlement) -> Response:
+        """The first tier is sent `body` amended to ask for log-probabilities; an escalation, `body` itself.
+        The escalated first attempt's tokens go on the request's `settle`, charged however it ends."""
         cascade = ctx.decision.cascade
         assert cascade is not None
         asked = _asked_logprobs(ctx)
@@ -87,9 +89,9 @@ class CascadeRunner:
         read = _Read()
         try:
             async with asyncio.timeout(cascade.budget_s):
-                attempt = await self._gw.dispatcher.open(
+                attempt = await self._dispatcher.open(
                     request=ctx.req, features=ctx.features, decision=first, path=path,
-                    body_for=body_for(_logprob_changes(ctx, asked, cascade)), request_id=ctx.request_id,
+                    body=body.amended(_logprob_changes(ctx, asked, cascade)), request_id=ctx.request_id,
                     stream=bool(ctx.req.stream))
                 await self._read(ctx, attempt, read, cascade)
             judged = verdict(cascade, read.scores, read.finish, "".join(read.text))
@@ -105,7 +107,7 @@ class CascadeRunner:
             raise
         spent = time.perf_counter() - started
         outcome.cascade = judged
-        m, rule = self._gw.metrics, ctx.decision.rule
+        m, rule = self._metrics, ctx.decision.rule
         outcome_label = "kept" if judged.keep else "escalated"
         m.cascade.labels(rule, outcome_label, judged.reason).inc()
         m.cascade_decision.labels(rule, outcome_label).observe(spent)
@@ -114,28 +116,28 @@ class CascadeRunner:
             transform = _transform(ctx, asked)
             if ctx.req.stream:
                 attempt.first_at = time.perf_counter()  # what the client waited for its first token
-                return self._relay.stream(ctx, outcome, attempt, transform=transform)
+                return self._relay.stream(ctx, outcome, attempt, settle, transform=transform)
             upstream_s = time.perf_counter() - attempt.upstream_started
-            body = attempt.first[0] if attempt.first else b"{}"
-            return self._relay.answer(ctx, outcome, first.tier or "", transform(body) if transform else body,
-                                      upstream_s)
+            answer = attempt.first[0] if attempt.first else b"{}"
+            return self._relay.answer(ctx, outcome, first.tier or "", transform(answer) if transform else answer,
+                                      upstream_s, settle)
         _drop(attempt)
         edge_tokens = read.prompt_tokens + read.completion_tokens or (
             ctx.features.prompt_tokens + len(read.scores) if attempt is not None else 0)
         m.cascade_edge_tokens.labels(rule).inc(edge_tokens)
         m.cascade_edge_seconds.labels(rule).inc(spent)
-        await self._gw.limiter.charge_tokens(ctx.tenant, edge_tokens)
+        settle.add_spent(edge_tokens)
         log.info("cascade_escalated", request_id=ctx.request_id, rule=rule, reason=judged.reason,
                  confidence=judged.confidence.as_dict(), edge_s=round(spent, 3), edge_tokens=edge_tokens)
         second = dataclasses.replace(ctx.decision, tier=cascade.escalate_to, cascade=None,
                                      fallbacks=tuple(t for t in ctx.decision.fallbacks
                                                      if t not in (cascade.escalate_to, ctx.decision.tier)))
-        attempt = await self._gw.dispatcher.open(request=ctx.req, features=ctx.features, decision=second,
-                                                 path=path, body_for=body_for({}), request_id=ctx.request_id,
-                                                 stream=bool(ctx.req.stream))
+        attempt = await self._dispatcher.open(request=ctx.req, features=ctx.features, decision=second,
+                                              path=path, body=body, request_id=ctx.request_id,
+                                              stream=bool(ctx.req.stream))
         if ctx.req.stream:
-            return self._relay.stream(ctx, outcome, attempt)
-        return await self._relay.json(ctx, outcome, attempt)
+            return self._relay.stream(ctx, outcome, attempt, settle)
+        return await self._relay.json(ctx, outcome, attempt, settle)
 
     async def _read(self, ctx: RequestContext, attempt: Attempt, read: _Read, cascade: Cascade) -> None:
         """Read the first tier's answer until the decision can be made: all of a JSON answer; a stream until

@@ -2,7 +2,10 @@
 
 `Arrival` is known from the first byte; `RequestContext` once the policy has decided, and never changes after
 that; `Outcome` is the little that is learnt on the way to the answer (the cache's verdict, whether a backend
-got the request). Accounting reads all three.
+got the request). Settlement reads all three. `UpstreamBody` is the recipe of what backends are sent: a value
+dispatch reads (and marks sent) rather than a closure calling back into the pipeline.
+
+Tested in `tests/gateway/test_settlement.py` and `tests/gateway/test_app.py`.
 """
 
 from __future__ import annotations
@@ -14,14 +17,17 @@ from dataclasses import dataclass
 import msgspec
 
 from tiergate.cache.keys import RequestKey
+from tiergate.core.pool import Endpoint
 from tiergate.core.types import Decision, Features
-from tiergate.core.wire import ParsedRequest
+from tiergate.core.wire import ParsedRequest, StreamOptions, upstream_body
 from tiergate.gateway.auth import Tenant
 from tiergate.gateway.limits import TenantSlot
 from tiergate.policies.confidence import Verdict
 from tiergate.policies.model import Policy
 
-__all__ = ["Arrival", "Outcome", "RequestContext"]
+__all__ = ["Arrival", "Outcome", "RequestContext", "UpstreamBody"]
+
+_STREAM_OPTIONS = StreamOptions(include_usage=True)
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,11 +77,61 @@ class Outcome:
     cache: str = "bypass"  # the x-tiergate-cache header: hit-exact, hit-semantic, miss, bypass
     cache_key: RequestKey | None = None  # from the lookup, reused by the store
     similarity: float | None = None  # of a semantic hit
-    sent: bool = False  # a backend was given the request (it may be working on it)
-    sent_max_tokens: int | None = None  # the max_tokens the backend was asked for
+    body: UpstreamBody | None = None  # what backends are sent; says whether one was (it may be working on it)
     streaming: bool = False  # a backend's stream is being relayed: it releases the tenant's slot when it ends
     cascade: Verdict | None = None  # a cascade's judgment of its first tier's answer
     shadow_check: bool = False  # a cache hit sampled for verification: its request also goes to the tier after it
+
+
+@dataclass(slots=True)
+class _Sent:
+    """Shared by a body and its amended copies: whether dispatch posted any of them to a backend."""
+
+    yes: bool = False
+
+
+@dataclass(slots=True, eq=False)
+class UpstreamBody:
+    """The request as each backend should see it: its own model name, max_tokens capped, usage asked for.
+
+    Built from the client's own JSON (`raw`), so every field the structs do not model, at any depth, is forwarded
+    byte for byte; only `changes` are the gateway's. Dispatch calls `for_endpoint` and then `mark_sent` just
+    before it posts, so whoever holds the body knows afterwards whether a backend got the request.
+    """
+
+    raw: dict[str, msgspec.Raw]
+    changes: dict[str, object]
+    max_tokens: int | None  # what backends are asked for (the most a backend may generate)
+    _sent: _Sent
+    _by_model: dict[str, bytes]
+
+    @classmethod
+    def of(cls, ctx: RequestContext, *, as_json: bool = False) -> UpstreamBody:
+        """The request's body; `as_json` forces a JSON answer (a shadow check) whatever the client asked for."""
+        max_tokens = ctx.max_tokens()
+        changes: dict[str, object] = {"model": None, "max_tokens": max_tokens, "max_completion_tokens": None}
+        if as_json:
+            changes |= {"stream": None, "stream_options": None}
+        elif ctx.req.stream:
+            changes["stream_options"] = _STREAM_OPTIONS
+        return cls(ctx.raw, changes, max_tokens, _Sent(), {})
+
+    def amended(self, extra: dict[str, object]) -> UpstreamBody:
+        """The same request with `extra` fields (what a cascade asks its first tier for); sent together."""
+        return UpstreamBody(self.raw, self.changes | extra, self.max_tokens, self._sent, {})
+
+    @property
+    def sent(self) -> bool:
+        return self._sent.yes
+
+    def mark_sent(self) -> None:
+        self._sent.yes = True
+
+    def for_endpoint(self, ep: Endpoint) -> bytes:
+        b = self._by_model.get(ep.model)
+        if b is None:
+            b = self._by_model[ep.model] = upstream_body(self.raw, self.changes | {"model": ep.model})
+        return b
 
 
 def answer_headers(ctx: RequestContext, outcome: Outcome, tier: str, overhead_s: float | None = None) -> dict[str, str]:

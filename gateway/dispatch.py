@@ -12,9 +12,9 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import msgspec
 
@@ -27,10 +27,19 @@ from tiergate.gateway.metrics import GatewayMetrics
 from tiergate.gateway.tiers import Tier
 from tiergate.gateway.upstream import FailureKind, UpstreamClient, UpstreamFailure, UpstreamResponse
 
-__all__ = ["Attempt", "Dispatcher", "shutting_down"]
+__all__ = ["Attempt", "Body", "Dispatcher", "shutting_down"]
 
 MAX_ENDPOINTS_PER_TIER = 3
 _error_body = msgspec.json.Decoder()
+
+
+class Body(Protocol):
+    """What dispatch posts (`context.UpstreamBody`): asked for per endpoint, and told when it was posted, so the
+    caller knows afterwards whether a backend got the request without dispatch calling back into it."""
+
+    def for_endpoint(self, ep: Endpoint) -> bytes: ...
+
+    def mark_sent(self) -> None: ...
 
 
 @dataclass(slots=True, eq=False)
@@ -94,20 +103,20 @@ class Dispatcher:
         return len(waiting) + len(live)
 
     async def open(self, *, request: ParsedRequest, features: Features, decision: Decision, path: str,
-                   body_for: Callable[[Endpoint], bytes], request_id: str, stream: bool) -> Attempt:
+                   body: Body, request_id: str, stream: bool) -> Attempt:
         """`_open` in the request's trace: a "dispatch" span, then a "relay" span the Attempt ends."""
         if not tracing.enabled():
             return await self._open(request=request, features=features, decision=decision, path=path,
-                                    body_for=body_for, request_id=request_id, stream=stream)
+                                    body=body, request_id=request_id, stream=stream)
         with tracing.span("dispatch", **{"tiergate.tiers": list(decision.tiers)}):
             attempt = await self._open(request=request, features=features, decision=decision, path=path,
-                                       body_for=body_for, request_id=request_id, stream=stream)
+                                       body=body, request_id=request_id, stream=stream)
         attempt.span = tracing.start("relay", **{"tiergate.tier": attempt.tier,
                                                  "tiergate.endpoint": attempt.endpoint.id})
         return attempt
 
     async def _open(self, *, request: ParsedRequest, features: Features, decision: Decision, path: str,
-                    body_for: Callable[[Endpoint], bytes], request_id: str, stream: bool) -> Attempt:
+                    body: Body, request_id: str, stream: bool) -> Attempt:
         """Return the first backend that accepts the request, or raise the most telling OpenAIError.
 
         For a stream, the first token is read here (with the role-only frames before it, held:
@@ -154,8 +163,9 @@ class Dispatcher:
                 ep.inflight += 1
                 started = time.perf_counter()
                 try:
-                    resp, events, first, first_at = await self._attempt(ep, path, body_for(ep), timeouts, request_id,
-                                                                        stream)
+                    data = body.for_endpoint(ep)
+                    body.mark_sent()  # from here on a backend may be working on it
+                    resp, events, first, first_at = await self._attempt(ep, path, data, timeouts, request_id, stream)
                 except UpstreamFailure as f:
                     ep.inflight -= 1
                     if f.kind is FailureKind.SHUTDOWN:  # no backend's fault: nothing to report, nothing to retry

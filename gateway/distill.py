@@ -24,11 +24,11 @@ from redis.exceptions import RedisError
 
 from tiergate.core.wire import ChatRequest
 from tiergate.gateway.context import Outcome, RequestContext
+from tiergate.gateway.metrics import GatewayMetrics
 from tiergate.policies.distill_config import DistillConfig
 
 if TYPE_CHECKING:
     from tiergate.cache.redis_conn import AnyRedis
-    from tiergate.gateway.lifecycle import Gateway
 
 __all__ = ["STREAM_KEY", "Distiller", "JsonlRecords", "RedisRecords", "Redactor"]
 
@@ -120,8 +120,8 @@ class JsonlRecords:
 class Distiller:
     """Decides what to record and writes it; never in the way of an answer (failures are logged and counted)."""
 
-    def __init__(self, gateway: Gateway, records: RedisRecords | JsonlRecords) -> None:
-        self._gw = gateway
+    def __init__(self, metrics: GatewayMetrics, records: RedisRecords | JsonlRecords) -> None:
+        self._metrics = metrics
         self.records = records
         self._redactors: dict[int, Redactor] = {}
 
@@ -151,9 +151,9 @@ class Distiller:
                 redact = self._redactors[id(cfg)] = Redactor(cfg.redact.patterns, cfg.redact.hook)
             record = self._record(ctx, outcome, tier, answer, model, redact)
             await self.records.add(record, cfg)
-            self._gw.metrics.distill.labels("recorded").inc()
+            self._metrics.distill.labels("recorded").inc()
         except (RedisError, OSError, ImportError, AttributeError, ValueError) as exc:
-            self._gw.metrics.distill.labels("failed").inc()
+            self._metrics.distill.labels("failed").inc()
             log.warning("distill_record_failed", request_id=ctx.request_id, error=repr(exc))
 
     @staticmethod

@@ -10,22 +10,23 @@ unknown) is a 404 and changes nothing; reporting one twice changes nothing the s
 
 The record of which entry answered which request is written after a hit's response has gone out
 (`Relay.cached` schedules `SemanticCache.served`).
+
+Tested in `tests/integration/test_cache_gateway.py`.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Callable
 
 import msgspec
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from tiergate.cache import SemanticCache
 from tiergate.cache.store import StoreUnavailable
 from tiergate.core.errors import OpenAIError, bad_request, not_found
 from tiergate.core.http import read_body
-
-if TYPE_CHECKING:
-    from tiergate.gateway.lifecycle import Gateway
+from tiergate.gateway.auth import KeyRing
 
 __all__ = ["CacheFeedback"]
 
@@ -37,12 +38,12 @@ class _Body(msgspec.Struct, forbid_unknown_fields=False):
 
 
 class CacheFeedback:
-    def __init__(self, gateway: Gateway) -> None:
-        self._gw = gateway
+    def __init__(self, keyring: KeyRing, cache: Callable[[], SemanticCache | None]) -> None:
+        self._keyring = keyring
+        self._cache = cache  # built at start-up, when enabled
 
     async def handle(self, request: Request) -> Response:
-        gw = self._gw
-        tenant = gw.keyring.authenticate(request.headers.get("authorization"))
+        tenant = self._keyring.authenticate(request.headers.get("authorization"))
         try:
             body = msgspec.json.decode(await read_body(request, 16_384), type=_Body)
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
@@ -50,10 +51,11 @@ class CacheFeedback:
         rid = body.request_id
         if not rid or len(rid) > _MAX_ID:
             raise bad_request(f"`request_id` must be 1 to {_MAX_ID} characters.", param="request_id")
-        if gw.cache is None:
+        cache = self._cache()
+        if cache is None:
             raise OpenAIError(409, "The cache is disabled.", code="cache_disabled")
         try:
-            result = await gw.cache.feedback(tenant.id, rid)
+            result = await cache.feedback(tenant.id, rid)
         except StoreUnavailable as exc:
             raise OpenAIError(503, f"The cache store is unreachable: {exc}", type="server_error",
                               code="cache_unavailable") from None

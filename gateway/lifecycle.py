@@ -29,7 +29,9 @@ from tiergate.gateway.dispatch import Dispatcher
 from tiergate.gateway.distill import Distiller, JsonlRecords, RedisRecords
 from tiergate.gateway.limits import Limiter
 from tiergate.gateway.metrics import GatewayMetrics
+from tiergate.gateway.relay import Relay
 from tiergate.gateway.settings import Settings
+from tiergate.gateway.settlement import Settlements
 from tiergate.gateway.shadow import ShadowChecks
 from tiergate.gateway.stats import Stats
 from tiergate.gateway.tiers import Tiers
@@ -67,12 +69,23 @@ class Gateway:
         self.dispatcher = Dispatcher(self.upstream, self.tiers, self.metrics)
         self.limiter = Limiter(self.metrics, self.redis)
         self.stats = Stats()  # the status page's rolling window of recent requests
-        self.accounting = Accounting(self.metrics, self.stats, self.limiter)
-        self.distill = Distiller(self, RedisRecords(self.redis) if self.redis is not None
-                                 else JsonlRecords(settings.distill_file))
-        self.shadow = ShadowChecks(self)  # cache hits checked against a tier after they were served
+        self.accounting = Accounting(self.metrics, self.stats)
         self.draining = False
         self.started_at = time.time()
+        self.distill = Distiller(self.metrics, RedisRecords(self.redis) if self.redis is not None
+                                 else JsonlRecords(settings.distill_file))
+        self.settlements = Settlements(self.accounting, self.limiter, self.metrics, self.current_cache, self.distill)
+        self.shadow = ShadowChecks(  # cache hits checked against a tier after they were served
+            dispatcher=self.dispatcher, metrics=self.metrics, settlements=self.settlements, cache=self.current_cache,
+            draining=self.is_draining, concurrency=settings.cache_shadow_concurrency)
+        self.relay = Relay(self.metrics, self.shadow)
+
+    def current_cache(self) -> SemanticCache | None:
+        """The cache once start-up built it: what collaborators built before then are given to read it by."""
+        return self.cache
+
+    def is_draining(self) -> bool:
+        return self.draining
 
     async def startup(self) -> None:
         await self.upstream.start()

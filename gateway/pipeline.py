@@ -12,8 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import Callable
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
 
 import msgspec
 from starlette.requests import ClientDisconnect, Request
@@ -23,47 +22,59 @@ from tiergate.cache.types import CacheHit
 from tiergate.core import tracing
 from tiergate.core.errors import OpenAIError, bad_request, from_validation
 from tiergate.core.http import read_body
-from tiergate.core.pool import Endpoint
 from tiergate.core.types import Decision, Features
-from tiergate.core.wire import (
-    ChatRequest,
-    StreamOptions,
-    decode_request,
-    raw_fields,
-    refused_field,
-    unknown_names,
-    upstream_body,
-)
-from tiergate.gateway.auth import Tenant
+from tiergate.core.wire import ChatRequest, decode_request, raw_fields, refused_field, unknown_names
+from tiergate.gateway.auth import KeyRing, Tenant
 from tiergate.gateway.cascade import CascadeRunner, applies
-from tiergate.gateway.context import Arrival, Outcome, RequestContext
+from tiergate.gateway.context import Arrival, Outcome, RequestContext, UpstreamBody
 from tiergate.gateway.disconnect import DisconnectWatch
+from tiergate.gateway.dispatch import Dispatcher
+from tiergate.gateway.limits import Limiter
+from tiergate.gateway.metrics import GatewayMetrics
 from tiergate.gateway.params import check_params
 from tiergate.gateway.relay import Relay
+from tiergate.gateway.settings import Settings
+from tiergate.gateway.settlement import CacheProvider, Settlement, Settlements
+from tiergate.policies.classify import Classifier
+from tiergate.policies.store import PolicyStore
 
-if TYPE_CHECKING:
-    from tiergate.gateway.lifecycle import Gateway
+__all__ = ["Completions", "PipelineParts"]
 
-__all__ = ["Completions"]
-
-_STREAM_OPTIONS = StreamOptions(include_usage=True)
 _INLINE_CLASSIFY_CHARS = 4000  # longer prompts are tokenised in a worker thread, off the event loop
 # Unmodelled request fields known not to change the answer; any other one (`functions`, `reasoning_effort`, ...)
 # might, and the cache key cannot include what it does not understand, so such requests bypass the cache.
 _ANSWER_NEUTRAL = frozenset({"metadata", "store", "service_tier", "safety_identifier", "prompt_cache_key"})
 
 
+@dataclass(frozen=True, slots=True)
+class PipelineParts:
+    """What the pipeline uses, each built before the first request (the cache is read through `cache` since
+    start-up builds it)."""
+
+    settings: Settings
+    keyring: KeyRing
+    policy_store: PolicyStore
+    classifier: Classifier
+    limiter: Limiter
+    metrics: GatewayMetrics
+    cache: CacheProvider
+    dispatcher: Dispatcher
+    relay: Relay
+    settlements: Settlements
+
+
 class Completions:
     """`POST /v1/chat/completions` and `POST /v1/completions`, one pipeline for both."""
 
-    def __init__(self, gateway: Gateway) -> None:
-        self._gw = gateway
-        self._relay = Relay(gateway)
-        self._cascade = CascadeRunner(gateway, self._relay)
+    def __init__(self, parts: PipelineParts) -> None:
+        self._parts = parts
+        self._relay = parts.relay
+        self._cascade = CascadeRunner(parts.dispatcher, parts.metrics, parts.relay)
 
     async def handle(self, request: Request, kind: str) -> Response:
-        gw = self._gw
+        gw = self._parts
         arrival = Arrival.now(request.headers.get("x-request-id"), kind)
+        settle = gw.settlements.open(arrival)  # the one place this request's ending is settled, whichever it is
         tenant: Tenant | None = None
         features: Features | None = None
         decision: Decision | None = None
@@ -105,20 +116,19 @@ class Completions:
             ctx = RequestContext(arrival, tenant, req, raw, extra, plain, features, decision, slot, active.policy)
             hit = await self._lookup(ctx, outcome)
             if hit is not None:
-                return self._relay.cached(ctx, outcome, hit)
-            return await self._dispatch_while_connected(ctx, outcome, request)
+                return self._relay.cached(ctx, outcome, hit, settle)
+            return await self._dispatch_while_connected(ctx, outcome, request, settle)
         except OpenAIError as exc:
-            return gw.accounting.refused(arrival, exc, tenant=tenant, decision=decision, features=features,
-                                         cache=outcome.cache)
+            return await settle.refused(exc, tenant=tenant, decision=decision, features=features,
+                                        cache=outcome.cache)
         except ClientDisconnect:  # gone while sending its body: nothing to answer, nothing to blame
-            return gw.accounting.gone(arrival, tenant=tenant, decision=decision, features=features,
-                                      cache=outcome.cache)
+            return await settle.gone(tenant=tenant, decision=decision, features=features, outcome=outcome)
         finally:
             if slot is not None and not outcome.streaming:  # a relayed stream releases it when it ends
                 slot.release()
 
     async def _lookup(self, ctx: RequestContext, outcome: Outcome) -> CacheHit | None:
-        cache, rule, req = self._gw.cache, ctx.decision.cache, ctx.req
+        cache, rule, req = self._parts.cache(), ctx.decision.cache, ctx.req
         if (cache is None or not rule.enabled or isinstance(req, ChatRequest) and req.tools or not ctx.plain
                 or ctx.extra and not _ANSWER_NEUTRAL.issuperset(ctx.extra)):  # e.g. `functions`: not ours to key
             outcome.cache = "bypass"
@@ -136,7 +146,8 @@ class Completions:
         outcome.similarity = hit.similarity if hit.kind == "hit-semantic" else None
         return hit
 
-    async def _dispatch_while_connected(self, ctx: RequestContext, outcome: Outcome, request: Request) -> Response:
+    async def _dispatch_while_connected(self, ctx: RequestContext, outcome: Outcome, request: Request,
+                                        settle: Settlement) -> Response:
         """Dispatch, but give up as soon as the client disconnects before its answer has begun.
 
         Until the first byte goes out, a client that hangs up is noticed only by reading the ASGI channel;
@@ -148,68 +159,25 @@ class Completions:
         assert task is not None
         watch = DisconnectWatch(request.receive, task)
         try:
-            return await self._dispatch(ctx, outcome)
+            return await self._dispatch(ctx, outcome, settle)
         except asyncio.CancelledError:
             if not watch.fired or task.uncancel() > 0:
                 raise  # cancelled by someone else (shutdown): let it through
         finally:
             watch.close()
-        return await self._abandoned(ctx, outcome)
+        # Gone before its answer began: charged only if a backend may have worked for it (`Settlement.gone`).
+        return await settle.gone(tenant=ctx.tenant, decision=ctx.decision, features=ctx.features, outcome=outcome,
+                                 stream=bool(ctx.req.stream))
 
-    async def _dispatch(self, ctx: RequestContext, outcome: Outcome) -> Response:
+    async def _dispatch(self, ctx: RequestContext, outcome: Outcome, settle: Settlement) -> Response:
         req = ctx.req
         path = "/v1/chat/completions" if req.kind == "chat" else "/v1/completions"
+        body = outcome.body = UpstreamBody.of(ctx)  # dispatch marks it sent when it posts it
         if applies(ctx):
-            return await self._cascade.run(ctx, outcome, path, lambda extra: self._upstream_body(ctx, outcome, extra))
-        attempt = await self._gw.dispatcher.open(request=req, features=ctx.features, decision=ctx.decision,
-                                                 path=path, body_for=self._upstream_body(ctx, outcome),
-                                                 request_id=ctx.request_id, stream=bool(req.stream))
+            return await self._cascade.run(ctx, outcome, path, body, settle)
+        attempt = await self._parts.dispatcher.open(request=req, features=ctx.features, decision=ctx.decision,
+                                                 path=path, body=body, request_id=ctx.request_id,
+                                                 stream=bool(req.stream))
         if req.stream:
-            return self._relay.stream(ctx, outcome, attempt)
-        return await self._relay.json(ctx, outcome, attempt)
-
-    def _upstream_body(self, ctx: RequestContext, outcome: Outcome,
-                       extra: dict[str, object] | None = None) -> Callable[[Endpoint], bytes]:
-        """The request as each backend should see it: its own model name, max_tokens capped, usage asked for
-        (and `extra` fields: what a cascade asks its first tier for).
-
-        Built from the client's own JSON (`raw`), so every field the structs do not model, at any depth, is
-        forwarded byte for byte; only these fields are the gateway's.
-        """
-        req, max_tokens = ctx.req, ctx.max_tokens()
-        changes: dict[str, object] = {"model": None, "max_tokens": max_tokens, "max_completion_tokens": None}
-        if req.stream:
-            changes["stream_options"] = _STREAM_OPTIONS
-        if extra:
-            changes.update(extra)
-        outcome.sent_max_tokens = max_tokens
-        by_model: dict[str, bytes] = {}
-
-        def body_for(ep: Endpoint) -> bytes:
-            outcome.sent = True  # dispatch asks for the body just before it posts it
-            b = by_model.get(ep.model)
-            if b is None:
-                changes["model"] = ep.model
-                b = by_model[ep.model] = upstream_body(ctx.raw, changes)
-            return b
-
-        return body_for
-
-    async def _abandoned(self, ctx: RequestContext, outcome: Outcome) -> Response:
-        """A client gone before its answer began, once a backend may have worked for it: charge the tenant.
-
-        As for a stream whose client leaves (charged the prompt and what was relayed), the prompt was processed.
-        A JSON answer shows nothing of its progress before it is whole, so it is charged the max_tokens the
-        backend was asked for as well: the most it may have generated before the closed connection stopped it
-        (what OpenAI counts against a tokens-per-minute limit up front). Never reaching a backend costs nothing.
-        """
-        prompt_tokens = spent = 0
-        if outcome.sent:
-            prompt_tokens = spent = ctx.features.prompt_tokens
-            if not ctx.req.stream and outcome.sent_max_tokens:
-                spent += outcome.sent_max_tokens
-        response = self._gw.accounting.gone(ctx.arrival, tenant=ctx.tenant, decision=ctx.decision,
-                                            features=ctx.features, cache=outcome.cache, prompt_tokens=prompt_tokens)
-        await self._gw.limiter.charge_tokens(ctx.tenant, spent)
-        return response
-
+            return self._relay.stream(ctx, outcome, attempt, settle)
+        return await self._relay.json(ctx, outcome, attempt, settle)

@@ -17,21 +17,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from typing import TYPE_CHECKING
+from collections.abc import Callable
 
 import msgspec
 import structlog
 
 from tiergate.core import tracing
 from tiergate.core.errors import OpenAIError
-from tiergate.core.pool import Endpoint
-from tiergate.core.wire import upstream_body
-from tiergate.gateway.context import Outcome, RequestContext
-from tiergate.gateway.relay import Relay
+from tiergate.gateway.context import Arrival, Outcome, RequestContext, UpstreamBody
+from tiergate.gateway.dispatch import Dispatcher
+from tiergate.gateway.metrics import GatewayMetrics
+from tiergate.gateway.relay import read_whole
 from tiergate.gateway.render import cacheable, summarize
-
-if TYPE_CHECKING:
-    from tiergate.gateway.lifecycle import Gateway
+from tiergate.gateway.settlement import CacheProvider, Settlements
 
 __all__ = ["ShadowChecks"]
 
@@ -41,9 +39,14 @@ log = structlog.get_logger("tiergate.gateway")
 class ShadowChecks:
     """The gateway's running shadow checks: started after a sampled hit's response, stopped with the gateway."""
 
-    def __init__(self, gateway: Gateway) -> None:
-        self._gw = gateway
-        self._relay = Relay(gateway)
+    def __init__(self, *, dispatcher: Dispatcher, metrics: GatewayMetrics, settlements: Settlements,
+                 cache: CacheProvider, draining: Callable[[], bool], concurrency: int) -> None:
+        self._dispatcher = dispatcher
+        self._metrics = metrics
+        self._settlements = settlements
+        self._cache = cache
+        self._draining = draining
+        self._concurrency = concurrency
         self._running: set[asyncio.Task[None]] = set()
 
     @property
@@ -53,10 +56,8 @@ class ShadowChecks:
 
     async def start(self, ctx: RequestContext, outcome: Outcome) -> None:
         """Start one check (a response's background task: async, so that it runs on the event loop)."""
-        metrics = self._gw.metrics
-        if self._gw.cache is None or self._gw.draining or \
-                len(self._running) >= self._gw.settings.cache_shadow_concurrency:
-            metrics.shadow_checks.labels("dropped").inc()
+        if self._cache() is None or self._draining() or len(self._running) >= self._concurrency:
+            self._metrics.shadow_checks.labels("dropped").inc()
             return
         task = asyncio.create_task(self._check(ctx, outcome), name=f"tiergate-shadow-{ctx.request_id}")
         self._running.add(task)
@@ -71,35 +72,21 @@ class ShadowChecks:
                 await task
 
     async def _check(self, ctx: RequestContext, outcome: Outcome) -> None:
-        gw, metrics = self._gw, self._gw.metrics
+        """Ask the tier, then settle the check: its answer goes to the cache (`Settlement.shadow`)."""
+        settle = self._settlements.open(Arrival.now(ctx.request_id, ctx.req.kind))
+        answer = None
         try:
             with tracing.span("cache.shadow", **{"tiergate.request_id": ctx.request_id}):
                 req = ctx.req
-                changes: dict[str, object] = {"model": None, "max_tokens": ctx.max_tokens(),
-                                              "max_completion_tokens": None, "stream": None, "stream_options": None}
-
-                def body_for(ep: Endpoint) -> bytes:
-                    changes["model"] = ep.model
-                    return upstream_body(ctx.raw, changes)
-
-                attempt = await gw.dispatcher.open(
+                attempt = await self._dispatcher.open(
                     request=req, features=ctx.features, decision=ctx.decision,
-                    path="/v1/chat/completions" if req.kind == "chat" else "/v1/completions", body_for=body_for,
-                    request_id=ctx.request_id, stream=False)
-                body, _ = await self._relay.whole(attempt)
-                answer = cacheable(summarize(body), req.kind, attempt.tier)
+                    path="/v1/chat/completions" if req.kind == "chat" else "/v1/completions",
+                    body=UpstreamBody.of(ctx, as_json=True), request_id=ctx.request_id, stream=False)
+                body, _ = await read_whole(attempt, self._metrics)
+                answer = cacheable(summarize(body), req.kind, attempt.tier)  # None: cut short or several choices
         except (OpenAIError, msgspec.ValidationError, msgspec.DecodeError) as exc:
-            metrics.shadow_checks.labels("failed").inc()
             log.info("cache_shadow_check_failed", request_id=ctx.request_id,
                      error=exc.message if isinstance(exc, OpenAIError) else "malformed answer")
-            return
         except Exception:  # a bug of ours: seen in the log, and the client was answered long ago
-            metrics.shadow_checks.labels("failed").inc()
             log.exception("cache_shadow_check_error", request_id=ctx.request_id)
-            return
-        if answer is None:  # cut short or several choices: nothing to compare with
-            metrics.shadow_checks.labels("failed").inc()
-            return
-        assert gw.cache is not None  # checked in start; the cache lives as long as the gateway
-        await gw.cache.store(req, ctx.tenant.id, ctx.decision.cache, answer, outcome.cache_key)
-        metrics.shadow_checks.labels("checked").inc()
+        await settle.shadow(ctx, outcome, answer)

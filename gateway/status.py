@@ -19,7 +19,7 @@ import html
 import time
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
@@ -28,11 +28,12 @@ from starlette.staticfiles import StaticFiles
 
 from tiergate.core.errors import OpenAIError
 from tiergate.core.http import error_response
+from tiergate.gateway.admin import AdminKey
+from tiergate.gateway.stats import Stats
+from tiergate.gateway.tiers import Tiers
+from tiergate.policies.store import PolicyStore
 
-if TYPE_CHECKING:
-    from tiergate.gateway.lifecycle import Gateway
-
-__all__ = ["StatusPage"]
+__all__ = ["StatusPage", "StatusSource"]
 
 STATIC = Path(__file__).resolve().parent / "static"
 _COOKIE = "tiergate_dashboard"
@@ -45,10 +46,23 @@ def _template(name: str) -> str:
     return (STATIC / name).read_text(encoding="utf-8")
 
 
-class StatusPage:
-    """The status page of one gateway: reads everything from the `Gateway`'s public attributes, live."""
+class StatusSource(Protocol):
+    """What the page reads, live (the gateway process's state, `gateway.lifecycle.Gateway`)."""
 
-    def __init__(self, gateway: Gateway) -> None:
+    admin: AdminKey
+    started_at: float
+    draining: bool
+    stats: Stats
+    tiers: Tiers
+    policy_store: PolicyStore
+
+    def ready(self) -> tuple[bool, dict[str, object]]: ...
+
+
+class StatusPage:
+    """The status page of one gateway: reads everything from its `StatusSource`, live."""
+
+    def __init__(self, gateway: StatusSource) -> None:
         self._gw = gateway
         self._pages = {name: _template(name) for name in ("status.html", "login.html", "message.html")}
 

@@ -169,15 +169,8 @@ UNTESTED_ALLOWED: frozenset[str] = frozenset({
     "cloud_pool/probe.py",
     "cloud_pool/real_model.py",
     "cloud_pool/vllm_env.py",
-    "gateway/accounting.py",
-    "gateway/admin.py",
-    "gateway/cascade.py",
-    "gateway/context.py",
-    "gateway/disconnect.py",
-    "gateway/feedback.py",
     "gateway/lifecycle.py",
     "gateway/main.py",
-    "gateway/relay.py",
 })
 _TESTED_IN = re.compile(r"Tested in ((?:`tests/[^`]+`(?:, | and others\.|\.|\s)*)+)")
 
@@ -212,3 +205,39 @@ def test_the_test_module_check_can_fail(tmp_path: Path) -> None:
     (tmp_path / "core" / "c.py").write_text('"""C.\n\nTested in `tests/core/test_gone.py`.\n"""\n')
     (tmp_path / "tests" / "core" / "test_a.py").write_text("")
     assert modules_without_tests(tmp_path) == {"core/c.py"}
+
+
+# Only the app's assembly sees the whole gateway; every other gateway module is given what it uses.
+GATEWAY_ASSEMBLY = frozenset({"gateway/app.py", "gateway/lifecycle.py"})
+
+
+def gateway_importers(root: Path) -> list[str]:
+    """Gateway modules besides the assembly that import `Gateway` (or the module defining it), at any depth of
+    the file, `if TYPE_CHECKING:` blocks included."""
+    bad = []
+    for path in sorted((root / "gateway").rglob("*.py")):
+        rel = str(path.relative_to(root))
+        if rel in GATEWAY_ASSEMBLY:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), rel)):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                module = node.module.removeprefix("tiergate.")
+                names = {a.name for a in node.names}
+                if module == "gateway.lifecycle" or module == "gateway" and "lifecycle" in names:
+                    bad.append(f"{rel}:{node.lineno}: imports {', '.join(sorted(names))} from {node.module}")
+            elif isinstance(node, ast.Import):
+                bad.extend(f"{rel}:{node.lineno}: imports {a.name}" for a in node.names
+                           if a.name.removeprefix("tiergate.") == "gateway.lifecycle")
+    return bad
+
+
+def test_only_the_app_assembly_imports_the_gateway(tmp_path: Path) -> None:
+    assert gateway_importers(ROOT) == []
+    pkg = tmp_path / "gateway"
+    pkg.mkdir()
+    (pkg / "app.py").write_text("from tiergate.gateway.lifecycle import Gateway\n")
+    (pkg / "bad.py").write_text("from typing import TYPE_CHECKING\n\nif TYPE_CHECKING:\n"
+                                "    from tiergate.gateway.lifecycle import Gateway\n")
+    (pkg / "worse.py").write_text("import tiergate.gateway.lifecycle\n")
+    assert gateway_importers(tmp_path) == ["gateway/bad.py:4: imports Gateway from tiergate.gateway.lifecycle",
+                                           "gateway/worse.py:1: imports tiergate.gateway.lifecycle"]

@@ -46,11 +46,23 @@ def Route(name: str, pool, admission: Admission) -> Tier:  # noqa: N802 - reads 
     return Tier(name, TierConfig(name=name, kind="edge", model=name), pool, admission)
 
 
+class _Body:
+    """The smallest `dispatch.Body`: the same bytes for every endpoint."""
+
+    sent = False
+
+    def for_endpoint(self, ep) -> bytes:
+        return b"{}"
+
+    def mark_sent(self) -> None:
+        self.sent = True
+
+
 async def _open(tiers: dict[str, Tier], decision: Decision) -> OpenAIError:
     dispatcher = Dispatcher(UpstreamClient(), tiers, GatewayMetrics(CollectorRegistry()))
     with pytest.raises(OpenAIError) as failed:
         await dispatcher.open(request=None, features=FEATURES, decision=decision, path="/v1/chat/completions",
-                              body_for=lambda ep: b"{}", request_id="r1", stream=False)
+                              body=_Body(), request_id="r1", stream=False)
     return failed.value
 
 

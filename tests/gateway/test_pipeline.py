@@ -5,7 +5,9 @@ holds what is about the pipeline's own contract."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import sys
 import threading
 from pathlib import Path
 
@@ -72,3 +74,109 @@ def test_a_reload_mid_request_leaves_the_request_under_the_version_it_began_with
             assert after.status_code == 200 and after.headers["x-tiergate-rule"] == "second"
     lines = [json.loads(x) for x in records.read_text().splitlines()]
     assert [(r["tenant"], r["rule"]) for r in lines] == [("acme", "first")]
+
+
+# ---- the request flows one way ----------------------------------------------------------------------------------
+
+_PKG = "tiergate.gateway."
+
+
+def callbacks_up_the_stack(stack: list[str]) -> list[str]:
+    """The gateway modules of one call stack (outermost first) that appear again after a different one: a callee
+    calling back into a module that is still waiting on it. Consecutive frames of one module are one entry."""
+    seen: list[str] = []
+    bad = []
+    for module in stack:
+        if seen and seen[-1] == module:
+            continue
+        if module in seen:
+            bad.append(" -> ".join([*seen, module]))
+        seen.append(module)
+    return bad
+
+
+class PathRecorder:
+    """A profiler hook (`sys.setprofile`, this thread only) that records, on every call into a gateway module,
+    which gateway modules are on the stack. `entered`: the modules in the order first entered; `trail`: every
+    entry into a module other than the last one entered."""
+
+    def __init__(self) -> None:
+        self.entered: list[str] = []
+        self.trail: list[str] = []
+        self.violations: set[str] = set()
+
+    def __call__(self, frame, event: str, arg: object) -> None:
+        if event != "call":
+            return
+        name = frame.f_globals.get("__name__", "")
+        if not name.startswith(_PKG):
+            return
+        module = name.removeprefix(_PKG)
+        if module not in self.entered:
+            self.entered.append(module)
+        if not self.trail or self.trail[-1] != module:
+            self.trail.append(module)
+        stack = []
+        f = frame
+        while f is not None:
+            outer = f.f_globals.get("__name__", "")
+            if outer.startswith(_PKG):
+                stack.append(outer.removeprefix(_PKG))
+            f = f.f_back
+        self.violations.update(callbacks_up_the_stack(stack[::-1]))
+
+
+def _in_order(trail: list[str], stages: list[str]) -> bool:
+    """`stages` appear in `trail` in this order (other modules between them)."""
+    it = iter(trail)
+    return all(stage in it for stage in stages)
+
+
+def test_the_check_for_callbacks_up_the_stack_can_fail() -> None:
+    """The shape the issue names (dispatch calling the pipeline's body closure) is found; a way down is not."""
+    assert callbacks_up_the_stack(["app", "pipeline", "dispatch", "pipeline"]) == [
+        "app -> pipeline -> dispatch -> pipeline"]
+    assert callbacks_up_the_stack(["app", "pipeline", "pipeline", "relay", "settlement", "accounting"]) == []
+
+
+def test_a_request_flows_one_way_through_the_gateway(tmp_path: Path) -> None:
+    """A streamed chat miss, a JSON cache hit and a cascade escalation, in process under a profiler hook: on no
+    call stack does a gateway module call back into one that is waiting on it, and each path enters its main
+    stages in order (the modules each entered are printed)."""
+    # the other tests here need none of these
+    from tests.gateway.conftest import write_policy
+    from tests.gateway.test_settlement import AUTH, CHAT, KEYS, _cascade_policy
+    from tests.support.inprocess import in_process
+
+    paths: dict[str, list[str]] = {}
+    with aiohttp_server(make_app(4, model="edge-model")) as edge, \
+            aiohttp_server(make_app(4, model="cloud-model")) as cloud:
+        plain = write_policy(tmp_path / "plain.yaml", [edge.url], [cloud.url])
+        cascade = _cascade_policy(tmp_path / "cascade.yaml", edge.url, cloud.url)
+        stream = {**CHAT, "stream": True}
+
+        async def warm_then(policy: Path, bodies: list[dict], traced: PathRecorder) -> list[httpx.Response]:
+            async with in_process(Settings(policy=policy, embedder=None, redis_url=None), KEYS) as c:
+                for b in bodies[:-1]:  # what the traced request needs first (a cache entry)
+                    await c.post("/v1/chat/completions", json=b, headers=AUTH)
+                sys.setprofile(traced)
+                try:
+                    return [await c.post("/v1/chat/completions", json=bodies[-1], headers=AUTH)]
+                finally:
+                    sys.setprofile(None)
+
+        for name, policy, bodies, check in [
+            ("stream miss", plain, [stream], lambda r: r.headers["x-tiergate-cache"] == "miss"),
+            ("json hit", plain, [CHAT, CHAT], lambda r: r.headers["x-tiergate-cache"] == "hit-exact"),
+            ("cascade escalation", cascade, [CHAT], lambda r: r.headers["x-tiergate-cascade"] == "escalated"),
+        ]:
+            rec = PathRecorder()
+            (r,) = asyncio.run(warm_then(policy, bodies, rec))
+            assert r.status_code == 200 and check(r), name
+            assert rec.violations == set(), (name, rec.violations)
+            paths[name] = rec.trail
+            print(name, ":", " -> ".join(rec.entered))
+    assert _in_order(paths["stream miss"], ["app", "pipeline", "dispatch", "relay", "settlement", "accounting"])
+    assert _in_order(paths["json hit"], ["app", "pipeline", "relay", "settlement", "accounting"])
+    assert "dispatch" not in paths["json hit"]
+    assert _in_order(paths["cascade escalation"], ["app", "pipeline", "cascade", "dispatch", "relay", "settlement"])

@@ -13,7 +13,7 @@ from prometheus_client import CollectorRegistry
 from tests.support.waiting import eventually
 from tiergate.core.errors import OpenAIError
 from tiergate.gateway.metrics import GatewayMetrics
-from tiergate.gateway.settings import Settings
+from tiergate.gateway.settlement import Settlements
 from tiergate.gateway.shadow import ShadowChecks
 
 pytestmark = pytest.mark.anyio
@@ -48,7 +48,9 @@ class _Cache:
 
 @dataclass
 class _Gateway:
-    settings: Settings
+    """What the checks are given: the dispatcher, metrics, a settlement for each check, the cache, draining."""
+
+    concurrency: int = 4
     registry: CollectorRegistry = field(default_factory=CollectorRegistry)
     metrics: GatewayMetrics = field(init=False)
     dispatcher: _Dispatcher = field(default_factory=_Dispatcher)
@@ -57,6 +59,12 @@ class _Gateway:
 
     def __post_init__(self) -> None:
         self.metrics = GatewayMetrics(self.registry)
+
+    def checks(self) -> ShadowChecks:
+        settlements = Settlements(None, None, self.metrics, lambda: self.cache, None)  # type: ignore[arg-type]
+        return ShadowChecks(dispatcher=self.dispatcher, metrics=self.metrics,  # type: ignore[arg-type]
+                            settlements=settlements, cache=lambda: self.cache,  # type: ignore[arg-type]
+                            draining=lambda: self.draining, concurrency=self.concurrency)
 
 
 class _Request:
@@ -80,8 +88,8 @@ def _count(gw: _Gateway, result: str) -> float:
 
 
 async def test_checks_beyond_the_room_are_dropped_and_a_failed_tier_is_counted() -> None:
-    gw = _Gateway(Settings(cache_shadow_concurrency=2))
-    shadow = ShadowChecks(gw)  # type: ignore[arg-type]
+    gw = _Gateway(concurrency=2)
+    shadow = gw.checks()
     for i in range(3):
         await shadow.start(_Ctx(f"r{i}"), None)  # type: ignore[arg-type]
     await eventually(lambda: gw.dispatcher.opened == 2, "two checks at the tier")
@@ -95,8 +103,8 @@ async def test_checks_beyond_the_room_are_dropped_and_a_failed_tier_is_counted()
 
 
 async def test_no_check_starts_while_draining_and_shutdown_cancels_the_running_ones() -> None:
-    gw = _Gateway(Settings())
-    shadow = ShadowChecks(gw)  # type: ignore[arg-type]
+    gw = _Gateway()
+    shadow = gw.checks()
     await shadow.start(_Ctx("r0"), None)  # type: ignore[arg-type]
     await eventually(lambda: gw.dispatcher.opened == 1, "the check at the tier")
     gw.draining = True

@@ -63,6 +63,19 @@ def chat(system: str, user: str, *, max_tokens: int = 8, stream: bool = False) -
 
 
 @dataclass
+
+class _Body:
+    """The request as each endpoint gets it: its own model name (a `gateway.dispatch.Body`)."""
+
+    def __init__(self, body: dict) -> None:
+        self._body = body
+
+    def for_endpoint(self, ep) -> bytes:
+        return msgspec.json.encode(self._body | {"model": ep.model})
+
+    def mark_sent(self) -> None:
+        pass
+
 class Outcome:
     attempts: list[str] = field(default_factory=list)
     served_by: str | None = None
@@ -111,7 +124,7 @@ class Gateway:
         try:
             attempt = await self.dispatcher.open(
                 request=request, features=features, decision=Decision(rule="test", tier=self.tier.name), path=path,
-                body_for=lambda ep: msgspec.json.encode(body | {"model": ep.model}), request_id=rid,
+                body=_Body(body), request_id=rid,
                 stream=bool(body.get("stream")))
         except OpenAIError as exc:
             out.attempts, out.error = self.upstream.tried.get(rid, []), f"{exc.status} {exc.code}: {exc.message}"

@@ -1,0 +1,148 @@
+"""Everything a request owes once its answer is over, in one place: usage, the tenant's token charge, the cache
+store, accounting (metrics, log line, status-page sample), the distillation offer.
+
+Each request gets one `Settlement` when it arrives (`Settlements.open`), and whichever way it ends settles it
+exactly once: a backend's answer (JSON, or a stream however it ended), a cache hit, a refusal, a client gone
+before its answer, or, on its own settlement, a shadow check. The relay, the cascade and the pipeline only say
+how the request ended; what that costs and what is recorded is decided here, so no path can charge twice or
+forget the cache. A second settlement is a bug: it is logged and ignored (raised under `strict`, as in tests).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import ClassVar
+
+import structlog
+from starlette.responses import Response
+
+from tiergate.cache import SemanticCache
+from tiergate.cache.types import CachedAnswer, CacheHit
+from tiergate.core.errors import OpenAIError
+from tiergate.core.types import Decision, Features
+from tiergate.gateway.accounting import Accounting
+from tiergate.gateway.auth import Tenant
+from tiergate.gateway.context import Arrival, Outcome, RequestContext
+from tiergate.gateway.distill import Distiller
+from tiergate.gateway.limits import Limiter
+from tiergate.gateway.metrics import GatewayMetrics
+
+__all__ = ["AlreadySettled", "Settlement", "Settlements"]
+
+log = structlog.get_logger("tiergate.gateway")
+CacheProvider = Callable[[], SemanticCache | None]  # the cache once start-up built it (None when disabled)
+
+
+class AlreadySettled(RuntimeError):
+    """A request settled a second time (raised only under `Settlement.strict`)."""
+
+
+class Settlements:
+    """What settling needs, shared by every request; `open` gives one request its `Settlement`."""
+
+    def __init__(self, accounting: Accounting, limiter: Limiter, metrics: GatewayMetrics, cache: CacheProvider,
+                 distill: Distiller) -> None:
+        self.accounting, self.limiter, self.metrics, self.cache, self.distill = (accounting, limiter, metrics, cache,
+                                                                                 distill)
+
+    def open(self, arrival: Arrival) -> Settlement:
+        return Settlement(self, arrival)
+
+
+class Settlement:
+    """One request's settlement; exactly one of its settling methods runs (`settled` names which)."""
+
+    strict: ClassVar[bool] = False  # tests turn a second settlement into an exception
+
+    __slots__ = ("_deps", "_extra_tokens", "arrival", "settled")
+
+    def __init__(self, deps: Settlements, arrival: Arrival) -> None:
+        self._deps = deps
+        self.arrival = arrival
+        self._extra_tokens = 0
+        self.settled: str | None = None
+
+    def add_spent(self, tokens: int) -> None:
+        """Work a backend did that is not the answer's (a cascade's thrown-away first attempt): charged on settling
+        whichever way the request then ends."""
+        self._extra_tokens += tokens
+
+    def _once(self, path: str) -> bool:
+        if self.settled is not None:
+            log.error("settled_twice", request_id=self.arrival.request_id, first=self.settled, again=path)
+            if Settlement.strict:
+                raise AlreadySettled(f"request {self.arrival.request_id} settled as {self.settled}, then as {path}")
+            return False
+        self.settled = path
+        return True
+
+    async def _charge(self, tenant: Tenant | None, tokens: int) -> None:
+        if tenant is not None:
+            await self._deps.limiter.charge_tokens(tenant, tokens + self._extra_tokens)
+
+    async def answered(self, ctx: RequestContext, outcome: Outcome, tier: str, status: int, overhead: float,
+                       prompt_tokens: int, completion_tokens: int, *, elapsed: float | None = None,
+                       store: CachedAnswer | None = None, distill: tuple[str, str] | None = None) -> None:
+        """A backend's answer, however it ended (`status`: 200, or 499/502/503 for a stream cut short): count it,
+        charge its tokens, store `store` in the cache, offer `distill` (text, model) for distillation."""
+        if not self._once("answered"):
+            return
+        d = self._deps
+        d.accounting.answered(ctx, outcome, tier, status, overhead, prompt_tokens, completion_tokens, elapsed=elapsed)
+        await self._charge(ctx.tenant, prompt_tokens + completion_tokens)
+        cache = d.cache()
+        if store is not None and cache is not None:
+            await cache.store(ctx.req, ctx.tenant.id, ctx.decision.cache, store, outcome.cache_key)
+        if distill is not None:
+            await d.distill.offer(ctx, outcome, tier, *distill)
+
+    async def hit(self, ctx: RequestContext, outcome: Outcome, hit: CacheHit, overhead: float) -> None:
+        """A cached answer: counted (tier `cache`, nothing charged) and recorded as served, for feedback."""
+        if not self._once("hit"):
+            return
+        self._deps.accounting.answered(ctx, outcome, "cache", 200, overhead, elapsed=overhead)
+        cache = self._deps.cache()
+        if cache is not None:
+            await cache.served(ctx.request_id, ctx.tenant.id, hit)
+
+    async def refused(self, exc: OpenAIError, *, tenant: Tenant | None, decision: Decision | None,
+                      features: Features | None, cache: str) -> Response:
+        """The OpenAI error answer (charging only a cascade's thrown-away attempt, if one ran)."""
+        response = self._deps.accounting.refused(self.arrival, exc, tenant=tenant, decision=decision,
+                                                 features=features, cache=cache)
+        if self._once("refused"):
+            await self._charge(tenant, 0)
+        return response
+
+    async def gone(self, *, tenant: Tenant | None, decision: Decision | None, features: Features | None,
+                   outcome: Outcome, stream: bool = False) -> Response:
+        """A client gone before its answer began: charged only once a backend may have worked for it.
+
+        As for a stream whose client leaves (charged the prompt and what was relayed), the prompt was processed.
+        A JSON answer shows nothing of its progress before it is whole, so it is charged the max_tokens the
+        backend was asked for as well: the most it may have generated before the closed connection stopped it
+        (what OpenAI counts against a tokens-per-minute limit up front). Never reaching a backend costs nothing.
+        """
+        body = outcome.body
+        prompt_tokens = spent = 0
+        if body is not None and body.sent and features is not None:
+            prompt_tokens = spent = features.prompt_tokens
+            if not stream and body.max_tokens:
+                spent += body.max_tokens
+        response = self._deps.accounting.gone(self.arrival, tenant=tenant, decision=decision, features=features,
+                                              cache=outcome.cache, prompt_tokens=prompt_tokens)
+        if self._once("gone"):
+            await self._charge(tenant, spent)
+        return response
+
+    async def shadow(self, ctx: RequestContext, outcome: Outcome, answer: CachedAnswer | None) -> None:
+        """A shadow check's result (the operator's cost: nothing charged, nothing accounted): the tier's answer goes
+        to the cache, which compares it with the one it served; no answer to compare counts as failed."""
+        if not self._once("shadow"):
+            return
+        d, cache = self._deps, self._deps.cache()
+        if answer is None or cache is None:
+            d.metrics.shadow_checks.labels("failed").inc()
+            return
+        await cache.store(ctx.req, ctx.tenant.id, ctx.decision.cache, answer, outcome.cache_key)
+        d.metrics.shadow_checks.labels("checked").inc()

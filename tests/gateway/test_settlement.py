@@ -1,0 +1,266 @@
+"""`gateway.settlement`: every request settles exactly once, whichever way it ends, with the right token charge.
+
+The rules themselves are checked on a `Settlement` with fakes at its boundary (accounting, limiter, cache,
+distiller); the paths (JSON, stream, cascade, cache hit, error) through a gateway run in process in front of
+instant backends, counting every settlement and every charge."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from tests.gateway.conftest import write_policy
+from tests.support.inprocess import in_process
+from tests.support.instant_upstream import make_app
+from tests.support.servers import aiohttp_server
+from tiergate.core.errors import OpenAIError
+from tiergate.core.types import Decision, Features, Priority
+from tiergate.gateway.auth import KeyRing, Tenant
+from tiergate.gateway.context import Arrival, Outcome, UpstreamBody
+from tiergate.gateway.limits import Limiter
+from tiergate.gateway.metrics import GatewayMetrics
+from tiergate.gateway.settings import Settings
+from tiergate.gateway.settlement import AlreadySettled, Settlement, Settlements
+
+KEYS = KeyRing.from_inline("key-alpha-1=alpha:normal")
+AUTH = {"Authorization": "Bearer key-alpha-1"}
+TENANT = Tenant("alpha", Priority.NORMAL)
+FEATURES = Features(prompt_tokens=7, priority=Priority.NORMAL, complexity=0.1, requested_model="auto", tenant="alpha")
+
+
+# ---- the rules, on one Settlement ------------------------------------------------------------------------------
+
+
+@dataclass
+class _Fakes:
+    charged: list[int] = field(default_factory=list)
+    accounted: list[tuple[str, Any]] = field(default_factory=list)
+    stored: list[Any] = field(default_factory=list)
+    served_ids: list[str] = field(default_factory=list)
+    offered: list[Any] = field(default_factory=list)
+
+    async def charge_tokens(self, tenant: Tenant, tokens: int) -> None:
+        self.charged.append(tokens)
+
+    def answered(self, ctx: Any, outcome: Outcome, tier: str, status: int, *args: Any, **kw: Any) -> None:
+        self.accounted.append(("answered", (tier, status)))
+
+    def refused(self, arrival: Arrival, exc: OpenAIError, **kw: Any) -> str:
+        self.accounted.append(("refused", exc.status))
+        return "refused-response"
+
+    def gone(self, arrival: Arrival, **kw: Any) -> str:
+        self.accounted.append(("gone", kw["prompt_tokens"]))
+        return "gone-response"
+
+    async def store(self, *args: Any) -> None:
+        self.stored.append(args[3])
+
+    async def served(self, request_id: str, *args: Any) -> None:
+        self.served_ids.append(request_id)
+
+    async def offer(self, *args: Any) -> None:
+        self.offered.append(args[-2:])
+
+    def settlement(self) -> tuple[Settlement, GatewayMetrics]:
+        metrics = GatewayMetrics(CollectorRegistry())
+        deps = Settlements(self, self, metrics, lambda: self, self)  # type: ignore[arg-type]
+        return deps.open(Arrival.now("r1", "chat")), metrics
+
+
+@dataclass
+class _Ctx:
+    """The part of a `RequestContext` settling reads."""
+
+    request_id: str = "r1"
+    tenant: Tenant = TENANT
+    features: Features = FEATURES
+    decision: Decision = field(default_factory=lambda: Decision(rule="default", tier="edge"))
+    req: Any = None
+    raw: dict = field(default_factory=dict)
+
+    def max_tokens(self) -> int:
+        return 16
+
+
+@pytest.fixture(autouse=True)
+def _strict(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(Settlement, "strict", True)
+
+
+def test_an_answer_is_counted_charged_stored_and_offered_once_and_a_second_settlement_is_refused() -> None:
+    fakes = _Fakes()
+    settle, _ = fakes.settlement()
+    settle.add_spent(5)  # a cascade's thrown-away first attempt
+    asyncio.run(settle.answered(_Ctx(), Outcome(cache="miss"), "edge", 200, 0.001, 7, 4, store="answer",
+                                distill=("text", "model")))
+    assert fakes.charged == [7 + 4 + 5] and fakes.accounted == [("answered", ("edge", 200))]
+    assert fakes.stored == ["answer"] and fakes.offered == [("text", "model")] and settle.settled == "answered"
+    with pytest.raises(AlreadySettled):
+        asyncio.run(settle.answered(_Ctx(), Outcome(), "edge", 200, 0.001, 7, 4))
+    assert fakes.charged == [16]
+
+
+def test_a_second_settlement_outside_strict_mode_is_logged_and_ignored(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(Settlement, "strict", False)
+    fakes = _Fakes()
+    settle, _ = fakes.settlement()
+    asyncio.run(settle.hit(_Ctx(), Outcome(cache="hit-exact"), None, 0.001))  # type: ignore[arg-type]
+    asyncio.run(settle.answered(_Ctx(), Outcome(), "edge", 200, 0.001, 7, 4))
+    assert fakes.charged == [] and fakes.accounted == [("answered", ("cache", 200))] and settle.settled == "hit"
+
+
+def test_a_cache_hit_is_counted_and_recorded_as_served_but_not_charged() -> None:
+    fakes = _Fakes()
+    settle, _ = fakes.settlement()
+    asyncio.run(settle.hit(_Ctx(), Outcome(cache="hit-exact"), None, 0.001))  # type: ignore[arg-type]
+    assert fakes.charged == [] and fakes.served_ids == ["r1"] and fakes.accounted == [("answered", ("cache", 200))]
+
+
+def test_a_refusal_charges_only_what_a_cascade_threw_away() -> None:
+    fakes = _Fakes()
+    settle, _ = fakes.settlement()
+    settle.add_spent(9)
+    exc = OpenAIError(502, "Tier `cloud`: down", code="upstream_down")
+    got = asyncio.run(settle.refused(exc, tenant=TENANT, decision=None, features=None, cache="miss"))
+    assert got == "refused-response" and fakes.charged == [9] and fakes.accounted == [("refused", 502)]
+
+
+@pytest.mark.parametrize(("sent", "stream", "charged", "prompt"), [
+    (False, False, 0, 0),  # never reached a backend: costs nothing
+    (True, True, 7, 7),  # a stream not begun: the prompt
+    (True, False, 7 + 16, 7),  # a JSON answer: the prompt and the max_tokens the backend was asked for
+], ids=["not-sent", "stream", "json"])
+def test_a_client_gone_before_its_answer_is_charged_what_a_backend_may_have_done(sent, stream, charged,
+                                                                                  prompt) -> None:
+    fakes = _Fakes()
+    settle, _ = fakes.settlement()
+    outcome = Outcome(cache="miss", body=_body(sent))
+    got = asyncio.run(settle.gone(tenant=TENANT, decision=None, features=FEATURES, outcome=outcome, stream=stream))
+    assert got == "gone-response" and fakes.charged == [charged] and fakes.accounted == [("gone", prompt)]
+
+
+def test_a_shadow_check_stores_the_tiers_answer_or_counts_a_failure_and_charges_nothing() -> None:
+    fakes = _Fakes()
+    settle, metrics = fakes.settlement()
+    asyncio.run(settle.shadow(_Ctx(), Outcome(), "tier answer"))  # type: ignore[arg-type]
+    other, _ = fakes.settlement()
+    asyncio.run(other.shadow(_Ctx(), Outcome(), None))  # type: ignore[arg-type]
+    assert fakes.stored == ["tier answer"] and fakes.charged == [] and fakes.accounted == []
+    assert metrics.shadow_checks.labels("checked")._value.get() == 1
+
+
+def _body(sent: bool) -> UpstreamBody:
+    body = UpstreamBody.of(_Ctx(), as_json=True)  # type: ignore[arg-type]
+    if sent:
+        body.amended({"logprobs": True}).mark_sent()  # an amended copy (a cascade's) counts for the request
+    return body
+
+
+# ---- the paths, through a gateway in process ---------------------------------------------------------------------
+
+
+@dataclass
+class Watch:
+    """Every settlement (request id -> how it settled) and every token charge (tenant, tokens) of a run."""
+
+    settled: list[tuple[str, str]] = field(default_factory=list)
+    charged: list[int] = field(default_factory=list)
+
+    def paths(self) -> Counter[str]:
+        return Counter(p for _, p in self.settled)
+
+
+@pytest.fixture
+def watch(monkeypatch: pytest.MonkeyPatch) -> Watch:
+    w = Watch()
+    once, charge = Settlement._once, Limiter.charge_tokens
+
+    def _once(self: Settlement, path: str) -> bool:
+        w.settled.append((self.arrival.request_id, path))
+        return once(self, path)
+
+    async def _charge(self: Limiter, tenant: Tenant, tokens: int) -> None:
+        w.charged.append(tokens)
+        await charge(self, tenant, tokens)
+
+    monkeypatch.setattr(Settlement, "_once", _once)
+    monkeypatch.setattr(Limiter, "charge_tokens", _charge)
+    return w
+
+
+CHAT = {"model": "auto", "messages": [{"role": "user", "content": "Say hi"}], "max_tokens": 4, "temperature": 0}
+
+
+def _cascade_policy(path: Path, edge: str, cloud: str) -> Path:
+    path.write_text(f"""
+version: 1
+defaults:
+  cache: {{enabled: false}}
+  timeouts: {{connect_s: 1, first_byte_s: 10, between_chunks_s: 10, total_s: 30, queue_s: 5}}
+tiers:
+  edge: {{kind: edge, model: tiergate-edge, endpoints: ["{edge}"]}}
+  cloud: {{kind: cloud, model: tiergate-cloud, stand_in: true, endpoints: ["{cloud}"]}}
+rules:
+  - name: cascade
+    tier: edge
+    fallbacks: [cloud]
+    cascade: {{min_token_logprob: -0.0001}}
+""")
+    return path
+
+
+def test_each_path_settles_once_with_its_charge(tmp_path: Path, watch: Watch) -> None:
+    """JSON miss, stream miss, cache hit, a refusal and a backend failure: one settlement each, and the tenant is
+    charged the answer's usage (the instant backend's prompt_tokens plus its completion tokens), nothing for a hit."""
+    with aiohttp_server(make_app(4, model="edge-model")) as edge, \
+            aiohttp_server(make_app(4, "error500", model="cloud-model")) as cloud:
+        policy = write_policy(tmp_path / "p.yaml", [edge.url], [cloud.url], fallback=False)
+
+        async def run() -> list[Any]:
+            async with in_process(Settings(policy=policy, embedder=None, redis_url=None), KEYS) as c:
+                json_miss = await c.post("/v1/chat/completions", json=CHAT, headers=AUTH)
+                hit = await c.post("/v1/chat/completions", json=CHAT, headers=AUTH)
+                stream = await c.post("/v1/chat/completions", headers=AUTH,
+                                      json={**CHAT, "temperature": 1, "stream": True})
+                bad = await c.post("/v1/chat/completions", json={**CHAT, "max_tokens": -1}, headers=AUTH)
+                failed = await c.post("/v1/chat/completions", json={**CHAT, "model": "tiergate-cloud"},
+                                      headers=AUTH)
+                return [json_miss, hit, stream, bad, failed]
+
+        json_miss, hit, stream, bad, failed = asyncio.run(run())
+    assert json_miss.headers["x-tiergate-cache"] == "miss" and hit.headers["x-tiergate-cache"] == "hit-exact"
+    assert stream.text.endswith("data: [DONE]\n\n") and bad.status_code == 400 and failed.status_code >= 500
+    ids = [r.headers["x-request-id"] for r in (json_miss, hit, stream, bad, failed)]
+    assert [rid for rid, _ in watch.settled] == ids  # one settlement per request, in order
+    assert [p for _, p in watch.settled] == ["answered", "hit", "answered", "refused", "refused"]
+    usage = json_miss.json()["usage"]
+    assert watch.charged[0] == usage["prompt_tokens"] + usage["completion_tokens"]
+    assert len(watch.charged) == 4  # the hit is not charged; the refusals are charged nothing (0)
+    assert watch.charged[1] > 0 and watch.charged[2:] == [0, 0]
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
+def test_a_cascade_escalation_settles_once_and_charges_the_thrown_away_attempt(tmp_path: Path, watch: Watch,
+                                                                              stream: bool) -> None:
+    """The instant edge reports no log-probabilities, so no answer is sure enough: escalated to the cloud. The
+    tenant pays the cloud's answer and the edge's thrown-away work, in the one settlement."""
+    with aiohttp_server(make_app(4, model="edge-model")) as edge, \
+            aiohttp_server(make_app(4, model="cloud-model")) as cloud:
+        policy = _cascade_policy(tmp_path / "p.yaml", edge.url, cloud.url)
+
+        async def run() -> Any:
+            async with in_process(Settings(policy=policy, embedder=None, redis_url=None), KEYS) as c:
+                body = {**CHAT, "stream": stream, "stream_options": {"include_usage": True}} if stream else CHAT
+                return await c.post("/v1/chat/completions", json=body, headers=AUTH)
+
+        r = asyncio.run(run())
+    assert r.headers["x-tiergate-cascade"] == "escalated" and r.headers["x-tiergate-tier"] == "cloud"
+    assert watch.paths() == Counter({"answered": 1}) and len(watch.charged) == 1
+    assert watch.charged[0] > 2 * 4  # both tiers' completions (4 tokens each) and the prompts

@@ -1,7 +1,7 @@
 """The gateway's Prometheus metrics (names prefixed `tiergate_`), on the registry the gateway was given.
 
 Every package registers its metrics the same way: a class whose constructor takes a `CollectorRegistry`
-(`cache.metrics.CacheMetrics`, `policies.store.PolicyMetrics`, `cloud_pool.metrics.CloudMetrics`,
+(`cache.metrics.CacheMetrics`, `policies.store.PolicyMetrics`, `gateway.pools.metrics.CloudMetrics`,
 `edge_node.metrics.EdgeMetrics`, this `GatewayMetrics`). A gateway makes one registry, hands it to all of
 them and serves it on /metrics, so two gateways in one process (tests, benchmarks) never share a series.
 

@@ -11,11 +11,11 @@ from prometheus_client import CollectorRegistry
 from structlog.testing import capture_logs
 
 from tests.support.servers import aiohttp_server, free_port
-from tiergate.cloud_pool.metrics import CloudMetrics
-from tiergate.cloud_pool.pool import CloudPool
-from tiergate.cloud_pool.selection import affinity_key
 from tiergate.core.pool import Pool
 from tiergate.core.wire import ChatRequest, Message
+from tiergate.gateway.pools.cloud import CloudPool
+from tiergate.gateway.pools.metrics import CloudMetrics
+from tiergate.gateway.pools.selection import affinity_key
 
 MODEL = "tiergate-cloud"
 

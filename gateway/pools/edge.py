@@ -28,6 +28,7 @@ import structlog
 
 from tiergate.core.pool import Endpoint, context_mismatch
 from tiergate.core.wire import decode_json
+from tiergate.gateway.pools.breaker import CircuitBreaker
 
 if TYPE_CHECKING:
     from tiergate.core.types import Features
@@ -153,8 +154,7 @@ class EdgePool:
             base = _base_url(url)
             self._static[base] = Endpoint(id=base, base_url=base, model=model, tier=tier, slots=1,
                                           extra={"source": "static", "up": True, "draining": False})
-        self._fails: dict[str, int] = {}
-        self._cooldown_until: dict[str, float] = {}
+        self._breakers: dict[str, CircuitBreaker] = {}
         self._rr = 0
         self._tasks: list[asyncio.Task[None]] = []
         self._session: Any = None
@@ -166,8 +166,8 @@ class EdgePool:
 
     def candidates(self, request: ParsedRequest | None = None, features: Features | None = None) -> list[Endpoint]:
         """Usable endpoints, least loaded first; equal loads rotate so traffic spreads."""
-        now, mono = self._clock(), time.monotonic()
-        usable = [e for e in self._all() if self._usable(e, now, mono)]
+        now = self._clock()
+        usable = [e for e in self._all() if self._usable(e, now)]
         if not usable:
             return []
         usable.sort(key=lambda e: e.id)
@@ -178,22 +178,24 @@ class EdgePool:
         return usable
 
     def report(self, endpoint: Endpoint, ok: bool) -> None:
-        """Consecutive failures put an endpoint on a growing cool-down; one success clears it."""
+        """Consecutive failures put an endpoint on a growing cool-down (its circuit breaker, opened for
+        `cooldown_s` doubling per further failure, at most 60 s); one success clears it."""
         if ok:
-            self._fails.pop(endpoint.id, None)
-            self._cooldown_until.pop(endpoint.id, None)
+            self._breakers.pop(endpoint.id, None)
             return
-        n = self._fails.get(endpoint.id, 0) + 1
-        self._fails[endpoint.id] = n
-        if n >= self._failure_threshold:
-            backoff = min(60.0, self._cooldown_s * 2 ** (n - self._failure_threshold))
-            self._cooldown_until[endpoint.id] = time.monotonic() + backoff
-            log.warning("edge endpoint cooling down", tier=self.tier, endpoint=endpoint.id, failures=n,
-                        seconds=backoff)
+        breaker = self._breakers.get(endpoint.id)
+        if breaker is None:
+            breaker = self._breakers[endpoint.id] = CircuitBreaker(
+                self._failure_threshold, self._cooldown_s, backoff=2.0, max_open_s=60.0, late_failures_reopen=True)
+        opened = breaker.opened_count
+        breaker.record(False)
+        if breaker.opened_count != opened:
+            log.warning("edge endpoint cooling down", tier=self.tier, endpoint=endpoint.id,
+                        failures=breaker.consecutive_failures, seconds=breaker.open_for_s)
 
     def healthy(self) -> bool:
-        now, mono = self._clock(), time.monotonic()
-        return any(self._usable(e, now, mono) for e in self._all())
+        now = self._clock()
+        return any(self._usable(e, now) for e in self._all())
 
     def endpoints(self) -> list[Endpoint]:
         return list(self._all())
@@ -233,8 +235,7 @@ class EdgePool:
     async def deregister(self, node_id: str) -> bool:
         """Forget a node now (it is draining). True if it was known."""
         known = self._nodes.pop(node_id, None) is not None
-        self._fails.pop(node_id, None)
-        self._cooldown_until.pop(node_id, None)
+        self._breakers.pop(node_id, None)
         if self._redis is not None:
             try:
                 known = bool(await self._script(_DEREGISTER_LUA, node_id, self._clock())) or known
@@ -292,7 +293,7 @@ class EdgePool:
         yield from self._static.values()
         yield from self._nodes.values()
 
-    def _usable(self, e: Endpoint, now: float, mono: float) -> bool:
+    def _usable(self, e: Endpoint, now: float) -> bool:
         x = e.extra
         if x.get("draining"):
             return False
@@ -301,8 +302,8 @@ class EdgePool:
                 return False
         elif now - float(x.get("seen", 0.0)) > self.ttl_s or not x.get("alive", True):
             return False
-        until = self._cooldown_until.get(e.id)
-        return until is None or mono >= until
+        breaker = self._breakers.get(e.id)  # only asked: once cooled down, all traffic flows again (no trial)
+        return breaker is None or breaker.available()
 
     def _apply(self, node: NodeInfo, seen: float) -> Endpoint:
         ep = self._nodes.get(node.node_id)

@@ -4,7 +4,7 @@ vLLM keeps a prompt's KV blocks after the request ends and evicts the least rece
 room. The gateway cannot see which blocks a server holds, but it knows what it sent where: per server, an LRU of
 affinity keys, each counted at its prompt's size in tokens, holding no more tokens than the server's KV cache
 (`num_gpu_blocks` x `block_size`, read from its /metrics). A key in a server's LRU is a key that server probably
-still holds. Selection uses this in two ways (`cloud_pool.selection`): a server that holds the prefix is tried
+still holds. Selection uses this in two ways (`gateway.pools.selection`): a server that holds the prefix is tried
 before the key's other servers, and may take the request at a higher load bound, since a cached request costs it
 only the uncached suffix. A server whose KV size is not known yet gets nothing remembered (no guess), and a
 restarted server (its counters went back) starts empty.

@@ -14,7 +14,7 @@ requests stays within its capacity ceil(`bound` x its slot share x the total loa
 the request goes to the first eligible server in the key's ranking, so a hot prefix spills to its
 second-ranked server (which then warms up for it) instead of piling up.
 
-Cached prefixes (`cloud_pool.prefix_memory`): servers that probably still hold the key's prefix in their
+Cached prefixes (`gateway.pools.prefix_memory`): servers that probably still hold the key's prefix in their
 KV cache, because they were sent it recently, are tried first, and each may take the request up to
 `cached_bound` instead of `bound`: the request costs that server only its uncached suffix. So a hot
 prefix stays on the servers that hold it until they are well past their share, and a cold prefix that
@@ -30,7 +30,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
-from tiergate.cloud_pool.prefix_memory import PrefixMemory
+from tiergate.gateway.pools.prefix_memory import PrefixMemory
 
 if TYPE_CHECKING:
     from tiergate.core.pool import Endpoint

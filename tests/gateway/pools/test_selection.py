@@ -8,9 +8,9 @@ from collections import Counter
 
 import pytest
 
-from tiergate.cloud_pool.selection import Selector, affinity_key, rendezvous_order
 from tiergate.core.pool import Endpoint
 from tiergate.core.wire import ChatRequest, CompletionRequest, Message
+from tiergate.gateway.pools.selection import Selector, affinity_key, rendezvous_order
 
 
 def eps(n: int, slots: int = 8) -> list[Endpoint]:

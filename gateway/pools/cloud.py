@@ -25,13 +25,13 @@ from urllib.parse import urlsplit
 import aiohttp
 import structlog
 
-from tiergate.cloud_pool.breaker import BreakerState, CircuitBreaker
-from tiergate.cloud_pool.metrics import CloudMetrics
-from tiergate.cloud_pool.probe import Unhealthy, probe
-from tiergate.cloud_pool.selection import Selector, Strategy
-from tiergate.cloud_pool.vllm_metrics import Rates, VllmMetrics, Window
 from tiergate.core.pool import Endpoint, context_mismatch
 from tiergate.core.tasks import cancel_and_wait
+from tiergate.gateway.pools.breaker import BreakerState, CircuitBreaker
+from tiergate.gateway.pools.metrics import CloudMetrics
+from tiergate.gateway.pools.probe import Unhealthy, probe
+from tiergate.gateway.pools.selection import Selector, Strategy
+from tiergate.gateway.pools.vllm_metrics import Rates, VllmMetrics, Window
 
 if TYPE_CHECKING:
     from tiergate.core.types import Features

@@ -11,7 +11,7 @@ import dataclasses
 
 import aiohttp
 
-from tiergate.cloud_pool.vllm_metrics import NotVllmError, VllmMetrics, parse
+from tiergate.gateway.pools.vllm_metrics import NotVllmError, VllmMetrics, parse
 
 __all__ = ["Unhealthy", "probe"]
 

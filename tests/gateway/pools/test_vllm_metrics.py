@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from tiergate.cloud_pool.vllm_metrics import NotVllmError, VllmMetrics, Window, parse
+from tiergate.gateway.pools.vllm_metrics import NotVllmError, VllmMetrics, Window, parse
 
 CAPTURE = Path(__file__).parent / "data" / "vllm-0.32-cpu-metrics.txt"
 

@@ -12,7 +12,7 @@ from structlog.testing import capture_logs
 from tests.support.servers import aiohttp_server
 from tiergate.cache.redis_conn import open_redis
 from tiergate.core.pool import Pool
-from tiergate.edge_node.pool import EdgePool, HeartbeatError, parse_heartbeat
+from tiergate.gateway.pools.edge import EdgePool, HeartbeatError, parse_heartbeat
 
 
 class Clock:

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from tiergate.cloud_pool.prefix_memory import PrefixMemory
 from tiergate.core.pool import Endpoint
+from tiergate.gateway.pools.prefix_memory import PrefixMemory
 
 
 def eps(*ids: str) -> list[Endpoint]:

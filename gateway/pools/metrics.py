@@ -4,7 +4,7 @@ Labelled by tier and endpoint id ("host:port"); `forget` drops an endpoint's ser
 longer lists it, so scaled-down pods do not linger on dashboards. One `CloudMetrics` serves every cloud tier
 of a gateway (the series carry the tier); the gateway passes its own registry, as for every package.
 
-Tested in `tests/cloud_pool/test_pool.py`, `tests/gateway/test_tiers.py`.
+Tested in `tests/gateway/pools/test_cloud.py`, `tests/gateway/test_tiers.py`.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 if TYPE_CHECKING:
-    from tiergate.cloud_pool.vllm_metrics import Rates, VllmMetrics
+    from tiergate.gateway.pools.vllm_metrics import Rates, VllmMetrics
 
 __all__ = ["CloudMetrics"]
 
@@ -49,7 +49,7 @@ class CloudMetrics:
             _EP, registry=r)
         self.prefix_memory_keys = Gauge(
             "tiergate_cloud_prefix_memory_keys",
-            "Prompt prefixes this gateway believes the server holds in its KV cache (cloud_pool.prefix_memory)",
+            "Prompt prefixes this gateway believes the server holds in its KV cache (gateway.pools.prefix_memory)",
             _EP, registry=r)
         self.breaker_state = Gauge("tiergate_cloud_breaker_state", "Circuit breaker: 0 closed, 1 half-open, 2 open",
                                    _EP, registry=r)

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from tiergate.cache.export import default_embedder_dir, export_embedder, is_complete
+from tiergate.cache.training.export import default_embedder_dir, export_embedder, is_complete
 from tiergate.core.paths import tiergate_home
 from tiergate.edge_node.gguf_tokenizer import tokenizer_from_gguf
 from tiergate.edge_node.model_file import ModelFileError

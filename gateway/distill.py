@@ -27,7 +27,7 @@ from tiergate.gateway.context import Outcome, RequestContext
 from tiergate.policies.distill_config import DistillConfig
 
 if TYPE_CHECKING:
-    from tiergate.cache.redis_conn import AnyRedis
+    from tiergate.cache.redis.conn import AnyRedis
     from tiergate.gateway.lifecycle import Gateway
 
 __all__ = ["STREAM_KEY", "Distiller", "JsonlRecords", "RedisRecords", "Redactor"]

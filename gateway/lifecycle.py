@@ -20,7 +20,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
 from tiergate.cache import CacheMetrics, CacheSettings, HttpJudge, SemanticCache, build_cache
-from tiergate.cache.redis_conn import AnyRedis, open_redis
+from tiergate.cache.redis.conn import AnyRedis, open_redis
 from tiergate.gateway.accounting import Accounting
 from tiergate.gateway.admin import AdminKey
 from tiergate.gateway.auth import KeyRing

@@ -10,7 +10,7 @@ from aiohttp import web
 from structlog.testing import capture_logs
 
 from tests.support.servers import aiohttp_server
-from tiergate.cache.redis_conn import open_redis
+from tiergate.cache.redis.conn import open_redis
 from tiergate.core.pool import Pool
 from tiergate.gateway.pools.edge import EdgePool, HeartbeatError, parse_heartbeat
 

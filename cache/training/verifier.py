@@ -30,8 +30,8 @@ from pathlib import Path
 
 import numpy as np
 
-from tiergate.cache.export import known_noise_to, quantize_int8
 from tiergate.cache.pairscore import MANIFEST, Combination, PairScorer
+from tiergate.cache.training.export import known_noise_to, quantize_int8
 
 __all__ = ["MAX_LENGTH", "OUT_OF_FOLD", "TrainResult", "fine_tune", "pair_key", "train_verifier"]
 

@@ -1,12 +1,12 @@
 """Cache entries in Redis, shared by every gateway process: the connection, its failures, and which layout.
 
 Two layouts keep the entries (see docs/cache.md):
-- `redis-vectorset` (`cache.redis_vset`), on Redis 8: entries and their vectors in Redis, one vector set per
+- `redis-vectorset` (`cache.redis.vset`), on Redis 8: entries and their vectors in Redis, one vector set per
   namespace, searched server-side with `VSIM`. Nothing is loaded at start and no process keeps an index.
-- `redis-stream` (`cache.redis_stream`), on a stock Redis 7 (no vector search): entry hashes in Redis, and
+- `redis-stream` (`cache.redis.stream`), on a stock Redis 7 (no vector search): entry hashes in Redis, and
   an index in every process, loaded by SCAN at start and kept in step by following a change stream.
 
-Which one serves is decided at every (re)connect from what the server can do (`cache.redis_conn.vector_sets`)
+Which one serves is decided at every (re)connect from what the server can do (`cache.redis.conn.vector_sets`)
 and `CacheSettings.store`: "auto" takes vector sets when the server has them (and this user may run them),
 else the stream layout; "vectorset" insists on them (a server without them is logged and the cache is
 bypassed until it has them); "stream" keeps the Redis 7 layout everywhere (a mixed fleet during an upgrade).
@@ -33,10 +33,10 @@ from redis.backoff import NoBackoff
 from tiergate.cache.index import VectorIndex
 from tiergate.cache.keys import tenant_tag
 from tiergate.cache.metrics import CacheMetrics
-from tiergate.cache.redis_conn import AnyRedis, Capabilities, is_cluster, open_redis, safe_url, vector_sets
-from tiergate.cache.redis_layout import BLOCK_MS, FAILURES, Layout, Misconfigured
-from tiergate.cache.redis_stream import StreamLayout
-from tiergate.cache.redis_vset import VectorSetLayout
+from tiergate.cache.redis.conn import AnyRedis, Capabilities, is_cluster, open_redis, safe_url, vector_sets
+from tiergate.cache.redis.layout import BLOCK_MS, FAILURES, Layout, Misconfigured
+from tiergate.cache.redis.stream import StreamLayout
+from tiergate.cache.redis.vset import VectorSetLayout
 from tiergate.cache.settings import CacheSettings
 from tiergate.cache.store import StoreUnavailable
 from tiergate.cache.types import CacheEntry

@@ -11,7 +11,7 @@ The export prints its own progress only: the known noise of the libraries it dri
 the ONNX exporter's advice on advanced indexing, onnxruntime's pre-processing hint, transformers' loading bar)
 goes to `export.log` beside the embedder (`.tiergate/export.log`); any other warning still shows.
 
-Tested in `tests/cache/test_cli.py`.
+Tested in `tests/gateway/test_cache_cli.py`.
 """
 
 from __future__ import annotations

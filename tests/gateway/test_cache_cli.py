@@ -5,8 +5,8 @@ import warnings
 import pytest
 from typer.testing import CliRunner
 
-from tiergate.cache.cli import cache_app
-from tiergate.cache.export import known_noise_to
+from tiergate.cache.training.export import known_noise_to
+from tiergate.gateway.cache_cli import cache_app
 
 runner = CliRunner()
 

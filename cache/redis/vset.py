@@ -3,7 +3,7 @@
 Keys (prefix `P`, default "tiergate:cache"; `<ns>` is the namespace hash of `cache.keys`):
 - `P:vs:{<ns>}:v`: a vector set per namespace; element = entry id, int8-quantised (Q8), HNSW M 16. It carries
   no attributes: nothing on it changes on the request path.
-- `P:vs:{<ns>}:e:<id>`: a hash per entry (`cache.redis_codec`, float16 vector for the exact re-score) with
+- `P:vs:{<ns>}:e:<id>`: a hash per entry (`cache.redis.codec`, float16 vector for the exact re-score) with
   an EXPIREAT: an expired answer can never be read, whatever the vector set still holds.
 - `P:vs:z`: one sorted set `<ns>:<id>` -> expiry, over all namespaces: the size bound (`max_entries`,
   soonest-expiring evicted first, as on the other stores) and the sweep of expired vectors.
@@ -45,8 +45,8 @@ import numpy as np
 import structlog
 from redis.exceptions import ResponseError
 
-from tiergate.cache.redis_codec import decode_entry, entry_fields, glob_escape
-from tiergate.cache.redis_layout import FAILURES, Conn
+from tiergate.cache.redis.codec import decode_entry, entry_fields, glob_escape
+from tiergate.cache.redis.layout import FAILURES, Conn
 from tiergate.cache.types import CacheEntry
 
 __all__ = ["VectorSetLayout", "entry_key", "vset_key", "zset_key"]

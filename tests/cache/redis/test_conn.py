@@ -6,7 +6,7 @@ import pytest
 from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
 
-from tiergate.cache.redis_conn import is_cluster, open_redis, safe_url
+from tiergate.cache.redis.conn import is_cluster, open_redis, safe_url
 
 
 def test_plain_urls_open_one_server() -> None:

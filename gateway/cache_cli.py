@@ -19,17 +19,17 @@ from prometheus_client import CollectorRegistry
 from tiergate.cache import build_cache
 from tiergate.cache.embedder import EmbedderError
 from tiergate.cache.errbound import FLOOR, REGION_LABELS, ErrorBound
-from tiergate.cache.export import default_embedder_dir, export_embedder
 from tiergate.cache.index import VectorIndex
 from tiergate.cache.keys import normalize_text
 from tiergate.cache.metrics import CacheMetrics
 from tiergate.cache.pairscore import PairScorer, VerifierError
-from tiergate.cache.redis_store import RedisStore
+from tiergate.cache.redis.store import RedisStore
 from tiergate.cache.semantic import SemanticCache
 from tiergate.cache.settings import DEFAULT_THRESHOLD, CacheSettings
 from tiergate.cache.shared import RedisShared
 from tiergate.cache.store import StoreUnavailable
-from tiergate.cache.verifier_train import (  # torch only inside its functions
+from tiergate.cache.training.export import default_embedder_dir, export_embedder
+from tiergate.cache.training.verifier import (  # torch only inside its functions
     OUT_OF_FOLD,
     pair_key,
     train_verifier,

@@ -1,6 +1,6 @@
-"""What a Redis layout of the cache is, and what it may use of the store that runs it (`cache.redis_store`).
+"""What a Redis layout of the cache is, and what it may use of the store that runs it (`cache.redis.store`).
 
-A layout (`cache.redis_stream` for Redis 7, `cache.redis_vset` for Redis 8) says where entries and vectors live
+A layout (`cache.redis.stream` for Redis 7, `cache.redis.vset` for Redis 8) says where entries and vectors live
 and how they are searched. The store owns the connections, the timeouts and the up/down state, and calls the
 layout inside them: a layout method just talks to Redis and lets failures propagate.
 """
@@ -15,7 +15,7 @@ from redis.exceptions import RedisClusterException, RedisError
 
 from tiergate.cache.index import VectorIndex
 from tiergate.cache.metrics import CacheMetrics
-from tiergate.cache.redis_conn import AnyRedis
+from tiergate.cache.redis.conn import AnyRedis
 from tiergate.cache.settings import CacheSettings
 from tiergate.cache.types import CacheEntry
 

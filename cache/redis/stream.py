@@ -1,7 +1,7 @@
 """The Redis 7 layout ("redis-stream"): entry hashes in a stock Redis (no modules), an index in every process.
 
 Layout of one shard (key prefix `S`):
-- `S:e:<entry id>`: a hash per entry (`cache.redis_codec`, float32 vector) with a TTL. The entry id starts with
+- `S:e:<entry id>`: a hash per entry (`cache.redis.codec`, float32 vector) with a TTL. The entry id starts with
   a hash of the tenant, so a tenant's keys are found by pattern and an exact lookup is one HGETALL.
 - `S:z`: sorted set of entry ids by expiry time, for the size bound (soonest-expiring evicted first).
 - `S:ev`: a stream of index changes (put with the vector, del, tenant, all). A stock Redis 7 has no vector
@@ -10,7 +10,7 @@ Layout of one shard (key prefix `S`):
   reloads from scratch.
 
 On one server there is one shard, `S` = the prefix (default "tiergate:cache"). On a Redis Cluster
-(`redis+cluster://`, see `cache.redis_conn`) there are `cluster_shards` of them, `S` = `{prefix:k}`: the hash
+(`redis+cluster://`, see `cache.redis.conn`) there are `cluster_shards` of them, `S` = `{prefix:k}`: the hash
 tag keeps each shard's keys in one slot, and an entry's shard is a hash of its id. So the entries spread over
 the cluster's nodes while every script still touches one slot. The size bound is then held per shard
 (`max_entries / shards` each).
@@ -36,8 +36,8 @@ import structlog
 from redis.asyncio.cluster import RedisCluster
 
 from tiergate.cache.keys import tenant_tag
-from tiergate.cache.redis_codec import decode_entry, entry_fields, glob_escape
-from tiergate.cache.redis_layout import BLOCK_MS, Conn, Misconfigured
+from tiergate.cache.redis.codec import decode_entry, entry_fields, glob_escape
+from tiergate.cache.redis.layout import BLOCK_MS, Conn, Misconfigured
 from tiergate.cache.types import CacheEntry
 
 __all__ = ["StreamLayout"]

@@ -24,7 +24,7 @@ from tiergate.cache.index import VectorIndex
 from tiergate.cache.judge import HttpJudge, Judge
 from tiergate.cache.metrics import CacheMetrics, default_metrics
 from tiergate.cache.pairscore import PairScorer, VerifierError
-from tiergate.cache.redis_store import RedisStore
+from tiergate.cache.redis.store import RedisStore
 from tiergate.cache.semantic import Feedback, LookupResult, PairScore, SemanticCache
 from tiergate.cache.settings import DEFAULT_GUARDS, DEFAULT_THRESHOLD, CacheSettings
 from tiergate.cache.shared import RedisShared

@@ -1,6 +1,6 @@
 """Sentence embeddings with onnxruntime + tokenizers (no torch at run time).
 
-Loads the folder written by `cache.export` (`model.onnx` that already pools and normalises), or any
+Loads the folder written by `cache.training.export` (`model.onnx` that already pools and normalises), or any
 sentence-transformers folder / Hugging Face name that has an ONNX graph (`onnx/model.onnx` giving token
 embeddings, pooled here). One intra-op thread: the cores are shared with the gateway and the edge node,
 and under contention two threads were measured ~5x slower than one.

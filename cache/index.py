@@ -9,7 +9,7 @@ into in small chunks by `maintain()` from a background thread. New entries are t
 once, and a search never waits for a large build: the lock is held for one chunk at a time.
 
 Redis has no vector search on stock Redis 7, so every gateway process keeps this index and follows the
-shared store's change stream (see `cache.redis_store`).
+shared store's change stream (see `cache.redis.store`).
 """
 
 from __future__ import annotations

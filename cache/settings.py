@@ -22,11 +22,11 @@ DEFAULT_GUARDS: tuple[str, ...] = GUARDS  # all four: numbers, negation, keyword
 @dataclass(frozen=True, slots=True)
 class CacheSettings:
     prefix: str = "tiergate:cache"  # Redis key prefix: several deployments may share one Redis
-    # Which Redis layout (cache.redis_store): "auto" = vector sets when the server has them (Redis 8), else the
+    # Which Redis layout (cache.redis.store): "auto" = vector sets when the server has them (Redis 8), else the
     # stream layout (Redis 7); "vectorset" = vector sets or a bypassed cache; "stream" = the Redis 7 layout.
     store: str = "auto"
     max_entries: int = 200_000  # across all tenants; the entries closest to expiry are evicted first
-    cluster_shards: int = 16  # on a Redis Cluster: hash-tagged shards the entries spread over (see redis_store)
+    cluster_shards: int = 16  # on a Redis Cluster: hash-tagged shards the entries spread over (see cache.redis.store)
     guards: tuple[str, ...] = DEFAULT_GUARDS
     candidates: int = 4  # nearest neighbours checked per semantic lookup
     max_semantic_chars: int = 4_000  # longer texts: exact matching only (a metric counts them)
@@ -46,7 +46,7 @@ class CacheSettings:
     vset_build_ef: int = 100
     vset_search_ef: int = 50
     vset_m: int = 16
-    # VSIM inside a script with the candidates' reads: one round trip, on Redis's main thread (cache.redis_vset)
+    # VSIM inside a script with the candidates' reads: one round trip, on Redis's main thread (cache.redis.vset)
     vset_search_in_script: bool = True
     sweep_every_s: float = 5.0  # expired entries leave the index (in process, or Redis 8's) at least this often
     # Error-bounded hits (cache.errbound), for rules with `max_false_hit_rate`:

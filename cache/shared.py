@@ -25,7 +25,7 @@ import numpy as np
 
 from tiergate.cache.errbound import new_counts
 from tiergate.cache.keys import tenant_tag
-from tiergate.cache.redis_store import RedisStore
+from tiergate.cache.redis.store import RedisStore
 
 __all__ = ["HitRecord", "MemoryShared", "RedisShared", "SharedState", "request_key_hash"]
 

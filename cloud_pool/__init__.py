@@ -1,7 +1,7 @@
-"""tiergate's cloud tier: the gateway-side pool of vLLM servers and the tooling to stand them up.
+"""tiergate's vLLM deployment tooling: how to stand up the cloud tier's servers.
 
-- `pool.CloudPool`: discovery (static list, DNS), health and load polling, selection, circuit breaking.
-- `selection`: prefix-affine (rendezvous hashing bounded by load), round-robin and least-load ordering.
-- `breaker`, `vllm_metrics` (parsing vLLM's /metrics), `metrics` (tiergate_cloud_* series).
-- `spec`, `render`, `process`, `cli` (`cloud-pool check/render/launch/tiny-model`), `tiny_model`.
+- `spec` (vLLM server specs, `specs/`), `render` (command line, Kubernetes manifests), `process` (a local vLLM
+  process), `vllm_env`, `cli` (`cloud-pool check/render/launch/tiny-model`), `tiny_model`, `real_model`.
+
+The gateway's pool of vLLM servers (discovery, health, selection, breaker) is `tiergate.gateway.pools.cloud`.
 """

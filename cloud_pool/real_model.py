@@ -1,7 +1,7 @@
 """Convert SmolLM2-135M-Instruct's Q4_1 GGUF into a Hugging Face folder that vLLM serves (float32, dequantized).
 
 The vLLM integration tests (and bench/cloud) serve a real model, not random weights, and nothing may come from a
-model hub: the GGUF is the packaged model `smollm2-135m-instruct` (edge_node/packaged.py, sha256-pinned), and
+model hub: the GGUF is the packaged model `smollm2-135m-instruct` (edge_node/model/packaged.py, sha256-pinned), and
 transformers' GGUF loader dequantizes it. Runs under the vLLM virtualenv's python (torch, transformers, plus
 `gguf` and `accelerate`, pinned in scripts/setup-vllm.sh); it imports nothing from tiergate:
 

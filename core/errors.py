@@ -3,7 +3,7 @@
 Every failure the client can see is an `OpenAIError`; handlers raise it and the app turns it
 into a JSON response (or an SSE error event once a stream has begun). Nothing else escapes.
 
-Tested in `tests/edge_node/test_structured.py`, `tests/fuzz/test_request_parsing.py`,
+Tested in `tests/edge_node/server/test_structured.py`, `tests/fuzz/test_request_parsing.py`,
 `tests/gateway/test_auth.py` and others.
 """
 

@@ -1,10 +1,10 @@
 """What dispatch needs from a tier's pool of backends, whichever kind it is.
 
-Edge pools (`edge_node.pool`) and cloud pools (`cloud_pool.pool`) both implement `Pool`;
+Edge pools (`gateway.pools.edge`) and cloud pools (`gateway.pools.cloud`) both implement `Pool`;
 every backend speaks the OpenAI HTTP API, so an `Endpoint` is just a base URL and a model.
 
-Tested in `tests/cloud_pool/test_pool.py`, `tests/cloud_pool/test_prefix_memory.py`,
-`tests/cloud_pool/test_selection.py` and others.
+Tested in `tests/gateway/pools/test_cloud.py`, `tests/gateway/pools/test_prefix_memory.py`,
+`tests/gateway/pools/test_selection.py` and others.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ A request body is decoded exactly once, here, into a `ChatRequest` or `Completio
 every later layer (classification, policy, cache, dispatch) reads the typed object.
 Validation errors carry the JSON path of the offending field so the client knows what to fix.
 
-Tested in `tests/cache/test_keys.py`, `tests/cache/test_semantic.py`, `tests/cloud_pool/test_pool.py` and
+Tested in `tests/cache/test_keys.py`, `tests/cache/test_semantic.py`, `tests/gateway/pools/test_cloud.py` and
 others.
 """
 

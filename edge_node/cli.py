@@ -20,17 +20,17 @@ import click
 import typer
 
 from tiergate.core.logs import configure_logging
-from tiergate.edge_node.demo_model import build_demo_model
-from tiergate.edge_node.drain import DrainingServer
-from tiergate.edge_node.engine import Engine
-from tiergate.edge_node.hub import resolve_model
-from tiergate.edge_node.model_file import ModelFileError
-from tiergate.edge_node.packaged import MODELS, install, packaged_path
-from tiergate.edge_node.quantize import QuantizeError
-from tiergate.edge_node.quantize import quantize as quantize_gguf
-from tiergate.edge_node.registration import NodeIdentity, Registrar
-from tiergate.edge_node.runtime import LlamaRuntime, RuntimeConfig
-from tiergate.edge_node.server import ServerState, create_app
+from tiergate.edge_node.engine.engine import Engine
+from tiergate.edge_node.engine.runtime import LlamaRuntime, RuntimeConfig
+from tiergate.edge_node.model.demo_model import build_demo_model
+from tiergate.edge_node.model.hub import resolve_model
+from tiergate.edge_node.model.model_file import ModelFileError
+from tiergate.edge_node.model.packaged import MODELS, install, packaged_path
+from tiergate.edge_node.model.quantize import QuantizeError
+from tiergate.edge_node.model.quantize import quantize as quantize_gguf
+from tiergate.edge_node.server.app import ServerState, create_app
+from tiergate.edge_node.server.drain import DrainingServer
+from tiergate.edge_node.server.registration import NodeIdentity, Registrar
 
 try:  # typer >= 0.29 vendors its own click
     from typer._click import exceptions as _tc_exc

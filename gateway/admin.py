@@ -22,7 +22,7 @@ from tiergate.cache.store import StoreUnavailable
 from tiergate.core.errors import OpenAIError, bad_request, unauthorized
 from tiergate.core.http import read_body
 from tiergate.core.wire import decode_json
-from tiergate.edge_node.pool import HeartbeatError, parse_heartbeat
+from tiergate.gateway.pools.edge import HeartbeatError, parse_heartbeat
 from tiergate.gateway.tiers import Tiers
 from tiergate.policies.store import PolicyStore
 

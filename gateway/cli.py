@@ -9,8 +9,8 @@ from typing import Annotated
 import typer
 import uvicorn
 
-from tiergate.cache.cli import cache_app
 from tiergate.complexity.cli import classifier_app
+from tiergate.gateway.cache_cli import cache_app
 from tiergate.gateway.demo import prepare as prepare_demo
 from tiergate.gateway.demo import run_demo
 from tiergate.gateway.distill_cli import distill_app

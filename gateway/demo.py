@@ -22,11 +22,11 @@ from pathlib import Path
 
 from rich.console import Console
 
-from tiergate.cache.export import default_embedder_dir, export_embedder, is_complete
+from tiergate.cache.training.export import default_embedder_dir, export_embedder, is_complete
 from tiergate.core.paths import tiergate_home
-from tiergate.edge_node.gguf_tokenizer import tokenizer_from_gguf
-from tiergate.edge_node.model_file import ModelFileError
-from tiergate.edge_node.packaged import MODELS, install, packaged_path
+from tiergate.edge_node.model.gguf_tokenizer import tokenizer_from_gguf
+from tiergate.edge_node.model.model_file import ModelFileError
+from tiergate.edge_node.model.packaged import MODELS, install, packaged_path
 from tiergate.gateway.auth import DEMO_KEY
 from tiergate.gateway.settings import Settings
 from tiergate.policies.loader import load_policy
@@ -38,7 +38,7 @@ console = Console(stderr=True)
 
 @dataclass(frozen=True, slots=True)
 class Artifacts:
-    model: str  # the packaged model both tiers serve (edge_node.packaged)
+    model: str  # the packaged model both tiers serve (edge_node.model.packaged)
     model_path: Path
     tokenizer: Path  # its tokenizer.json, for the gateway's prompt-token counts (builtin:demo)
     embedder: Path

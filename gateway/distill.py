@@ -28,7 +28,7 @@ from tiergate.gateway.metrics import GatewayMetrics
 from tiergate.policies.distill_config import DistillConfig
 
 if TYPE_CHECKING:
-    from tiergate.cache.redis_conn import AnyRedis
+    from tiergate.cache.redis.conn import AnyRedis
 
 __all__ = ["STREAM_KEY", "Distiller", "JsonlRecords", "RedisRecords", "Redactor"]
 

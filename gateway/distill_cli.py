@@ -20,7 +20,7 @@ from typing import Annotated, Any
 
 import typer
 
-from tiergate.cache.redis_conn import open_redis, safe_url
+from tiergate.cache.redis.conn import open_redis, safe_url
 from tiergate.gateway.distill import JsonlRecords, RedisRecords
 from tiergate.gateway.settings import Settings
 

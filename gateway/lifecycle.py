@@ -20,8 +20,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
 from tiergate.cache import CacheMetrics, CacheSettings, HttpJudge, SemanticCache, build_cache
-from tiergate.cache.redis_conn import AnyRedis, open_redis
-from tiergate.cloud_pool.metrics import CloudMetrics
+from tiergate.cache.redis.conn import AnyRedis, open_redis
 from tiergate.gateway.accounting import Accounting
 from tiergate.gateway.admin import AdminKey
 from tiergate.gateway.auth import KeyRing
@@ -29,6 +28,7 @@ from tiergate.gateway.dispatch import Dispatcher
 from tiergate.gateway.distill import Distiller, JsonlRecords, RedisRecords
 from tiergate.gateway.limits import Limiter
 from tiergate.gateway.metrics import GatewayMetrics
+from tiergate.gateway.pools.metrics import CloudMetrics
 from tiergate.gateway.relay import Relay
 from tiergate.gateway.settings import Settings
 from tiergate.gateway.settlement import Settlements

@@ -1,8 +1,8 @@
 """The gateway's Prometheus metrics (names prefixed `tiergate_`), on the registry the gateway was given.
 
 Every package registers its metrics the same way: a class whose constructor takes a `CollectorRegistry`
-(`cache.metrics.CacheMetrics`, `policies.store.PolicyMetrics`, `cloud_pool.metrics.CloudMetrics`,
-`edge_node.metrics.EdgeMetrics`, this `GatewayMetrics`). A gateway makes one registry, hands it to all of
+(`cache.metrics.CacheMetrics`, `policies.store.PolicyMetrics`, `gateway.pools.metrics.CloudMetrics`,
+`edge_node.server.metrics.EdgeMetrics`, this `GatewayMetrics`). A gateway makes one registry, hands it to all of
 them and serves it on /metrics, so two gateways in one process (tests, benchmarks) never share a series.
 
 Tested in `tests/gateway/test_dispatch.py`, `tests/gateway/test_limits.py`, `tests/gateway/test_shadow.py` and

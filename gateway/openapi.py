@@ -1,6 +1,6 @@
 """The OpenAPI 3.1 document of the gateway's whole HTTP surface, served at `/openapi.json`.
 
-Request bodies are generated from the msgspec structs that decode them (core/wire.py, edge_node/pool.py), so
+Request bodies are generated from the msgspec structs that decode them (core/wire.py, gateway/pools/edge.py), so
 the types cannot drift from the parser. `_LIMITS` adds what the handlers refuse beyond the types
 (`Gateway._validate`, `parse_heartbeat`): a body the document allows is one the gateway accepts, and the reverse.
 tests/gateway/test_openapi.py checks both sides of every limit against a live gateway; tests/fuzz fuzzes the rest.
@@ -20,8 +20,8 @@ from tiergate.core.wire import (
     ChatRequest,
     CompletionRequest,
 )
-from tiergate.edge_node.pool import NodeInfo
 from tiergate.gateway.params import MAX_TOP_K, SAMPLING_RANGES
+from tiergate.gateway.pools.edge import NodeInfo
 
 __all__ = ["openapi_document"]
 

@@ -10,12 +10,12 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 
-from tiergate.cloud_pool.metrics import CloudMetrics
-from tiergate.cloud_pool.pool import CloudPool
 from tiergate.core.errors import not_found
 from tiergate.core.pool import Pool
-from tiergate.edge_node.pool import EdgePool
 from tiergate.gateway.admission import Admission
+from tiergate.gateway.pools.cloud import CloudPool
+from tiergate.gateway.pools.edge import EdgePool
+from tiergate.gateway.pools.metrics import CloudMetrics
 from tiergate.policies.model import Policy, TierConfig
 
 __all__ = ["Tier", "Tiers", "make_pool"]

@@ -400,7 +400,7 @@ class DiscoveryConfig(_Model):
 
 
 class RoutingConfig(_Model):
-    """How a cloud tier picks one of its vLLM servers for a request (docs/cloud.md, cloud_pool.selection)."""
+    """How a cloud tier picks one of its vLLM servers for a request (docs/cloud.md, gateway.pools.selection)."""
 
     strategy: Literal["prefix", "round_robin", "least_load"] = Field(
         "prefix", description="prefix: prefix affinity bounded by load; or round_robin, least_load")
@@ -412,7 +412,7 @@ class RoutingConfig(_Model):
     cached_load_bound: float | None = Field(
         None, ge=1.0, le=15.0,
         description="prefix only: the bound for a server that probably holds the request's prefix in its KV cache "
-                    "(it was sent that prefix recently; cloud_pool.prefix_memory), since the request costs it only "
+                    "(it was sent that prefix recently; gateway.pools.prefix_memory), since the request costs it only "
                     "the uncached suffix; default 1.5 x load_bound, equal to load_bound turns the allowance off")
     affinity_chars: int = Field(
         256, ge=16, le=65_536, description="prefix only: characters of the prompt's start that pick the server")

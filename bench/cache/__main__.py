@@ -42,8 +42,8 @@ from bench.cache.pairs import load_pairs, split
 from bench.report import REPO, RESULTS, machine_facts, machine_line, write_section
 from tiergate.cache import build_cache
 from tiergate.cache.embedder import OnnxEmbedder
-from tiergate.cache.export import default_embedder_dir
 from tiergate.cache.settings import DEFAULT_THRESHOLD
+from tiergate.cache.training.export import default_embedder_dir
 from tiergate.core.types import CacheRule
 
 DOCS = REPO / "docs" / "benchmarks.md"

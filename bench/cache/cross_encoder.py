@@ -1,6 +1,6 @@
 """How well does one cross-encoder rank the labelled pairs? The experiment behind the cache's optional verifier.
 
-(The product's verifier, `cache.pairscore`, is two such members trained by `cache.verifier_train`; how the error
+(The product's verifier, `cache.pairscore`, is two such members trained by `cache.training.verifier`; how the error
 bound does with it is measured in `bench.cache.errbound`.)
 
     .venv/bin/python -m bench.cache.cross_encoder [--epochs 1] [--out .tiergate/calib/cross-encoder]
@@ -34,8 +34,8 @@ from bench.cache.errbound import BOUNDS
 from bench.cache.pairs import DEFAULT_PAIRS, load_pairs, split
 from bench.report import RESULTS, machine_facts, machine_line
 from tiergate.cache.errbound import FLOOR
-from tiergate.cache.export import default_embedder_dir
-from tiergate.cache.verifier_train import MAX_LENGTH, fine_tune
+from tiergate.cache.training.export import default_embedder_dir
+from tiergate.cache.training.verifier import MAX_LENGTH, fine_tune
 
 RECALL = 0.40
 RESULT_FILE = RESULTS / "cache_cross_encoder.json"
@@ -61,7 +61,7 @@ def best_precision_at_recall(scores: np.ndarray, y: np.ndarray, recall: float) -
 
 
 def train(a: list[str], b: list[str], y: np.ndarray, idx: np.ndarray, out: Path, *, epochs: float, seed: int):
-    """The product's fine-tuning (`cache.verifier_train.fine_tune`, one member), saved for torch scoring here."""
+    """The product's fine-tuning (`cache.training.verifier.fine_tune`, one member), saved for torch scoring here."""
     model, tok = fine_tune(a, b, y, idx, epochs=epochs, seed=seed)
     model.save_pretrained(out)
     tok.save_pretrained(out)

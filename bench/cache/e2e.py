@@ -42,10 +42,10 @@ import numpy as np
 from bench.cache.pairs import load_pairs
 from bench.procs import Server, free_port, peak_rss_mib, redis_answers, redis_binary
 from tiergate.cache import build_cache
-from tiergate.cache.export import default_embedder_dir, is_complete
 from tiergate.cache.guards import signature, veto
 from tiergate.cache.keys import normalize_text
 from tiergate.cache.settings import DEFAULT_GUARDS, DEFAULT_THRESHOLD
+from tiergate.cache.training.export import default_embedder_dir, is_complete
 from tiergate.core.types import CacheRule
 
 KEY = "tg-bench-cache-key"

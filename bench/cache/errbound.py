@@ -370,7 +370,7 @@ def render_verifier(eb: dict[str, Any]) -> list[str]:
             if r.get("bounded_calibrated_verifier", {}).get("fhr") is not None]
     fixed = "; ".join(f"{d:.0%}: {r['best_fixed_on_score'][0]:.3f}" for d, r in rows if "best_fixed_on_score" in r)
     return ["", ("\"cross-encoder verifier\": the product's optional verifier (`cache.pairscore`), trained by "
-                 f"`cache.verifier_train` (what `tiergate cache train-verifier` runs) on the {v['trained_on_pairs']:,} "
+                 f"`cache.training.verifier` (what `tiergate cache train-verifier` runs) on the {v['trained_on_pairs']:,} "
                  f"calibration pairs only ({v['epochs']:g} epoch, two members, {v['quantization']}; {trained}); "
                  f"the calibration lookups are counted at their out-of-fold scores ({v['fit_on_judged_pairs']:,} "
                  f"judged), the {v['scored_lookups']:,} judged scoring lookups at the score the gateway computes "

@@ -17,7 +17,7 @@ import numpy as np
 
 from bench.report import REPO
 from tiergate.cache.embedder import OnnxEmbedder
-from tiergate.cache.export import default_embedder_dir
+from tiergate.cache.training.export import default_embedder_dir
 
 _RELATIVE = Path("shared") / "data" / "cache" / "qqp_pairs_dev.jsonl"
 # ../shared/... next to the checkout; from a git worktree (one more level down) the nearest such folder above it.

@@ -50,15 +50,15 @@ from bench.report import REPO
 from tiergate.cache import CacheSettings, SemanticCache
 from tiergate.cache.batcher import EmbeddingBatcher, Vector
 from tiergate.cache.embedder import OnnxEmbedder
-from tiergate.cache.export import default_embedder_dir
 from tiergate.cache.index import VectorIndex
 from tiergate.cache.keys import request_key
 from tiergate.cache.metrics import CacheMetrics
-from tiergate.cache.redis_codec import entry_fields
-from tiergate.cache.redis_store import RedisStore
-from tiergate.cache.redis_vset import entry_key, vset_key, zset_key
+from tiergate.cache.redis.codec import entry_fields
+from tiergate.cache.redis.store import RedisStore
+from tiergate.cache.redis.vset import entry_key, vset_key, zset_key
 from tiergate.cache.settings import DEFAULT_THRESHOLD
 from tiergate.cache.shared import RedisShared
+from tiergate.cache.training.export import default_embedder_dir
 from tiergate.cache.types import CachedAnswer, CacheEntry
 from tiergate.core.types import CacheRule
 from tiergate.core.wire import ChatRequest, Message
@@ -206,7 +206,7 @@ def _real_entries() -> list[tuple[Any, np.ndarray]]:
 
 
 def fill(server: RedisProc, n: int) -> dict[str, float]:
-    """n synthetic entries and the real ones, in the layout the product reads (`cache.redis_codec`)."""
+    """n synthetic entries and the real ones, in the layout the product reads (`cache.redis.codec`)."""
     ns, ids = _ids(n)
     half = server.version == "redis8"
     now = time.time()

@@ -1,6 +1,6 @@
 """The error bound with the product's cross-encoder verifier, on the labelled pairs (a method of bench.cache.errbound).
 
-The verifier is trained by the product's own code (`cache.verifier_train.train_verifier`, what
+The verifier is trained by the product's own code (`cache.training.verifier.train_verifier`, what
 `tiergate cache train-verifier` runs) on the calibration half only; the scoring half never trains or tunes it.
 Then both halves become streams on the bound score's axis instead of the cosine:
 
@@ -29,7 +29,7 @@ from bench.report import REPO
 from tiergate.cache.errbound import FLOOR
 from tiergate.cache.keys import normalize_text
 from tiergate.cache.pairscore import PairScorer
-from tiergate.cache.verifier_train import OUT_OF_FOLD, pair_key, train_verifier
+from tiergate.cache.training.verifier import OUT_OF_FOLD, pair_key, train_verifier
 
 if TYPE_CHECKING:  # errbound runs this module's method: a type only, no import cycle
     from bench.cache.errbound import Stream
@@ -42,7 +42,7 @@ SEED = 12345
 
 def _folder(pairs_file: Path, split_seed: int | None) -> Path:
     """Keyed by the pairs and by the code that trains the members and scores their out-of-fold logits."""
-    code = hashlib.sha256(b"".join((REPO / "cache" / f).read_bytes() for f in ("verifier_train.py", "pairscore.py")))
+    code = hashlib.sha256(b"".join((REPO / "cache" / f).read_bytes() for f in ("training/verifier.py", "pairscore.py")))
     which = "" if split_seed is None else f"-split{split_seed}"
     return REPO / ".tiergate" / "bench" / f"verifier-{digest(pairs_file)[:12]}-{code.hexdigest()[:8]}-e{EPOCHS:g}-s{SEED}{which}"
 

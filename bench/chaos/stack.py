@@ -23,7 +23,7 @@ from bench.report import REPO
 from tiergate.cloud_pool.process import VllmProcess
 from tiergate.cloud_pool.spec import VllmSpec
 from tiergate.cloud_pool.vllm_env import missing_reason, vllm_python
-from tiergate.edge_node.packaged import packaged_path
+from tiergate.edge_node.model.packaged import packaged_path
 
 __all__ = ["KEY", "Stack"]
 

@@ -5,7 +5,7 @@
 No servers: clients send requests one after another (service time exponential, a little slower when the
 server is busier); each request's prompt is one of `prompts` evenly used prefixes, or with probability `hot`
 a single hot one; every prefix ranks the servers at random (as rendezvous hashing does). Placement follows
-`cloud_pool.selection`'s rule: the first server in the prefix's ranking whose in-flight count, with this
+`gateway.pools.selection`'s rule: the first server in the prefix's ranking whose in-flight count, with this
 request, stays within ceil(bound x fair share); `smooth` instead bounds an exponentially smoothed load (and
 keeps an instantaneous hard cap of 2x). Prints, per case, the share of requests that spilled and the
 time-averaged max/mean load: the load side of the trade-off that bench.cloud measures on real vLLM.

@@ -28,7 +28,7 @@ from bench.report import RESULTS, machine_facts
 from tiergate.cloud_pool.process import VllmProcess, free_port
 from tiergate.cloud_pool.spec import Ngram
 from tiergate.cloud_pool.vllm_env import missing_reason, vllm_python
-from tiergate.cloud_pool.vllm_metrics import parse
+from tiergate.gateway.pools.vllm_metrics import parse
 
 
 async def run_spec(url: str, concurrency: int, n: int, max_tokens: int) -> dict:

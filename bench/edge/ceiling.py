@@ -19,8 +19,8 @@ __all__ = ["kernel_ceiling"]
 
 def _measure(model: Path, steps: int = 48) -> dict[int, float]:
     # only in the measuring child process: it loads llama.cpp's library, which the parent never needs
-    from tiergate.edge_node.batch import Batch
-    from tiergate.edge_node.runtime import LlamaRuntime, RuntimeConfig
+    from tiergate.edge_node.engine.batch import Batch
+    from tiergate.edge_node.engine.runtime import LlamaRuntime, RuntimeConfig
 
     rt = LlamaRuntime(RuntimeConfig(model_path=model, ctx_per_seq=256, parallel=16, check_memory=False))
     ll, b, out = rt.llama, Batch(rt.llama, 64), {}

@@ -39,10 +39,10 @@ _RULES = (
     ("log-probabilities", lambda fs: any("LogprobReader" in f for f in fs)),
 )
 def _decode_line() -> str:
-    """The frame py-spy shows while the engine is inside llama_decode (the call's line in edge_node/batch.py)."""
-    lines = (REPO / "edge_node" / "batch.py").read_text().splitlines()
+    """The frame py-spy shows while the engine is inside llama_decode (the call's line in edge_node/engine/batch.py)."""
+    lines = (REPO / "edge_node" / "engine" / "batch.py").read_text().splitlines()
     n = next(i for i, ln in enumerate(lines, 1) if "llama_decode(" in ln and "rc =" in ln)
-    return f"DecodeStep.run (edge_node/batch.py:{n})"
+    return f"DecodeStep.run (edge_node/engine/batch.py:{n})"
 
 
 def categorise(raw: str, decode_frame: str) -> dict[str, int]:

@@ -28,7 +28,7 @@ import httpx
 
 from bench.procs import Server, free_port
 from tiergate.core.paths import tiergate_home
-from tiergate.edge_node.demo_model import build_demo_model
+from tiergate.edge_node.model.demo_model import build_demo_model
 
 __all__ = ["MODELS", "ModelSpec", "banned_tokens", "base_url", "make_servers", "prompt_tokens", "resolve_model"]
 
@@ -51,7 +51,7 @@ MODELS = {
 def resolve_model(key: str) -> Path:
     """The GGUF file for a model key: packaged models are verified by sha256, generated ones built once."""
     if key in ("smollm2", "gemma"):
-        from tiergate.edge_node.packaged import (
+        from tiergate.edge_node.model.packaged import (
             packaged_path,  # verifies the file (size, sha256) before it is used
         )
 

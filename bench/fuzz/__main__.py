@@ -44,7 +44,7 @@ API_KEY, ADMIN_KEY, EDGE_TOKEN = "fuzz-api-key-1", "fuzz-admin-key-1", "fuzz-edg
 def build_model() -> Path:
     gguf = MODEL_DIR / "tiergate-demo-tiny-q4_0.gguf"
     if not gguf.exists():
-        from tiergate.edge_node.demo_model import (
+        from tiergate.edge_node.model.demo_model import (
             build_demo_model,  # start-up time: llama.cpp only when the model is missing
         )
 

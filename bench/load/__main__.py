@@ -48,7 +48,7 @@ import uvloop
 
 from bench.procs import Server, cpu_seconds, free_port, peak_rss_mib
 from bench.report import REPO, RESULTS, write_section
-from tiergate.edge_node.demo_model import build_demo_model
+from tiergate.edge_node.model.demo_model import build_demo_model
 
 DOCS = REPO / "docs" / "benchmarks.md"
 SECTION = "## Load (bench/load)"

@@ -41,7 +41,7 @@ def keyring(tmp_path: Path) -> KeyRing:
 
 
 class Heartbeats:
-    """An edge node's registration loop (what edge_node.registration does), against an instant backend."""
+    """An edge node's registration loop (what edge_node.server.registration does), against an instant backend."""
 
     def __init__(self, gateway_url: str, node_url: str, interval_s: float = 2.0) -> None:
         self.gateway_url, self.node_url, self.interval_s = gateway_url, node_url, interval_s

@@ -58,7 +58,7 @@ def tiergate_metric_names() -> frozenset[str]:
 
 @cache
 def vllm_metric_names() -> frozenset[str]:
-    """vLLM's own series the project reads (cloud_pool/vllm_metrics.py), with exposition suffixes."""
-    text = (REPO / "cloud_pool" / "vllm_metrics.py").read_text(encoding="utf-8")
+    """vLLM's own series the project reads (gateway/pools/vllm_metrics.py), with exposition suffixes."""
+    text = (REPO / "gateway" / "pools" / "vllm_metrics.py").read_text(encoding="utf-8")
     base = set(re.findall(r'"(vllm:[a-z_]*[a-z])"', text))
     return frozenset(base | {b + s for b in base for s in ("_total", "_bucket", "_sum", "_count")})

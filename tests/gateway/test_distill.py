@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 from tests.support.instant_upstream import make_app
 from tests.support.servers import aiohttp_server, gateway_server
 from tests.support.waiting import wait_until
-from tiergate.cache.redis_conn import open_redis
+from tiergate.cache.redis.conn import open_redis
 from tiergate.gateway.auth import KeyRing
 from tiergate.gateway.distill import STREAM_KEY, JsonlRecords, Redactor, RedisRecords
 from tiergate.gateway.distill_cli import distill_app

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 from prometheus_client import CollectorRegistry
 
-from tiergate.cloud_pool.metrics import CloudMetrics
-from tiergate.cloud_pool.pool import CloudPool
-from tiergate.edge_node.pool import EdgePool
+from tiergate.gateway.pools.cloud import CloudPool
+from tiergate.gateway.pools.edge import EdgePool
+from tiergate.gateway.pools.metrics import CloudMetrics
 from tiergate.gateway.tiers import make_pool
 from tiergate.policies.model import TierConfig
 

@@ -17,9 +17,9 @@ from tests.cache.helpers import RULE, SETTINGS, answer, chat, fresh_metrics, sam
 from tests.support.redis import flushed
 from tests.support.waiting import eventually
 from tiergate.cache import CacheSettings, SemanticCache, build_cache
-from tiergate.cache.cli import cache_app
-from tiergate.cache.redis_stream import StreamLayout
-from tiergate.cache.redis_vset import VectorSetLayout
+from tiergate.cache.redis.stream import StreamLayout
+from tiergate.cache.redis.vset import VectorSetLayout
+from tiergate.gateway.cache_cli import cache_app
 
 pytestmark = [pytest.mark.integration, pytest.mark.anyio]
 

@@ -21,9 +21,9 @@ from tests.cache.helpers import RULE, SETTINGS, answer, chat, fresh_metrics, sam
 from tests.support.redis import flushed
 from tests.support.waiting import eventually
 from tiergate.cache import build_cache
-from tiergate.cache.cli import cache_app
 from tiergate.cache.keys import request_key
-from tiergate.cache.redis_conn import Capabilities, vector_sets
+from tiergate.cache.redis.conn import Capabilities, vector_sets
+from tiergate.gateway.cache_cli import cache_app
 
 pytestmark = [pytest.mark.integration, pytest.mark.anyio]
 

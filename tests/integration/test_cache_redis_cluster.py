@@ -15,7 +15,7 @@ from tests.support.servers import free_port
 from tests.support.waiting import eventually
 from tiergate.cache import CacheSettings, SemanticCache, build_cache
 from tiergate.cache.keys import request_key
-from tiergate.cache.redis_conn import open_redis
+from tiergate.cache.redis.conn import open_redis
 from tiergate.core.errors import OpenAIError
 from tiergate.gateway.auth import Tenant
 from tiergate.gateway.limits import Limiter

@@ -20,7 +20,7 @@ from tests.support.waiting import wait_until
 from tiergate.cache.errbound import FLOOR
 from tiergate.cache.keys import normalize_text
 from tiergate.cache.pairscore import MANIFEST, PairScorer
-from tiergate.cache.verifier_train import OUT_OF_FOLD, pair_key
+from tiergate.cache.training.verifier import OUT_OF_FOLD, pair_key
 from tiergate.gateway.auth import KeyRing
 from tiergate.gateway.settings import Settings
 

@@ -18,7 +18,7 @@ from tests.support.edge import EdgeProcess, start_edge_node
 from tests.support.instant_upstream import HITS, make_app
 from tests.support.servers import aiohttp_server, gateway_server
 from tests.support.waiting import wait_until
-from tiergate.edge_node.packaged import packaged_path
+from tiergate.edge_node.model.packaged import packaged_path
 from tiergate.gateway.settings import Settings
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]

@@ -23,16 +23,16 @@ from prometheus_client import CollectorRegistry
 
 from tests.support.servers import aiohttp_server, free_port
 from tests.support.vllm import BLOCK_SIZE, MODEL_NAME
-from tiergate.cloud_pool.pool import CloudPool
-from tiergate.cloud_pool.selection import affinity_key
 from tiergate.cloud_pool.tiny_model import words
-from tiergate.cloud_pool.vllm_metrics import parse
 from tiergate.core.errors import OpenAIError
 from tiergate.core.types import Decision, Features, Priority
 from tiergate.core.wire import ChatRequest, CompletionRequest, Message
 from tiergate.gateway.admission import Admission
 from tiergate.gateway.dispatch import Dispatcher
 from tiergate.gateway.metrics import GatewayMetrics
+from tiergate.gateway.pools.cloud import CloudPool
+from tiergate.gateway.pools.selection import affinity_key
+from tiergate.gateway.pools.vllm_metrics import parse
 from tiergate.gateway.tiers import Tier
 from tiergate.gateway.upstream import UpstreamClient, UpstreamFailure
 from tiergate.policies.model import TierConfig

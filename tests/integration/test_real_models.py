@@ -20,7 +20,7 @@ from openai import OpenAI
 from tests.gateway.conftest import write_policy
 from tests.support.edge import EdgeProcess, start_edge_node
 from tests.support.servers import gateway_server
-from tiergate.edge_node.packaged import packaged_path
+from tiergate.edge_node.model.packaged import packaged_path
 from tiergate.gateway.settings import Settings
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]

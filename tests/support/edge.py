@@ -27,7 +27,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from tests.support.ports import free_port
 from tests.support.require import skip_or_fail
 from tests.support.waiting import wait_until
-from tiergate.edge_node.demo_model import build_demo_model
+from tiergate.edge_node.model.demo_model import build_demo_model
 
 __all__ = [
     "EdgeProcess",

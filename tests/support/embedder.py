@@ -8,7 +8,7 @@ import pytest
 
 from tests.support.require import skip_or_fail
 from tiergate.cache.embedder import OnnxEmbedder
-from tiergate.cache.export import default_embedder_dir, export_embedder, is_complete
+from tiergate.cache.training.export import default_embedder_dir, export_embedder, is_complete
 
 __all__ = ["embedder_dir", "onnx_embedder"]
 

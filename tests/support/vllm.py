@@ -24,7 +24,7 @@ from tiergate.cloud_pool.process import VllmProcess, VllmStartError, free_port
 from tiergate.cloud_pool.spec import CpuOptions, Ngram, NoSpeculation, VllmSpec
 from tiergate.cloud_pool.vllm_env import missing_reason, vllm_python
 from tiergate.core.paths import tiergate_home
-from tiergate.edge_node.packaged import packaged_path
+from tiergate.edge_node.model.packaged import packaged_path
 
 __all__ = ["BLOCK_SIZE", "MODEL_NAME", "VllmServers", "real_vllm_model", "require_vllm_python", "server_spec"]
 

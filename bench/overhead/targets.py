@@ -54,11 +54,11 @@ def _git_rev(tree: Path) -> str:
 
 
 def _tiergate(name: str, py: str, tmp: Path, up_port: int, *, cpus: set[int], env: dict[str, str] | None = None,
-              defaults: str = "") -> Target:
+              defaults: str = "", command: list[str] | None = None) -> Target:
     port = free_port()
     policy = tmp / f"policy-{name}.yaml"
     policy.write_text(POLICY.format(port=up_port, defaults=defaults))
-    server = Server(name, [str(Path(py).parent / "tiergate"), "serve", "--port", str(port)],
+    server = Server(name, [*(command or [str(Path(py).parent / "tiergate")]), "serve", "--port", str(port)],
                     f"http://127.0.0.1:{port}/readyz", cpus=cpus, log=tmp / f"{name}.log",
                     env={"TIERGATE_POLICY": str(policy), "TIERGATE_API_KEYS": f"{KEY}=bench",
                          "TIERGATE_LOG_LEVEL": "warning", "TIERGATE_EMBEDDER": ""} | (env or {}))
@@ -76,7 +76,11 @@ def make_targets(args, py: str, tmp: Path, up_port: int, embedder: Path | None) 
            _tiergate("tiergate", py, tmp, up_port, cpus={0})]
     for tree in (Path(t).resolve() for t in args.baseline_tree):
         pp = os.pathsep.join([str(tree), *[p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]])
-        t = _tiergate(f"tiergate@{_git_rev(tree)}", py, tmp, up_port, cpus={0}, env={"PYTHONPATH": pp})
+        # A checkout from before the `tiergate.` namespace has no tiergate/ links: start its CLI by its old name,
+        # or the console script would import this checkout's code through the editable install.
+        old = not (tree / "tiergate").is_dir()
+        t = _tiergate(f"tiergate@{_git_rev(tree)}", py, tmp, up_port, cpus={0}, env={"PYTHONPATH": pp},
+                      command=[py, "-m", "gateway.cli"] if old else None)
         t.note = f"the gateway from {tree}"
         out.append(t)
     if "semantic" in args.variants:

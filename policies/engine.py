@@ -15,7 +15,10 @@ from typing import Any, Literal
 
 from tiergate.core import tracing
 from tiergate.core.types import CacheRule, Cascade, Decision, Features, Reject, Timeouts
-from tiergate.policies.model import CacheOverride, Policy, Rule, TimeoutsOverride, When
+from tiergate.policies.conditions import When
+from tiergate.policies.model import Policy
+from tiergate.policies.overrides import CacheOverride, TimeoutsOverride
+from tiergate.policies.rules import Rule
 
 __all__ = ["Check", "Explanation", "PolicyEngine", "RuleTrace"]
 

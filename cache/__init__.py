@@ -22,10 +22,11 @@ from tiergate.cache.batcher import EmbeddingBatcher
 from tiergate.cache.embedder import EmbedderError, OnnxEmbedder
 from tiergate.cache.index import VectorIndex
 from tiergate.cache.judge import HttpJudge, Judge
+from tiergate.cache.matcher import PairScore
 from tiergate.cache.metrics import CacheMetrics, default_metrics
 from tiergate.cache.pairscore import PairScorer, VerifierError
 from tiergate.cache.redis.store import RedisStore
-from tiergate.cache.semantic import Feedback, LookupResult, PairScore, SemanticCache
+from tiergate.cache.semantic import Feedback, LookupResult, SemanticCache
 from tiergate.cache.settings import DEFAULT_GUARDS, DEFAULT_THRESHOLD, CacheSettings
 from tiergate.cache.shared import RedisShared
 from tiergate.cache.store import MemoryStore, StoreUnavailable

@@ -87,8 +87,9 @@ def build_cache(
         EmbeddingBatcher(embedder, metrics, linger_ms=settings.embed_linger_ms, max_batch=settings.embed_max_batch)
         if embedder is not None else None
     )
-    scorer = PairScorer.load(Path(verifier_path)) if verifier_path is not None else pair_scorer
+    scorer = pair_scorer
     if verifier_path is not None:
+        scorer = PairScorer.load(Path(verifier_path))
         log.info("cache_verifier_loaded", path=str(verifier_path), members=scorer.members)
     index = VectorIndex(embedder.dim if embedder is not None else 384, hnsw_at=settings.hnsw_at)
     if redis_url:

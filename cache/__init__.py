@@ -22,10 +22,11 @@ from tiergate.cache.batcher import EmbeddingBatcher
 from tiergate.cache.embedder import EmbedderError, OnnxEmbedder
 from tiergate.cache.index import VectorIndex
 from tiergate.cache.judge import HttpJudge, Judge
+from tiergate.cache.matcher import PairScore
 from tiergate.cache.metrics import CacheMetrics, default_metrics
 from tiergate.cache.pairscore import PairScorer, VerifierError
 from tiergate.cache.redis.store import RedisStore
-from tiergate.cache.semantic import Feedback, LookupResult, PairScore, SemanticCache
+from tiergate.cache.semantic import Feedback, LookupResult, SemanticCache
 from tiergate.cache.settings import DEFAULT_GUARDS, DEFAULT_THRESHOLD, CacheSettings
 from tiergate.cache.shared import RedisShared
 from tiergate.cache.store import MemoryStore, StoreUnavailable
@@ -86,8 +87,9 @@ def build_cache(
         EmbeddingBatcher(embedder, metrics, linger_ms=settings.embed_linger_ms, max_batch=settings.embed_max_batch)
         if embedder is not None else None
     )
-    scorer = PairScorer.load(Path(verifier_path)) if verifier_path is not None else pair_scorer
+    scorer = pair_scorer
     if verifier_path is not None:
+        scorer = PairScorer.load(Path(verifier_path))
         log.info("cache_verifier_loaded", path=str(verifier_path), members=scorer.members)
     index = VectorIndex(embedder.dim if embedder is not None else 384, hnsw_at=settings.hnsw_at)
     if redis_url:

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from tiergate.cache.embedder import clean_text
+from tiergate.core.wire import ChatRequest, CompletionRequest
 
 if TYPE_CHECKING:
     from tiergate.cache.types import CachedAnswer
@@ -94,7 +95,7 @@ def uncacheable_reason(req: ParsedRequest, rule: CacheRule) -> str | None:
         return "n"  # several choices: one stored answer cannot stand for them
     if req.logprobs or getattr(req, "top_logprobs", None):
         return "logprobs"  # a replay has no token log-probabilities
-    if req.kind == "text" and isinstance(req.prompt, list) and len(req.prompt) != 1:
+    if isinstance(req, CompletionRequest) and isinstance(req.prompt, list) and len(req.prompt) != 1:
         return "batch_prompt"
     return None
 
@@ -149,7 +150,7 @@ def request_key(req: ParsedRequest, tenant: str) -> RequestKey:
     tenant = clean_text(tenant)
     tag = tenant_tag(tenant)
     semantic_ok = True
-    if req.kind == "chat":
+    if isinstance(req, ChatRequest):
         msgs = req.messages
         last = msgs[-1] if msgs else None
         if last is not None and _is_text_question(last):

@@ -10,6 +10,9 @@ Lookup order for a cacheable request (see `cache.keys` for what is cacheable and
    for that bound, and the entry's own threshold), and then a sampled share of such would-be hits, and the
    near misses, have their answers compared with the tier's (`cache.judge`) once the tier has answered.
 
+That decision is `cache.matcher`'s; this class adds the time limit and error handling around it, the store
+side (what is stored, with which embedding), invalidation, feedback and the in-process index's expiry.
+
 Nothing here raises on the request path: a down or slow store, a timeout or a bug becomes a bypass (the
 request goes upstream) and a metric. Invalidation is an admin operation and does raise
 `StoreUnavailable` so the admin sees that it did not happen.
@@ -19,26 +22,15 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections import OrderedDict
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import msgspec
-import numpy as np
 import structlog
 
-from tiergate.cache.batcher import EmbeddingBatcher, Vector
-from tiergate.cache.errbound import FLOOR
-from tiergate.cache.guards import Signature, overlap, signature, veto
+from tiergate.cache.batcher import EmbeddingBatcher
 from tiergate.cache.judge import EmbeddingJudge, Judge
-from tiergate.cache.keys import (
-    RequestKey,
-    answer_fits,
-    normalize_text,
-    request_key,
-    tenant_tag,
-    uncacheable_reason,
-)
+from tiergate.cache.keys import RequestKey, request_key, tenant_tag, uncacheable_reason
+from tiergate.cache.matcher import Matcher, PairScore
 from tiergate.cache.metrics import CacheMetrics, default_metrics
 from tiergate.cache.settings import CacheSettings
 from tiergate.cache.shared import MemoryShared, SharedState
@@ -57,15 +49,6 @@ __all__ = ["Feedback", "LookupResult", "PairScore", "SemanticCache"]
 log = structlog.get_logger("tiergate.cache")
 
 _STORABLE_FINISH = ("stop", "length")
-_STASH = 4096  # recent lookup embeddings kept for the store() that follows a miss
-
-
-@dataclass(frozen=True, slots=True)
-class PairScore:
-    hit: bool
-    similarity: float
-    reason: str | None = None  # why not a hit: "below_threshold", a guard's name, "too_long", ...
-    overlap: float = 1.0  # the share of content words in common (`cache.guards.overlap`)
 
 
 class SemanticCache:
@@ -85,7 +68,7 @@ class SemanticCache:
         self.errbound = self.verifier.errbound
         self.pair_scorer = pair_scorer  # error-bounded rules: a cross-encoder's bound score replaces the cosine
         self.shared = self.verifier.shared
-        self._stash: OrderedDict[str, Vector] = OrderedDict()
+        self.matcher = Matcher(store, batcher, self.settings, self.metrics, self.verifier, pair_scorer)
         self._sweeper: asyncio.Task[None] | None = None
 
     # -- lifecycle -------------------------------------------------------------------------------------
@@ -134,10 +117,10 @@ class SemanticCache:
                 return LookupResult(None, "bypass", reason)
             key = request_key(req, tenant)
             if self.backend.in_process and (self.batcher is None or not rule.semantic):
-                result = await self._lookup(key, rule)  # one dict read: nothing to time out
+                result = await self.matcher.find(key, rule)  # one dict read: nothing to time out
             else:
                 async with asyncio.timeout(self.settings.lookup_timeout_s):
-                    result = await self._lookup(key, rule)
+                    result = await self.matcher.find(key, rule)
         except StoreUnavailable:  # down, or slower than its per-command timeout: counted by reason
             self.metrics.skipped.labels("store_unavailable").inc()
             result = LookupResult(None, "bypass", "store_unavailable", key)
@@ -192,7 +175,7 @@ class SemanticCache:
         """A client reports that the answer to `request_id` (a cache hit it got) was wrong: see `Verifier.feedback`."""
         result = await self.verifier.feedback(tenant, request_id)
         if result is not None and not result.already_reported:
-            self._stash.clear()
+            self.matcher.forget()
         return result
 
     # -- admin ----------------------------------------------------------------------------------------------
@@ -206,7 +189,7 @@ class SemanticCache:
             n, scope = await self.backend.delete_tenant(tenant), "tenant"
         else:
             n, scope = await self.backend.delete_all(), "all"
-        self._stash.clear()
+        self.matcher.forget()
         self.verifier.forget()
         self.metrics.invalidations.labels(scope).inc(n)
         self.metrics.entries.set(len(self.index))
@@ -218,117 +201,13 @@ class SemanticCache:
         return (await self.score_many([(a, b)], rule))[0]
 
     async def score_many(self, pairs: list[tuple[str, str]], rule: CacheRule) -> list[PairScore]:
-        texts = [normalize_text(t) for pair in pairs for t in pair]
-        if not rule.enabled:
-            return [PairScore(False, 0.0, "disabled") for _ in pairs]
-        need = rule.semantic and self.batcher is not None
-        vectors = await self.batcher.embed_many(texts) if need else []  # type: ignore[union-attr]
-        out = []
-        for i in range(len(pairs)):
-            a, b = texts[2 * i], texts[2 * i + 1]
-            if not vectors:
-                out.append(PairScore(a == b, 1.0 if a == b else 0.0, None if a == b else "semantic_off"))
-                continue
-            va, vb = vectors[2 * i], vectors[2 * i + 1]
-            sim = float(np.dot(va.values, vb.values))
-            if a == b:
-                out.append(PairScore(True, sim))
-            elif va.truncated or vb.truncated or max(len(a), len(b)) > self.settings.max_semantic_chars:
-                out.append(PairScore(False, sim, "too_long"))
-            elif not a.strip() or not b.strip():
-                out.append(PairScore(False, sim, "empty"))
-            else:
-                sa, sb = signature(a), signature(b)
-                reason = self._judge(sim, sa, sb, rule.threshold)
-                out.append(PairScore(reason is None, sim, reason, round(overlap(sa, sb), 4)))
-        return out
+        return await self.matcher.score_many(pairs, rule)
 
     # -- internals ------------------------------------------------------------------------------------------
-    async def _lookup(self, key: RequestKey, rule: CacheRule) -> LookupResult:
-        if not self.backend.available():
-            raise StoreUnavailable("store down")
-        (exact,) = await self.backend.get_many(key.namespace, [key.entry_id])
-        if exact is not None and self._owned(exact, key) and exact.text == key.text and answer_fits(
-                exact.answer, exact.max_tokens, key.max_tokens):
-            return LookupResult(CacheHit(exact.answer, "hit-exact", 1.0, exact.id, exact.namespace), "hit-exact",
-                                key=key)
-        miss = LookupResult(None, "miss", key=key)
-        if not rule.semantic or self.batcher is None:
-            return miss
-        if not key.semantic_ok:
-            self.metrics.semantic_skipped.labels("no_question").inc()
-            return miss
-        if len(key.text) > self.settings.max_semantic_chars:
-            self.metrics.semantic_skipped.labels("too_long").inc()
-            return miss
-        vec = await self.batcher.embed(key.text)
-        if vec.truncated:
-            self.metrics.semantic_skipped.labels("too_long").inc()
-            return miss
-        self._remember(key.entry_id, vec)
-        bounded = rule.max_false_hit_rate is not None
-        floor = FLOOR if bounded else rule.threshold
-        margin = 0.02  # approximate (int8) similarities from the index: re-scored exactly below
-        found = await self.backend.nearest(key.namespace, vec.values, self.settings.candidates, floor - margin)
-        scored = []
-        for e, approx in found:
-            if e.id == key.entry_id or not self._owned(e, key):
-                continue
-            if e.embedding:
-                if len(e.embedding) != 4 * vec.values.shape[0]:
-                    continue  # another embedder's vector: not comparable, never a hit
-                sim = float(np.dot(np.frombuffer(e.embedding, "<f4"), vec.values))
-            else:
-                sim = approx
-            scored.append((sim, e))
-        scored.sort(key=lambda se: -se[0])
-        if not scored:
-            return miss
-        asked = signature(key.text)
-        for sim, e in scored:
-            stored = signature(e.text)
-            if self._judge(sim, stored, asked, floor) is not None or not answer_fits(
-                    e.answer, e.max_tokens, key.max_tokens):
-                continue
-            shared = round(overlap(stored, asked), 4)
-            if not bounded:
-                return LookupResult(CacheHit(e.answer, "hit-semantic", round(sim, 4), e.id, e.namespace, shared),
-                                    "hit-semantic", key=key)
-            score = await self._bound_score(sim, e.text, key.text)
-            hit = LookupResult(CacheHit(e.answer, "hit-semantic", round(sim, 4), e.id, e.namespace, shared,
-                                        None if score is None else round(score, 6)), "hit-semantic", key=key)
-            # the best one the guards let through, at its bound score (or cosine)
-            return await self.verifier.decide(key, e, sim if score is None else score, shared, rule, hit)
-        return miss
-
-    async def _bound_score(self, sim: float, cached: str, asked: str) -> float | None:
-        """The verifier's bound score of a candidate, or None without a verifier (the bound uses the cosine)."""
-        if self.pair_scorer is None:
-            return None
-        started = time.perf_counter()
-        score = await self.pair_scorer.bound_score(sim, cached, asked)
-        self.metrics.verifier_seconds.observe(time.perf_counter() - started)
-        return score
-
-    def _judge(self, sim: float, stored: Signature, asked: Signature, threshold: float) -> str | None:
-        if sim < threshold:
-            return "below_threshold"
-        guard = veto(stored, asked, self.settings.guards)
-        if guard is not None:
-            self.metrics.vetoes.labels(guard).inc()
-        return guard
-
-    def _owned(self, entry: CacheEntry, key: RequestKey) -> bool:
-        """Tenant isolation, checked on every entry read, whatever the index said."""
-        if entry.tenant == key.tenant and entry.namespace == key.namespace:
-            return True
-        self.metrics.errors.labels("foreign_entry").inc()
-        return False
-
     async def _store(self, key: RequestKey, answer: CachedAnswer, rule: CacheRule) -> bool:
         if len(key.text) > self.settings.max_stored_chars:
             return False
-        vec = self._stash.pop(key.entry_id, None)
+        vec = self.matcher.take_vector(key.entry_id)
         semantic = rule.semantic and key.semantic_ok and self.batcher is not None
         if vec is None and semantic and len(key.text) <= self.settings.max_semantic_chars:
             vec = await self.batcher.embed(key.text)  # type: ignore[union-attr]
@@ -345,12 +224,6 @@ class SemanticCache:
             self.metrics.evictions.inc(evicted)
         self.metrics.entries.set(len(self.index))
         return True
-
-    def _remember(self, entry_id: str, vec: Vector) -> None:
-        self._stash[entry_id] = vec
-        self._stash.move_to_end(entry_id)
-        while len(self._stash) > _STASH:
-            self._stash.popitem(last=False)
 
     def _housekeeping(self) -> None:
         """Off the event loop: drop expired entries in small lock holds, then grow the HNSW graphs."""

@@ -18,7 +18,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import time
-from typing import Protocol
+from typing import Any, Protocol
 
 import msgspec
 import numpy as np
@@ -122,7 +122,7 @@ class MemoryShared:
         self._hits[key] = (record, expires, True)
         return record, reported
 
-    def _trim(self, d: dict) -> None:
+    def _trim(self, d: dict[str, Any]) -> None:
         while len(d) > self._max:
             d.pop(next(iter(d)))
 

@@ -16,7 +16,8 @@ from tiergate.gateway.admission import Admission
 from tiergate.gateway.pools.cloud import CloudPool
 from tiergate.gateway.pools.edge import EdgePool
 from tiergate.gateway.pools.metrics import CloudMetrics
-from tiergate.policies.model import Policy, TierConfig
+from tiergate.policies.model import Policy
+from tiergate.policies.tier_config import TierConfig
 
 __all__ = ["Tier", "Tiers", "make_pool"]
 

@@ -33,7 +33,8 @@ PRIORITY_HEADER = "x-tiergate-priority"
 
 
 class _Active(Protocol):
-    policy: Policy
+    @property
+    def policy(self) -> Policy: ...
 
 
 class PolicySource(Protocol):

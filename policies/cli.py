@@ -215,7 +215,7 @@ def check(
 def _model_provenance(policy: Policy) -> dict[str, Any]:
     """Which complexity model the policy uses and what it was trained on (the file's own record)."""
     own = policy.complexity_model is not None
-    path = policy.resolve_path(policy.complexity_model) if own else DEFAULT_MODEL_FILE
+    path = policy.resolve_path(policy.complexity_model) if policy.complexity_model is not None else DEFAULT_MODEL_FILE
     try:
         info = ComplexityModel.provenance(path)
     except ValueError as exc:
@@ -267,10 +267,10 @@ def explain(
     counter = clf.counter_for(loaded.policy, model)
     detail = clf.complexity_model(loaded.policy).explain(messages_of(req))
     if as_json:
-        d = ex.to_dict()
-        d["features"]["tokenizer"] = counter.spec_used
-        d["complexity"] = detail
-        typer.echo(json.dumps(d, indent=2))
+        out = ex.to_dict()
+        out["features"]["tokenizer"] = counter.spec_used
+        out["complexity"] = detail
+        typer.echo(json.dumps(out, indent=2))
         return
     f = features
     typer.echo(f"policy {file} (version {loaded.version})")

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from tiergate.core.types import Cascade
 
@@ -50,7 +51,7 @@ def confidence(scores: Sequence[TokenScore], first_k: int | None = None) -> Conf
     return Confidence(len(used), sum(lps) / len(lps), min(lps), sum(margins) / len(margins) if margins else None)
 
 
-def scores_from_openai(entries: Sequence[dict]) -> list[TokenScore]:
+def scores_from_openai(entries: Sequence[dict[str, Any]]) -> list[TokenScore]:
     """TokenScores from OpenAI chat `logprobs.content` entries (the runner-up is the best `top_logprobs` entry that
     is not the chosen token)."""
     out = []
@@ -61,7 +62,7 @@ def scores_from_openai(entries: Sequence[dict]) -> list[TokenScore]:
     return out
 
 
-def scores_from_text_logprobs(logprobs: dict) -> list[TokenScore]:
+def scores_from_text_logprobs(logprobs: dict[str, Any]) -> list[TokenScore]:
     """TokenScores from a text completion's `logprobs` (`tokens`, `token_logprobs`, `top_logprobs` maps)."""
     out = []
     for token, lp, top in zip(logprobs.get("tokens") or (), logprobs.get("token_logprobs") or (),
@@ -84,7 +85,7 @@ def verdict(cascade: Cascade, scores: Sequence[TokenScore], finish_reason: str |
     return _judge(cascade, confidence(scores, cascade.first_tokens), finish_reason, text, early)
 
 
-def judge_recorded(cascade: Cascade, record: dict) -> Verdict:
+def judge_recorded(cascade: Cascade, record: dict[str, Any]) -> Verdict:
     """A cascade's verdict from signals recorded in a traffic log (what `policy simulate` replays):
     {"mean_logprob", "min_logprob", "mean_margin", "tokens", "finish_reason", "text"} as bench/cascade writes
     them. A missing signal is not checked; a missing text is not empty."""

@@ -15,7 +15,10 @@ from typing import Any, Literal
 
 from tiergate.core import tracing
 from tiergate.core.types import CacheRule, Cascade, Decision, Features, Reject, Timeouts
-from tiergate.policies.model import CacheOverride, Policy, Rule, TimeoutsOverride, When
+from tiergate.policies.conditions import HeaderCondition, When
+from tiergate.policies.model import Policy
+from tiergate.policies.overrides import CacheOverride, TimeoutsOverride
+from tiergate.policies.rules import Rule
 
 __all__ = ["Check", "Explanation", "PolicyEngine", "RuleTrace"]
 
@@ -114,50 +117,53 @@ def _conditions(w: When) -> list[tuple[str, Predicate, Observe]]:
     if w.prompt_tokens is not None:
         lo, hi = w.prompt_tokens.min, w.prompt_tokens.max
         out.append((_bounds("prompt_tokens", lo, hi),
-                    lambda f, lo=lo, hi=hi: (lo is None or f.prompt_tokens >= lo) and (hi is None or f.prompt_tokens <= hi),
+                    lambda f: (lo is None or f.prompt_tokens >= lo) and (hi is None or f.prompt_tokens <= hi),
                     lambda f: f"prompt_tokens = {f.prompt_tokens}"))
     if w.complexity is not None:
         clo, chi = w.complexity.min, w.complexity.max
         out.append((_bounds("complexity", clo, chi),
-                    lambda f, lo=clo, hi=chi: (lo is None or f.complexity >= lo) and (hi is None or f.complexity <= hi),
+                    lambda f: (clo is None or f.complexity >= clo) and (chi is None or f.complexity <= chi),
                     lambda f: f"complexity = {f.complexity:.3f}"))
     if w.priority is not None:
         allowed = w.priority.allowed()
         label = "priority in [" + ", ".join(p.name.lower() for p in sorted(allowed)) + "]"
-        out.append((label, lambda f, a=allowed: f.priority in a, lambda f: f"priority = {f.priority.name.lower()}"))
+        out.append((label, lambda f: f.priority in allowed, lambda f: f"priority = {f.priority.name.lower()}"))
     if w.model is not None:
         models = frozenset(w.model.in_)
-        out.append((f"model in {sorted(models)}", lambda f, m=models: f.requested_model in m,
+        out.append((f"model in {sorted(models)}", lambda f: f.requested_model in models,
                     lambda f: f"model = {f.requested_model!r}"))
     if w.tenant is not None:
         tenants = frozenset(w.tenant.in_)
-        out.append((f"tenant in {sorted(tenants)}", lambda f, t=tenants: f.tenant in t,
+        out.append((f"tenant in {sorted(tenants)}", lambda f: f.tenant in tenants,
                     lambda f: f"tenant = {f.tenant!r}"))
     for name, cond in (w.headers or {}).items():
-        observe: Observe = lambda f, n=name: f"{n}: {f.headers.get(n)!r}"
-        if cond.present is not None:
-            want = cond.present
-            out.append((f"header {name} {'present' if want else 'absent'}",
-                        lambda f, n=name, want=want: (n in f.headers) == want, observe))
-        else:
-            values = cond.values() or frozenset()
-            label = f"header {name} == {cond.equals!r}" if cond.equals is not None else \
-                f"header {name} in {sorted(values)}"
-            out.append((label, lambda f, n=name, v=values: (f.headers.get(n) or "").strip() in v and n in f.headers,
-                        observe))
+        out.append(_header_condition(name, cond))
     if w.keywords is not None:
         if w.keywords.any:
-            rx = _keyword_regex(w.keywords.any)
-            out.append((f"any keyword of {w.keywords.any}", lambda f, rx=rx: rx.search(f.text) is not None,
-                        lambda f, rx=rx: _found(rx, f.text)))
+            out.append((f"any keyword of {w.keywords.any}", *_keyword_checks(_keyword_regex(w.keywords.any))))
         for word in w.keywords.all or ():
-            rx1 = _keyword_regex([word])
-            out.append((f"keyword {word!r}", lambda f, rx=rx1: rx.search(f.text) is not None,
-                        lambda f, rx=rx1: _found(rx, f.text)))
+            out.append((f"keyword {word!r}", *_keyword_checks(_keyword_regex([word]))))
     if w.stream is not None:
-        out.append((f"stream is {str(w.stream).lower()}", lambda f, s=w.stream: f.stream is s,
+        stream = w.stream
+        out.append((f"stream is {str(stream).lower()}", lambda f: f.stream is stream,
                     lambda f: f"stream = {str(f.stream).lower()}"))
     return out
+
+
+def _header_condition(name: str, cond: HeaderCondition) -> tuple[str, Predicate, Observe]:
+    def observe(f: Features) -> str:
+        return f"{name}: {f.headers.get(name)!r}"
+
+    if cond.present is not None:
+        want = cond.present
+        return (f"header {name} {'present' if want else 'absent'}", lambda f: (name in f.headers) == want, observe)
+    values = cond.values() or frozenset()
+    label = f"header {name} == {cond.equals!r}" if cond.equals is not None else f"header {name} in {sorted(values)}"
+    return label, lambda f: (f.headers.get(name) or "").strip() in values and name in f.headers, observe
+
+
+def _keyword_checks(rx: re.Pattern[str]) -> tuple[Predicate, Observe]:
+    return (lambda f: rx.search(f.text) is not None), (lambda f: _found(rx, f.text))
 
 
 def _found(rx: re.Pattern[str], text: str) -> str:

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ValidationError
+from pydantic_core import ErrorDetails
 from ruamel.yaml import YAML
 from ruamel.yaml.error import MarkedYAMLError, YAMLError
 
@@ -175,7 +176,7 @@ def _fields_of(model: type[BaseModel]) -> str:
                      model.__name__ != "TierConfig")
 
 
-def _message(err: dict[str, Any]) -> str:
+def _message(err: ErrorDetails) -> str:
     kind = err["type"]
     loc = tuple(err["loc"])
     msg = str(err["msg"]).removeprefix("Value error, ").removeprefix("Assertion failed, ")

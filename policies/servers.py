@@ -65,5 +65,10 @@ def read_contexts(policy: Policy, timeout_s: float = 3.0) -> list[ServerContext]
             for name, t in policy.tiers.items() for url in t.endpoints]
     if not jobs:
         return []
+
+    def read(job: tuple[str, str, str, int]) -> ServerContext:
+        tier, url, model, max_context = job
+        return _one(tier, url, model, max_context, timeout_s)
+
     with ThreadPoolExecutor(max_workers=min(16, len(jobs))) as pool:
-        return list(pool.map(lambda j: _one(*j, timeout_s), jobs))
+        return list(pool.map(read, jobs))

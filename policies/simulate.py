@@ -58,6 +58,7 @@ class Simulation:
             out["reject"] = d.reject.status
             out["cache"] = "none"
             return out
+        assert d.tier is not None  # a decision that does not reject names its tier
         tier = self._policy.tiers[d.tier]
         self.tiers[d.tier] += 1
         self.kinds[tier.kind] += 1

@@ -95,7 +95,7 @@ class PolicyStore:
         self._current = self._load(data)
         self._publish(self._current)
         self._callbacks: list[Callable[[ActivePolicy], Awaitable[None]]] = []
-        self._tasks: list[asyncio.Task[None]] = []
+        self._tasks: list[asyncio.Task[object]] = []
         self._lock: asyncio.Lock | None = None
         self.last_error: str | None = None
         self.last_attempt: float = self._current.loaded_at

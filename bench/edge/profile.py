@@ -35,7 +35,7 @@ _RULES = (
     ("sampling (C sampler chain)", lambda fs: any("SamplerChain.sample" in f for f in fs)),
     ("detokenise, stop strings", lambda fs: any(k in f for f in fs for k in ("LlamaRuntime.piece", "TextStream",
                                                                                "textstream.py"))),
-    ("hand-off to the event loop", lambda fs: any(k in f for f in fs for k in ("LoopHandoff", "_deliver"))),
+    ("hand-off to the event loop", lambda fs: any(k in f for f in fs for k in ("LoopHandoff", "Handoffs.", "_put_all"))),
     ("log-probabilities", lambda fs: any("LogprobReader" in f for f in fs)),
 )
 def _decode_line() -> str:

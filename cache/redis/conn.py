@@ -70,7 +70,7 @@ class Capabilities:
     note: str = ""  # why not (or a caveat), for the log and /readyz
 
 
-async def vector_sets(client: Redis, probe_key: str) -> Capabilities:
+async def vector_sets(client: AnyRedis, probe_key: str) -> Capabilities:
     """Whether this server offers vector sets to this user.
 
     `COMMAND LIST FILTERBY PATTERN` (Redis 7.0+, allowed to ordinary users) says whether the commands exist;

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -153,12 +154,12 @@ class RedisStore:
 
     # -- admin (bounded, but not held to the request-path timeout) -------------------------------------------
     async def delete(self, entry_id: str, namespace: str | None = None) -> int:
-        return sum([await self.admin(lambda lay=lay: lay.delete(entry_id, namespace))
+        return sum([await self.admin(functools.partial(lay.delete, entry_id, namespace))
                     for lay in await self._admin_layouts()])
 
     async def delete_tenant(self, tenant: str) -> int:
         tag = tenant_tag(tenant)
-        return sum([await self.admin(lambda lay=lay: lay.delete_tenant(tag)) for lay in await self._admin_layouts()])
+        return sum([await self.admin(functools.partial(lay.delete_tenant, tag)) for lay in await self._admin_layouts()])
 
     async def delete_all(self) -> int:
         return sum([await self.admin(lay.delete_all) for lay in await self._admin_layouts()])

@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 import structlog
 from redis.asyncio.cluster import RedisCluster
+from redis.typing import EncodableT, FieldT
 
 from tiergate.cache.keys import tenant_tag
 from tiergate.cache.redis.codec import decode_entry, entry_fields, glob_escape
@@ -212,7 +213,7 @@ class StreamLayout:
             replies = await pipe.execute()
         return sum(int(n) for n in replies[::2])
 
-    async def _event(self, fields: dict[str, str]) -> None:
+    async def _event(self, fields: dict[FieldT, EncodableT]) -> None:
         """Tell the other processes' indexes (tenant and all: on every shard's stream, as each is followed
         alone). Marked as ours: this process applied it already, and a copy read back later would also drop
         what this process stored since."""
@@ -252,14 +253,14 @@ class StreamLayout:
         some after it. A stream is trimmed only at its old end, so we fell `stream_maxlen` events behind."""
         for shard, last in zip(self._shards, self._last_event, strict=True):
             first = await self._c.bg.xrange(shard.stream, count=1)
-            if first and _id_lt(last, first[0][0]):
+            if first and _id_lt(last, _stream_id(first[0][0])):
                 return True
         return False
 
     async def _reload(self) -> None:
         for i, shard in enumerate(self._shards):
             last = await self._c.bg.xrevrange(shard.stream, count=1)
-            self._last_event[i] = last[0][0] if last else b"0-0"
+            self._last_event[i] = _stream_id(last[0][0]) if last else b"0-0"
         self.index.clear()
         self._c.metrics.resyncs.inc()
         batch: list[bytes] = []
@@ -368,3 +369,9 @@ def _id_lt(a: bytes, b: bytes) -> bool:
     ams, aseq = (int(x) for x in a.split(b"-"))
     bms, bseq = (int(x) for x in b.split(b"-"))
     return (ams, aseq) < (bms, bseq)
+
+
+def _stream_id(raw: bytes | str | None) -> bytes:
+    """A stream entry's id as this module's clients return it (bytes: they do not decode responses)."""
+    assert isinstance(raw, bytes), raw
+    return raw

@@ -259,7 +259,8 @@ class VectorSetLayout:
             async with self._c.bg.pipeline(transaction=False) as pipe:
                 for eid in ids:
                     await self._forget_script(keys=[self._vset(ns), self._hash(ns, eid), self._zset],
-                                              args=[eid, f"{ns}:{eid}"], client=pipe)
+                                              args=[eid, f"{ns}:{eid}"],
+                                              client=pipe)  # type: ignore[arg-type]  # a pipeline queues the EVALSHA; redis-py names clients only
                 await pipe.execute()
         except FAILURES:
             pass  # the sweep removes them later
@@ -311,7 +312,8 @@ class VectorSetLayout:
                 for member in members[i:i + _SCAN_BATCH]:
                     ns, _, eid = member.partition(":")
                     await self._delete_script(keys=[self._hash(ns, eid), self._zset], args=[self._p, member],
-                                              client=pipe)
+                                              # a pipeline queues the EVALSHA; redis-py annotates clients only
+                                              client=pipe)  # type: ignore[arg-type]
                 n += sum(int(x) for x in await pipe.execute())
         return n
 

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import structlog
 
 from tiergate.edge_node.engine.batch import DecodeStep, Outbox
-from tiergate.edge_node.engine.handoff import LoopHandoff
+from tiergate.edge_node.engine.handoff import Handoffs
 from tiergate.edge_node.engine.request import ActiveRequest, Chunk
 from tiergate.edge_node.engine.runtime import LlamaRuntime
 from tiergate.edge_node.engine.sampling import SamplerChain, SamplingParams
@@ -168,7 +168,7 @@ class Engine:
         self._thread: threading.Thread | None = None
         self._ids = itertools.count(1)
         self.throughput = TokenRate(tps_window_s)
-        self._handoffs: dict[asyncio.AbstractEventLoop, LoopHandoff] = {}
+        self._handoffs = Handoffs(runtime.fast.write)
         self.metrics.bind_engine(
             slots=lambda: float(self.parallel),
             busy=lambda: float(self._slots.busy),
@@ -196,15 +196,7 @@ class Engine:
             self._cv.notify_all()
         if self._thread is not None:  # kept after a join timeout: close() must see the thread still running
             self._thread.join(timeout)
-        for loop, h in list(self._handoffs.items()):
-            self._handoffs.pop(loop, None)
-            if loop.is_closed():
-                h.close()
-            else:
-                try:
-                    loop.call_soon_threadsafe(h.close)
-                except RuntimeError:
-                    h.close()
+        self._handoffs.close_all()
 
     def close(self) -> None:
         """Stop, then free the model, but only once the decode thread has really exited.
@@ -283,10 +275,7 @@ class Engine:
         room = self.ctx_per_slot - len(prompt)
         max_new = room if params.max_tokens is None else min(params.max_tokens, room)
         loop = asyncio.get_running_loop()
-        if loop not in self._handoffs:
-            for old in [lp for lp in self._handoffs if lp.is_closed()]:
-                self._handoffs.pop(old).close()
-            self._handoffs[loop] = LoopHandoff(loop, self.rt.fast.write, self._put_all)
+        self._handoffs.register(loop)
         req = ActiveRequest(f"{next(self._ids)}", list(prompt), params, max_new, endpoint, loop)
         with self._cv:
             if self.failure is not None:
@@ -331,7 +320,7 @@ class Engine:
                 self._admit()
                 if self._slots.busy and (generated := self._step.run(out)):
                     self.throughput.add(generated)
-                self._deliver(out)
+                self._handoffs.deliver(out)
         except Exception as e:  # noqa: BLE001 - a bug or a llama.cpp failure: _crashed logs it, fails everyone
             self._crashed(f"engine failure: {type(e).__name__}: {e}", out)
             return
@@ -356,7 +345,7 @@ class Engine:
         if req is not None and not req.cancelled and req.slot is None:
             out.setdefault(req.loop, []).append((req, Chunk("", error=why)))
         try:
-            self._deliver(out)
+            self._handoffs.deliver(out)
             self._fail_all(why)
         except Exception:  # the clean-up itself failed: still tell every waiting client
             log.exception("engine clean-up after the crash failed")
@@ -400,7 +389,7 @@ class Engine:
             except ValueError as exc:  # its grammar (checked on arrival, so this is a bug): fail it alone
                 with self._cv:
                     self._admitting = None
-                self._deliver({req.loop: [(req, Chunk("", error=f"sampler: {exc}"))]})
+                self._handoffs.deliver({req.loop: [(req, Chunk("", error=f"sampler: {exc}"))]})
                 continue
             slot = self._slots.prepare(req, free)
             with self._cv:  # from "admitting" to "in a slot" in one step, as submit's queue bound counts them
@@ -419,19 +408,4 @@ class Engine:
             if not req.cancelled:
                 out.setdefault(req.loop, []).append((req, Chunk("", error=why)))
             self._slots.release(req)
-        self._deliver(out)
-
-    # ------------------------------------------------------------------ hand-off to asyncio
-
-    @staticmethod
-    def _put_all(items: list[tuple[ActiveRequest, Chunk]]) -> None:
-        for req, chunk in items:
-            if not req.cancelled:
-                req.queue.put_nowait(chunk)
-
-    def _deliver(self, out: dict) -> None:
-        for loop, items in out.items():
-            h = self._handoffs.get(loop)
-            if h is not None and not h.push(items):  # loop closed: nobody is listening any more
-                self._handoffs.pop(loop, None)
-                h.close()
+        self._handoffs.deliver(out)

@@ -6,6 +6,9 @@ next `llama_decode`. Here the engine appends to a deque and wakes the loop throu
 a GIL-holding libc `write` (see `edge_node.engine.gilcalls`): the loop thread wakes, waits for the GIL, and
 gets it as soon as the engine enters `llama_decode` — so delivery overlaps decoding instead of
 delaying it. One pending byte is enough to wake the loop, so at most one write per wake-up.
+
+`Handoffs` keeps one `LoopHandoff` per event loop that submits requests, and puts each step's chunks into the
+queues of their requests in the loop that waits on them.
 """
 
 from __future__ import annotations
@@ -15,9 +18,12 @@ import contextlib
 import os
 from collections import deque
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-__all__ = ["LoopHandoff"]
+if TYPE_CHECKING:
+    from tiergate.edge_node.engine.request import ActiveRequest, Chunk
+
+__all__ = ["Handoffs", "LoopHandoff"]
 
 
 class LoopHandoff:
@@ -71,3 +77,44 @@ class LoopHandoff:
         for fd in (self._r, self._w):
             with contextlib.suppress(OSError):
                 os.close(fd)
+
+
+class Handoffs:
+    """The engine's hand-off to asyncio: one `LoopHandoff` for each event loop that submits requests."""
+
+    def __init__(self, write: Callable[[int, bytes, int], int]) -> None:
+        self._write = write
+        self._by_loop: dict[asyncio.AbstractEventLoop, LoopHandoff] = {}
+
+    def register(self, loop: asyncio.AbstractEventLoop) -> None:
+        """In `loop`'s thread, before it submits: make its hand-off (and free those of loops closed since)."""
+        if loop not in self._by_loop:
+            for old in [lp for lp in self._by_loop if lp.is_closed()]:
+                self._by_loop.pop(old).close()
+            self._by_loop[loop] = LoopHandoff(loop, self._write, _put_all)
+
+    def deliver(self, out: dict[asyncio.AbstractEventLoop, list[tuple[ActiveRequest, Chunk]]]) -> None:
+        """Engine thread: each loop's chunks to that loop, one wake-up each."""
+        for loop, items in out.items():
+            h = self._by_loop.get(loop)
+            if h is not None and not h.push(items):  # loop closed: nobody is listening any more
+                self._by_loop.pop(loop, None)
+                h.close()
+
+    def close_all(self) -> None:
+        """The engine stopped: close every hand-off in its loop's thread (at once if the loop is gone)."""
+        for loop, h in list(self._by_loop.items()):
+            self._by_loop.pop(loop, None)
+            if loop.is_closed():
+                h.close()
+            else:
+                try:
+                    loop.call_soon_threadsafe(h.close)
+                except RuntimeError:
+                    h.close()
+
+
+def _put_all(items: list[tuple[ActiveRequest, Chunk]]) -> None:
+    for req, chunk in items:
+        if not req.cancelled:
+            req.queue.put_nowait(chunk)

@@ -12,7 +12,7 @@ from tiergate.gateway.dispatch import Dispatcher
 from tiergate.gateway.metrics import GatewayMetrics
 from tiergate.gateway.tiers import Tier
 from tiergate.gateway.upstream import UpstreamClient
-from tiergate.policies.model import TierConfig
+from tiergate.policies.tier_config import TierConfig
 
 pytestmark = pytest.mark.anyio
 

@@ -9,7 +9,7 @@ from tiergate.gateway.pools.cloud import CloudPool
 from tiergate.gateway.pools.edge import EdgePool
 from tiergate.gateway.pools.metrics import CloudMetrics
 from tiergate.gateway.tiers import make_pool
-from tiergate.policies.model import TierConfig
+from tiergate.policies.tier_config import TierConfig
 
 MODEL = "served-model"
 METRICS = CloudMetrics(CollectorRegistry())

@@ -35,7 +35,7 @@ from tiergate.gateway.pools.selection import affinity_key
 from tiergate.gateway.pools.vllm_metrics import parse
 from tiergate.gateway.tiers import Tier
 from tiergate.gateway.upstream import UpstreamClient, UpstreamFailure
-from tiergate.policies.model import TierConfig
+from tiergate.policies.tier_config import TierConfig
 
 pytestmark = [pytest.mark.integration, pytest.mark.vllm, pytest.mark.timeout(1200)]
 

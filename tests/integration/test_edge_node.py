@@ -81,7 +81,7 @@ def test_overlapping_streams_are_decoded_in_shared_batches(long_node):
     for events in results:
         assert events[-1] == "[DONE]"
         assert events[-2]["choices"][0]["finish_reason"] == "length"
-    m = edge_node.server.metrics()
+    m = edge_node.metrics()
     decodes = m[("tiergate_edge_batch_sequences_count", ())]
     single = m[("tiergate_edge_batch_sequences_bucket", (("le", "1.0"),))]
     assert decodes - single > 0  # some llama_decode calls carried several sequences
@@ -235,7 +235,7 @@ def test_models_health_and_metrics_describe_the_node(edge_node):
     assert models["data"][0]["id"] == "tiergate-demo-tiny-q4_0" and models["data"][0]["max_model_len"] == 1024
     h = edge_node.health()
     assert (h["status"], h["slots"], h["busy"], h["queued"], h["ctx"]) == ("ok", 4, 0, 0, 1024)
-    m = edge_node.server.metrics()
+    m = edge_node.metrics()
     assert m[("tiergate_edge_slots", ())] == 4
     assert m[("tiergate_edge_kv_cells_total", ())] == 4096
     for name in ("tiergate_edge_busy_slots", "tiergate_edge_queued_requests", "tiergate_edge_tokens_per_second",

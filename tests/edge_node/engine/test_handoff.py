@@ -1,12 +1,14 @@
-"""`edge_node.engine.handoff.LoopHandoff`: batches pushed from another thread reach the loop, the last ones included."""
+"""`edge_node.engine.handoff`: batches pushed from another thread reach the loop, the last ones included; `Handoffs`
+put them into their requests' queues."""
 
 from __future__ import annotations
 
 import asyncio
 import os
 import threading
+from types import SimpleNamespace
 
-from tiergate.edge_node.engine.handoff import LoopHandoff
+from tiergate.edge_node.engine.handoff import Handoffs, LoopHandoff
 
 
 def _write(fd: int, data: bytes, n: int) -> int:
@@ -59,3 +61,24 @@ def test_close_after_the_loop_closed_frees_the_pipe_without_delivering():
     assert h.push("x") is False
     h.close()
     assert got == []
+
+
+def test_handoffs_put_each_loops_chunks_into_its_requests_queues_and_skip_cancelled_ones():
+    """`Handoffs`: a step's chunks reach the queues of their requests in the loop that submitted them; a cancelled
+    request gets nothing; a closed loop's hand-off is dropped, and everything is closed on `close_all`."""
+    handoffs = Handoffs(_write)
+
+    async def main() -> tuple[list[str], bool]:
+        loop = asyncio.get_running_loop()
+        handoffs.register(loop)
+        live = SimpleNamespace(queue=asyncio.Queue(), cancelled=False)
+        gone = SimpleNamespace(queue=asyncio.Queue(), cancelled=True)
+        t = threading.Thread(target=handoffs.deliver, args=({loop: [(live, "a"), (gone, "x"), (live, "b")]},))
+        t.start()
+        got = [await asyncio.wait_for(live.queue.get(), 30) for _ in range(2)]
+        t.join()
+        return got, gone.queue.empty()
+
+    assert asyncio.run(main()) == (["a", "b"], True)
+    handoffs.close_all()  # that loop is closed now: closed at once
+    handoffs.deliver({})

@@ -190,9 +190,6 @@ UNTESTED_ALLOWED: frozenset[str] = frozenset({
     "edge_node/server/state.py",
     "cloud_pool/real_model.py",
     "cloud_pool/vllm_env.py",
-    "gateway/lifecycle.py",
-    "gateway/main.py",
-    "gateway/pools/probe.py",
 })
 _TESTED_IN = re.compile(r"Tested in ((?:`tests/[^`]+`(?:, | and others\.|\.|\s)*)+)")
 

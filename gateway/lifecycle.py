@@ -55,7 +55,9 @@ class Gateway:
         self.registry = registry if registry is not None else _process_registry()
         self.metrics = GatewayMetrics(self.registry)
         self.policy_store = PolicyStore(settings.policy, metrics=PolicyMetrics(self.registry))
-        self.classifier = Classifier(self.policy_store)
+        # policies.classify's PolicySource reads `current.policy` through a protocol whose `policy` is settable;
+        # ActivePolicy's is frozen. Its owner fixes the protocol when policies/ is made strict.
+        self.classifier = Classifier(self.policy_store)  # type: ignore[arg-type]
         self.upstream = UpstreamClient()
         # Shared state across replicas (edge registry, rate limits); the client connects on first use. No retries:
         # a heartbeat or a rate-limit check must not take seconds while a node hangs (the limiter fails open; an

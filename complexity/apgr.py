@@ -46,7 +46,8 @@ def apgr_resampled(score: np.ndarray, weak: np.ndarray, strong: np.ndarray, coun
     gained = np.c_[np.zeros(len(c)), np.cumsum(c * (strong - weak)[order], 1)][:, bounds] / n
     gap = (c * strong[order]).sum(1, keepdims=True) / n - (c * weak[order]).sum(1, keepdims=True) / n
     pgr = gained / gap
-    return np.sum((share[:, 1:] - share[:, :-1]) * (pgr[:, 1:] + pgr[:, :-1]) / 2, 1)
+    area: np.ndarray = np.sum((share[:, 1:] - share[:, :-1]) * (pgr[:, 1:] + pgr[:, :-1]) / 2, 1)
+    return area
 
 
 def share_for_pgr(score: np.ndarray, weak: np.ndarray, strong: np.ndarray, target: float) -> float:

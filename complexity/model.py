@@ -79,7 +79,8 @@ class Head:
     bias: float
 
     def z(self, x: np.ndarray) -> np.ndarray:
-        return ((x - self.mean) / self.scale) @ self.weights + self.bias
+        z: np.ndarray = ((x - self.mean) / self.scale) @ self.weights + self.bias
+        return z
 
 
 @dataclass(frozen=True)
@@ -95,8 +96,10 @@ class Guard:
     def distance(self, x: np.ndarray) -> np.ndarray:
         z = (x - self.mean) / self.scale
         if z.ndim == 1:
-            return np.sqrt(max(float(z @ self.precision @ z), 1e-12))
-        return np.sqrt(np.maximum(np.einsum("ij,jk,ik->i", z, self.precision, z), 1e-12))
+            one: np.ndarray = np.sqrt(max(float(z @ self.precision @ z), 1e-12))
+            return one
+        many: np.ndarray = np.sqrt(np.maximum(np.einsum("ij,jk,ik->i", z, self.precision, z), 1e-12))
+        return many
 
     def trust(self, d: np.ndarray | float) -> np.ndarray:
         lo, hi = math.log(self.near), math.log(self.far)
@@ -131,6 +134,7 @@ class ComplexityModel:
     meta: dict[str, Any] = field(default_factory=dict)
     featurizer: Featurizer = field(default_factory=Featurizer, repr=False)
     choice_featurizer: ChoiceFeaturizer | None = field(default=None, repr=False)
+    _map: PercentileMap = field(init=False, repr=False, compare=False)  # set once, in __post_init__
 
     def __post_init__(self) -> None:
         if self.expert is not None and self.choice_featurizer is None:
@@ -163,7 +167,8 @@ class ComplexityModel:
         return Parts(self._map(raw), raw, model_z, float(length_z), trust, d, expert)
 
     def calibrate(self, raw: np.ndarray | float) -> np.ndarray | float:
-        return np.interp(raw, self.calibration_raw, self.calibration_score)
+        calibrated: np.ndarray | float = np.interp(raw, self.calibration_raw, self.calibration_score)
+        return calibrated
 
     def raw_batch(self, h: np.ndarray, expert_z: np.ndarray | None = None) -> np.ndarray:
         """Raw scores of FEATURES rows (training, benchmarks); expert_z: the expert's z where it applies, else nan."""
@@ -173,7 +178,8 @@ class ComplexityModel:
         if expert_z is not None:
             model_z = np.where(np.isnan(expert_z), model_z, np.nan_to_num(expert_z))
         trust = self.guard.trust(self.guard.distance(x))
-        return trust * model_z + (1.0 - trust) * length_z
+        raw: np.ndarray = trust * model_z + (1.0 - trust) * length_z
+        return raw
 
     def trust_batch(self, h: np.ndarray) -> np.ndarray:
         return self.guard.trust(self.guard.distance(h[:, _CONTENT]))
@@ -231,7 +237,8 @@ class ComplexityModel:
                 raise ValueError(f"{path}: a {fmt} file, this gateway reads {MODEL_FORMAT}; retrain it "
                                  "(tiergate classifier train)")
             raise ValueError(f"{path}: not a {MODEL_FORMAT} file")
-        return d
+        checked: dict[str, Any] = d  # a dict: its format was read above
+        return checked
 
     @classmethod
     def load(cls, path: str | Path, encoder: Encoder | None = None) -> ComplexityModel:

@@ -122,7 +122,8 @@ def source_weights(src: np.ndarray) -> np.ndarray:
     """Row weights under which every source weighs the same; they sum to the number of rows."""
     _, inverse, counts = np.unique(src, return_inverse=True, return_counts=True)
     w = 1.0 / counts[inverse]
-    return w * len(src) / w.sum()
+    weights: np.ndarray = w * len(src) / w.sum()
+    return weights
 
 
 def _mean_sd(x: np.ndarray, w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -154,7 +155,8 @@ def target(weak: np.ndarray, strong: np.ndarray, src: np.ndarray, center: bool) 
     if center:
         for k in np.unique(src):
             gain = np.where(src == k, gain - gain[src == k].mean(), gain)
-    return gain
+    centred: np.ndarray = gain
+    return centred
 
 
 def _wquantile(x: np.ndarray, w: np.ndarray, q: float) -> float:
@@ -179,7 +181,7 @@ def choice_matrix(choice: ChoiceFeaturizer, conversations: Sequence[Messages], h
     """CHOICE_FEATURES of the rows with answer options (nan rows elsewhere): the expert's training input."""
     out = np.full((len(h), len(CHOICE_FEATURES)), np.nan)
     for i in np.nonzero(h[:, OPTIONS] >= MIN_OPTIONS)[0]:
-        out[i] = choice.values(last_user_text(conversations[i]))
+        out[i] = choice.values(last_user_text(conversations[int(i)]))
     return out
 
 
@@ -266,7 +268,7 @@ def _train(data: Labelled, design: Design | None, select: bool, expert: bool, li
     design = design or Design()
     x_choice = choice_matrix(ChoiceFeaturizer.for_encoder(feats.encoder), data.conversations, h) if expert else None
     model = fit(h, data.weak, data.strong, data.source, design, x_choice, feats)
-    cx = model.calibrate(model.raw_batch(h, expert_scores(model.expert, x_choice)))
+    cx = np.asarray(model.calibrate(model.raw_batch(h, expert_scores(model.expert, x_choice))))
     trust = model.trust_batch(h)
     counts = Counter(data.source.tolist())
     meta = {

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import bisect
 import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -67,7 +67,8 @@ class TreeEnsemble:
         # A tuple summed, not `a + b + ...`: a chain of hundreds of additions nests as deep in the compiler.
         exec(compile("def predict(x):\n    return sum((" + ", ".join(terms) + ",))\n", "<tree-ensemble>", "exec"),
              namespace)
-        return namespace["predict"]
+        predict: Callable[[Sequence[float]], float] = namespace["predict"]
+        return predict
 
     def to_dict(self) -> dict[str, Any]:
         return {"feature": self.feature.tolist(), "threshold": self.threshold.tolist(), "left": self.left.tolist(),
@@ -98,7 +99,7 @@ class PercentileMap:
 
     __slots__ = ("raw", "score")
 
-    def __init__(self, raw: Sequence[float], score: Sequence[float]) -> None:
+    def __init__(self, raw: Iterable[float], score: Iterable[float]) -> None:
         self.raw, self.score = [float(v) for v in raw], [float(v) for v in score]
 
     def __call__(self, value: float) -> float:

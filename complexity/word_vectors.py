@@ -42,4 +42,5 @@ def build(source: Path | None = None, dim: int = DIM) -> np.ndarray:
     basis = vt[:dim]
     # A singular vector's sign is arbitrary: fix it (largest-magnitude coordinate positive) for a stable file.
     basis *= np.sign(basis[np.arange(dim), np.argmax(np.abs(basis), axis=1)])[:, None]
-    return (e @ basis.T).astype(np.float16)
+    vectors: np.ndarray = (e @ basis.T).astype(np.float16)
+    return vectors

@@ -34,7 +34,7 @@ from tiergate.gateway.lifecycle import Gateway
 from tiergate.gateway.openapi import openapi_document
 from tiergate.gateway.pipeline import Completions, PipelineParts
 from tiergate.gateway.settings import Settings
-from tiergate.gateway.status import StatusPage
+from tiergate.gateway.status import StatusPage, StatusSource
 
 __all__ = ["create_app"]
 
@@ -52,12 +52,13 @@ def create_app(settings: Settings | None = None, *, keyring: KeyRing | None = No
     gw = Gateway(settings, keyring=keyring)
     completions = Completions(PipelineParts(
         settings=gw.settings, keyring=gw.keyring, policy_store=gw.policy_store, classifier=gw.classifier,
-        limiter=gw.limiter, metrics=gw.metrics, cache=gw.current_cache, dispatcher=gw.dispatcher, relay=gw.relay,
+        limiter=gw.limiter, metrics=gw.metrics, cache=gw.shared_cache, dispatcher=gw.dispatcher, relay=gw.relay,
         settlements=gw.settlements))
-    admin = AdminEndpoints(gw.admin, gw.policy_store, gw.current_cache)
+    admin = AdminEndpoints(gw.admin, gw.policy_store, gw.shared_cache)
     edge = EdgeEndpoints(gw.settings.edge_token, gw.settings.max_body_bytes, gw.tiers)
-    status = StatusPage(gw)  # it reads the process's state live, through the narrow `StatusSource`
-    feedback = CacheFeedback(gw.keyring, gw.current_cache)
+    status = StatusPage(StatusSource(admin=gw.admin, started_at=gw.started_at, stats=gw.stats, tiers=gw.tiers,
+                                     policy_store=gw.policy_store, draining=gw.is_draining, ready=gw.ready))
+    feedback = CacheFeedback(gw.keyring, gw.shared_cache)
 
     async def chat(request: Request) -> Response:
         return await completions.handle(request, "chat")

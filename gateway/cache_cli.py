@@ -248,8 +248,8 @@ def seed_bound(
         await store.start_admin()
         try:
             bound = ErrorBound(RedisShared(store), settings, metrics)
-            bound.seed(scoped, axis, [scores[i].overlap for i in keep],
-                       [not labels[i] for i in keep])
+            bound.seed(scoped, np.asarray(axis, float), np.asarray([scores[i].overlap for i in keep], float),
+                       np.asarray([not labels[i] for i in keep], bool))
             await bound.sync()
             cutoffs = {f"{d:g}": bound.cutoffs(scoped, d).tolist() for d in (0.02, 0.05, 0.10, 0.15, 0.20)}
         finally:

@@ -166,7 +166,7 @@ class CascadeRunner:
             if read.done or read.finish is not None or (
                     cascade.first_tokens is not None and len(read.scores) >= cascade.first_tokens):
                 break
-            batch = await anext(attempt.events, None)
+            batch = await attempt.next_events()
         attempt.first = held
 
 

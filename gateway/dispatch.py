@@ -14,7 +14,7 @@ import dataclasses
 import time
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Protocol
 
 import msgspec
 
@@ -42,6 +42,12 @@ class Body(Protocol):
     def mark_sent(self) -> None: ...
 
 
+class Span(Protocol):
+    """The part of an OpenTelemetry span an Attempt uses (or `tracing.NULL` when tracing is off)."""
+
+    def end(self) -> None: ...
+
+
 @dataclass(slots=True, eq=False)
 class Attempt:
     """A backend that accepted the request; `finish()` must be called exactly once when the answer is over."""
@@ -58,7 +64,7 @@ class Attempt:
     first_at: float = 0.0  # perf_counter when the first token arrived (the TTFT metric)
     aborted: str | None = None  # why the gateway cut it short (it is shutting down), if it did
     live: set[Attempt] | None = None  # the dispatcher's answers in progress, which this one leaves when finished
-    span: Any = tracing.NULL  # the "relay" span: from the answer's beginning to its end
+    span: Span = tracing.NULL  # the "relay" span: from the answer's beginning to its end
     _done: bool = field(default=False)
 
     def abort(self, reason: str) -> None:
@@ -66,6 +72,10 @@ class Attempt:
         `aborted`, ends the answer with an explicit error rather than a cut connection."""
         self.aborted = reason
         self.response.close()
+
+    async def next_events(self) -> list[bytes] | None:
+        """A stream's next batch of events after `first`; None once it has ended."""
+        return None if self.events is None else await anext(self.events, None)
 
     def finish(self, ok: bool = True) -> None:
         if self._done:
@@ -270,7 +280,7 @@ class _LostWatch:
 
     __slots__ = ("_task", "reason", "shutdown")
 
-    def __init__(self, task: asyncio.Task) -> None:
+    def __init__(self, task: asyncio.Task[object]) -> None:
         self._task = task
         self.reason: str | None = None
         self.shutdown = False

@@ -69,8 +69,9 @@ class RedisRecords:
 
     async def all(self) -> list[dict[str, Any]]:
         out = []
-        for _, fields in await self._redis.xrange(STREAM_KEY):
-            out.append(_decode(fields[b"r"]))
+        for _, fields in await self._redis.xrange(STREAM_KEY) or []:
+            if fields is not None:
+                out.append(_decode(fields[b"r"]))
         return out
 
 

@@ -11,6 +11,8 @@ before uvicorn would cut anything. A second signal skips what is left of the del
 from __future__ import annotations
 
 import threading
+from types import FrameType
+from typing import Protocol
 
 import structlog
 import uvicorn
@@ -22,15 +24,26 @@ __all__ = ["DrainingServer"]
 log = structlog.get_logger("tiergate.gateway")
 
 
+class Drains(Protocol):
+    """What the server tells to drain on the first signal (the gateway: its /readyz then answers 503)."""
+
+    draining: bool
+    dispatcher: Aborts
+
+
+class Aborts(Protocol):
+    def abort_all(self, reason: str) -> int: ...
+
+
 class DrainingServer(DeadlineServer):
-    def __init__(self, config: uvicorn.Config, gateway, drain_delay_s: float, graceful_shutdown_s: float) -> None:
+    def __init__(self, config: uvicorn.Config, gateway: Drains, drain_delay_s: float, graceful_shutdown_s: float) -> None:
         super().__init__(config, graceful_shutdown_s, self._abort)
         self._gateway = gateway
         self._drain_delay_s = drain_delay_s
         self._draining = False
         self._timer: threading.Timer | None = None
 
-    def handle_exit(self, sig: int, frame) -> None:  # type: ignore[override]
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         self._gateway.draining = True
         if self._timer is not None:  # a second signal: stop accepting now, once
             self._timer.cancel()

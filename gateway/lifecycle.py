@@ -31,7 +31,7 @@ from tiergate.gateway.metrics import GatewayMetrics
 from tiergate.gateway.pools.metrics import CloudMetrics
 from tiergate.gateway.relay import Relay
 from tiergate.gateway.settings import Settings
-from tiergate.gateway.settlement import Settlements
+from tiergate.gateway.settlement import Settlements, SharedCache
 from tiergate.gateway.shadow import ShadowChecks
 from tiergate.gateway.stats import Stats
 from tiergate.gateway.tiers import Tiers
@@ -64,7 +64,7 @@ class Gateway:
         if settings.redis_url:
             self.redis = open_redis(settings.redis_url, socket_timeout=0.5, socket_connect_timeout=0.5,
                                     health_check_interval=10, retry=Retry(NoBackoff(), 0))
-        self.cache: SemanticCache | None = None  # built at start-up when enabled
+        self.shared_cache = SharedCache()  # what collaborators read the cache through; start-up fills it
         self.tiers = Tiers(self.redis, CloudMetrics(self.registry))
         self.dispatcher = Dispatcher(self.upstream, self.tiers, self.metrics)
         self.limiter = Limiter(self.metrics, self.redis)
@@ -74,15 +74,16 @@ class Gateway:
         self.started_at = time.time()
         self.distill = Distiller(self.metrics, RedisRecords(self.redis) if self.redis is not None
                                  else JsonlRecords(settings.distill_file))
-        self.settlements = Settlements(self.accounting, self.limiter, self.metrics, self.current_cache, self.distill)
+        self.settlements = Settlements(self.accounting, self.limiter, self.metrics, self.shared_cache, self.distill)
         self.shadow = ShadowChecks(  # cache hits checked against a tier after they were served
-            dispatcher=self.dispatcher, metrics=self.metrics, settlements=self.settlements, cache=self.current_cache,
+            dispatcher=self.dispatcher, metrics=self.metrics, settlements=self.settlements, cache=self.shared_cache,
             draining=self.is_draining, concurrency=settings.cache_shadow_concurrency)
         self.relay = Relay(self.metrics, self.shadow)
 
-    def current_cache(self) -> SemanticCache | None:
-        """The cache once start-up built it: what collaborators built before then are given to read it by."""
-        return self.cache
+    @property
+    def cache(self) -> SemanticCache | None:
+        """The cache once start-up built it (None when disabled)."""
+        return self.shared_cache.current
 
     def is_draining(self) -> bool:
         return self.draining
@@ -97,9 +98,10 @@ class Gateway:
             judge = HttpJudge(s.cache_judge_url, s.cache_judge_model or "auto", s.cache_judge_key) \
                 if s.cache_judge_url else None
             settings = CacheSettings(store=s.cache_store, vset_search_in_script=s.cache_vset_search == "script")
-            self.cache = build_cache(s.redis_url, s.embedder, settings=settings, metrics=CacheMetrics(self.registry),
-                                     judge=judge, verifier_path=s.cache_verifier)
-            await self.cache.start()
+            cache = build_cache(s.redis_url, s.embedder, settings=settings, metrics=CacheMetrics(self.registry),
+                                judge=judge, verifier_path=s.cache_verifier)
+            self.shared_cache.current = cache
+            await cache.start()
         with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
             asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, self._on_sighup)
         log.info("gateway_started", policy=str(self.settings.policy), redis=bool(self.redis),
@@ -112,8 +114,8 @@ class Gateway:
         await self.shadow.stop()
         await self.policy_store.stop()
         await self.tiers.stop()
-        if self.cache is not None:
-            await self.cache.stop()
+        if (cache := self.shared_cache.current) is not None:
+            await cache.stop()
         await self.upstream.close()
         if self.redis is not None:
             await self.redis.aclose()

@@ -15,6 +15,7 @@ import time
 from collections import defaultdict
 from collections.abc import Callable
 
+from tiergate.cache.redis.conn import AnyRedis
 from tiergate.core.errors import OpenAIError, rate_limited
 from tiergate.gateway.auth import Tenant
 from tiergate.gateway.metrics import GatewayMetrics
@@ -44,7 +45,7 @@ class TenantSlot:
 
 
 class Limiter:
-    def __init__(self, metrics: GatewayMetrics, redis=None, timeout_s: float = 0.05, prefix: str = "tg:rl",
+    def __init__(self, metrics: GatewayMetrics, redis: AnyRedis | None = None, timeout_s: float = 0.05, prefix: str = "tg:rl",
                  retry_after_s: float = 1.0, monotonic: Callable[[], float] = time.monotonic) -> None:
         self._metrics = metrics
         self._monotonic = monotonic  # the pause after a Redis failure runs on it (tests pass their own clock)

@@ -95,7 +95,8 @@ class Completions:
                 raise bad_request(f"`{refused[0]}` is not supported through this gateway: {refused[1]}.",
                                   code="unsupported_parameter", param=refused[0])
             slot = await gw.limiter.admit(tenant)  # one of the tenant's concurrent requests, or a 429
-            text_len = len(req.prompt_text()) if kind == "text" else sum(len(m.text()) for m in req.messages)
+            text_len = (sum(len(m.text()) for m in req.messages) if isinstance(req, ChatRequest)
+                        else len(req.prompt_text()))
             if text_len > gw.settings.max_prompt_chars:
                 raise OpenAIError(413, f"Prompt has {text_len} characters; the limit is "
                                        f"{gw.settings.max_prompt_chars}.", code="prompt_too_large")

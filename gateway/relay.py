@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -19,6 +19,7 @@ import msgspec
 import structlog
 from starlette.background import BackgroundTask, BackgroundTasks
 from starlette.responses import Response, StreamingResponse
+from starlette.types import Receive, Scope, Send
 
 from tiergate.cache.types import CacheHit
 from tiergate.core.errors import OpenAIError
@@ -141,12 +142,11 @@ class Relay:
                        headers=headers)
 
     async def _events(self, ctx: RequestContext, attempt: Attempt, relay: _Relayed, client_wants_usage: bool,
-                      transform: Callable[[bytes], bytes] | None) -> AsyncIterator[bytes]:
+                      transform: Callable[[bytes], bytes] | None) -> AsyncGenerator[bytes, None]:
         """Relay the backend's chunks, then `[DONE]`; a backend failing mid-stream ends in an SSE error event."""
         acc = relay.acc
         try:
             batch = attempt.first
-            events = attempt.events
             while batch is not None:
                 out = []
                 for payload in batch:
@@ -166,7 +166,7 @@ class Relay:
                         out.append(sse(payload))
                 if out:
                     yield b"".join(out)
-                batch = await anext(events, None)
+                batch = await attempt.next_events()
             raise UpstreamFailure(f"{attempt.endpoint.id} ended the stream without [DONE]", kind=FailureKind.STREAM)
         except UpstreamFailure as f:
             if attempt.aborted is not None:  # the gateway is shutting down: no backend's fault
@@ -225,16 +225,18 @@ class _Stream(StreamingResponse):
     The clean-up runs after the terminating chunk has been sent, so a client does not wait for accounting.
     """
 
-    def __init__(self, content: AsyncIterator[bytes], on_close: Callable[[], Awaitable[None]], **kw: object) -> None:
-        super().__init__(content, **kw)
+    def __init__(self, content: AsyncGenerator[bytes, None], on_close: Callable[[], Awaitable[None]], *,
+                 media_type: str, headers: Mapping[str, str]) -> None:
+        super().__init__(content, media_type=media_type, headers=headers)
+        self._content = content
         self._on_close = on_close
 
-    async def __call__(self, scope, receive, send) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
             await super().__call__(scope, receive, send)
         finally:
             with contextlib.suppress(Exception):
-                await self.body_iterator.aclose()
+                await self._content.aclose()
             await self._on_close()
 
 

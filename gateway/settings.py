@@ -43,7 +43,7 @@ class Settings(BaseSettings):
     cache_judge_key: str | None = None
     # error-bounded rules: a cross-encoder verifier folder (`tiergate cache train-verifier`); see docs/cache.md
     cache_verifier: Path | None = None
-    cache_shadow_concurrency: int = Field(4, ge=1)  # shadow checks of sampled hits running at once (gateway.shadow)
+    cache_shadow_concurrency: int = Field(default=4, ge=1)  # shadow checks of sampled hits running at once (gateway.shadow)
     max_body_bytes: int = 1 << 20
     max_prompt_chars: int = 400_000
     log_format: str = "json"  # json | console

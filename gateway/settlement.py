@@ -11,13 +11,14 @@ forget the cache. A second settlement is a bug: it is logged and ignored (raised
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import structlog
 from starlette.responses import Response
 
 from tiergate.cache import SemanticCache
 from tiergate.cache.types import CachedAnswer, CacheHit
+from tiergate.core import tracing
 from tiergate.core.errors import OpenAIError
 from tiergate.core.types import Decision, Features
 from tiergate.gateway.accounting import Accounting
@@ -27,10 +28,23 @@ from tiergate.gateway.distill import Distiller
 from tiergate.gateway.limits import Limiter
 from tiergate.gateway.metrics import GatewayMetrics
 
-__all__ = ["AlreadySettled", "Settlement", "Settlements"]
+__all__ = ["AlreadySettled", "CacheProvider", "Settlement", "Settlements", "SharedCache"]
 
 log = structlog.get_logger("tiergate.gateway")
 CacheProvider = Callable[[], SemanticCache | None]  # the cache once start-up built it (None when disabled)
+
+
+class SharedCache:
+    """The process's one cache slot, a `CacheProvider`: collaborators built before start-up are handed this, not
+    the gateway, and read the cache once start-up has put it here (`current`; None while disabled or not yet)."""
+
+    __slots__ = ("current",)
+
+    def __init__(self) -> None:
+        self.current: SemanticCache | None = None
+
+    def __call__(self) -> SemanticCache | None:
+        return self.current
 
 
 class AlreadySettled(RuntimeError):
@@ -88,22 +102,25 @@ class Settlement:
         if not self._once("answered"):
             return
         d = self._deps
-        d.accounting.answered(ctx, outcome, tier, status, overhead, prompt_tokens, completion_tokens, elapsed=elapsed)
-        await self._charge(ctx.tenant, prompt_tokens + completion_tokens)
-        cache = d.cache()
-        if store is not None and cache is not None:
-            await cache.store(ctx.req, ctx.tenant.id, ctx.decision.cache, store, outcome.cache_key)
-        if distill is not None:
-            await d.distill.offer(ctx, outcome, tier, *distill)
+        with _settle_span("answered"):
+            d.accounting.answered(ctx, outcome, tier, status, overhead, prompt_tokens, completion_tokens,
+                                  elapsed=elapsed)
+            await self._charge(ctx.tenant, prompt_tokens + completion_tokens)
+            cache = d.cache()
+            if store is not None and cache is not None:
+                await cache.store(ctx.req, ctx.tenant.id, ctx.decision.cache, store, outcome.cache_key)
+            if distill is not None:
+                await d.distill.offer(ctx, outcome, tier, *distill)
 
     async def hit(self, ctx: RequestContext, outcome: Outcome, hit: CacheHit, overhead: float) -> None:
         """A cached answer: counted (tier `cache`, nothing charged) and recorded as served, for feedback."""
         if not self._once("hit"):
             return
-        self._deps.accounting.answered(ctx, outcome, "cache", 200, overhead, elapsed=overhead)
-        cache = self._deps.cache()
-        if cache is not None:
-            await cache.served(ctx.request_id, ctx.tenant.id, hit)
+        with _settle_span("hit"):
+            self._deps.accounting.answered(ctx, outcome, "cache", 200, overhead, elapsed=overhead)
+            cache = self._deps.cache()
+            if cache is not None:
+                await cache.served(ctx.request_id, ctx.tenant.id, hit)
 
     async def refused(self, exc: OpenAIError, *, tenant: Tenant | None, decision: Decision | None,
                       features: Features | None, cache: str) -> Response:
@@ -111,7 +128,8 @@ class Settlement:
         response = self._deps.accounting.refused(self.arrival, exc, tenant=tenant, decision=decision,
                                                  features=features, cache=cache)
         if self._once("refused"):
-            await self._charge(tenant, 0)
+            with _settle_span("refused"):
+                await self._charge(tenant, 0)
         return response
 
     async def gone(self, *, tenant: Tenant | None, decision: Decision | None, features: Features | None,
@@ -132,7 +150,8 @@ class Settlement:
         response = self._deps.accounting.gone(self.arrival, tenant=tenant, decision=decision, features=features,
                                               cache=outcome.cache, prompt_tokens=prompt_tokens)
         if self._once("gone"):
-            await self._charge(tenant, spent)
+            with _settle_span("gone"):
+                await self._charge(tenant, spent)
         return response
 
     async def shadow(self, ctx: RequestContext, outcome: Outcome, answer: CachedAnswer | None) -> None:
@@ -141,8 +160,16 @@ class Settlement:
         if not self._once("shadow"):
             return
         d, cache = self._deps, self._deps.cache()
-        if answer is None or cache is None:
-            d.metrics.shadow_checks.labels("failed").inc()
-            return
-        await cache.store(ctx.req, ctx.tenant.id, ctx.decision.cache, answer, outcome.cache_key)
-        d.metrics.shadow_checks.labels("checked").inc()
+        with _settle_span("shadow"):
+            if answer is None or cache is None:
+                d.metrics.shadow_checks.labels("failed").inc()
+                return
+            await cache.store(ctx.req, ctx.tenant.id, ctx.decision.cache, answer, outcome.cache_key)
+            d.metrics.shadow_checks.labels("checked").inc()
+
+
+def _settle_span(path: str) -> Any:
+    """The request's last span, a child of its root: what its ending cost (charge, cache store, distillation offer)
+    and which way it ended. The attempt's "relay" span stays the Attempt's own: a cascade has two attempts, and a
+    stream's ends when the backend is done, before the client has read it all."""
+    return tracing.span("settle", **{"tiergate.settled": path})

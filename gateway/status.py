@@ -17,9 +17,11 @@ from __future__ import annotations
 import hmac
 import html
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
@@ -46,24 +48,25 @@ def _template(name: str) -> str:
     return (STATIC / name).read_text(encoding="utf-8")
 
 
-class StatusSource(Protocol):
-    """What the page reads, live (the gateway process's state, `gateway.lifecycle.Gateway`)."""
+@dataclass(frozen=True, slots=True)
+class StatusSource:
+    """What the page reads: the gateway's collaborators themselves (live objects) and two questions asked on each
+    look (`draining`, `ready`), so the page never holds the whole gateway."""
 
     admin: AdminKey
     started_at: float
-    draining: bool
     stats: Stats
     tiers: Tiers
     policy_store: PolicyStore
-
-    def ready(self) -> tuple[bool, dict[str, object]]: ...
+    draining: Callable[[], bool]
+    ready: Callable[[], tuple[bool, dict[str, object]]]
 
 
 class StatusPage:
     """The status page of one gateway: reads everything from its `StatusSource`, live."""
 
-    def __init__(self, gateway: StatusSource) -> None:
-        self._gw = gateway
+    def __init__(self, source: StatusSource) -> None:
+        self._gw = source
         self._pages = {name: _template(name) for name in ("status.html", "login.html", "message.html")}
 
     def routes(self) -> list[Route | Mount]:
@@ -132,7 +135,7 @@ class StatusPage:
             "generated_at": _iso(time.time()),
             "started_at": _iso(gw.started_at),
             "ready": ready,
-            "draining": gw.draining,
+            "draining": gw.draining(),
             "traffic": gw.stats.snapshot(),
             "tiers": self._tiers(),
             "policy": self._policy(),

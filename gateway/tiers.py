@@ -7,9 +7,11 @@ read-only `Tier` records: dispatch, /v1/models, edge registration and the status
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 
+from tiergate.cache.redis.conn import AnyRedis
 from tiergate.core.errors import not_found
 from tiergate.core.pool import Pool
 from tiergate.gateway.admission import Admission
@@ -40,7 +42,7 @@ class Tier:
         return text
 
 
-def make_pool(config: TierConfig, redis: object | None, cloud_metrics: CloudMetrics) -> Pool:
+def make_pool(config: TierConfig, redis: AnyRedis | None, cloud_metrics: CloudMetrics) -> Pool:
     """The pool for a tier: edge nodes (registration by heartbeat, static endpoints polled) or vLLM servers.
 
     A cloud tier marked `stand_in` is a llama.cpp server, not vLLM, so it gets the generic edge pool.
@@ -48,17 +50,18 @@ def make_pool(config: TierConfig, redis: object | None, cloud_metrics: CloudMetr
     model = config.served_model or config.model
     if config.kind == "edge" or config.stand_in:
         return EdgePool(config.name, list(config.endpoints), model, redis=redis, max_context=config.max_context)
-    options: dict[str, object] = {"max_context": config.max_context}
+    pool = functools.partial(CloudPool, config.name, model, list(config.endpoints), metrics=cloud_metrics,
+                             max_context=config.max_context)
     discovery, routing = config.discovery, config.routing
     if discovery is not None:
-        options.update(dns=discovery.dns, port=discovery.port, dns_interval_s=discovery.interval_s,
-                       scheme=discovery.scheme)
+        pool = functools.partial(pool, dns=discovery.dns, port=discovery.port, dns_interval_s=discovery.interval_s,
+                                 scheme=discovery.scheme)
     if routing is not None:
-        options.update(strategy=routing.strategy, load_bound=routing.load_bound,
-                       cached_load_bound=routing.cached_load_bound, affinity_chars=routing.affinity_chars)
+        pool = functools.partial(pool, strategy=routing.strategy, load_bound=routing.load_bound,
+                                 cached_load_bound=routing.cached_load_bound, affinity_chars=routing.affinity_chars)
         if routing.max_num_seqs:
-            options["slots"] = routing.max_num_seqs
-    return CloudPool(config.name, model, list(config.endpoints), metrics=cloud_metrics, **options)
+            pool = functools.partial(pool, slots=routing.max_num_seqs)
+    return pool()
 
 
 def capacity_of(config: TierConfig, pool: Pool) -> Callable[[], int]:
@@ -76,7 +79,7 @@ def capacity_of(config: TierConfig, pool: Pool) -> Callable[[], int]:
 class Tiers(Mapping[str, Tier]):
     """The tiers of the active policy, by name; a read-only mapping between reloads."""
 
-    def __init__(self, redis: object | None, cloud_metrics: CloudMetrics) -> None:
+    def __init__(self, redis: AnyRedis | None, cloud_metrics: CloudMetrics) -> None:
         self._redis = redis
         self._cloud_metrics = cloud_metrics
         self._by_name: dict[str, Tier] = {}

@@ -19,7 +19,7 @@ import socket
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 from urllib.parse import urlsplit
 
 import aiohttp
@@ -30,7 +30,7 @@ from tiergate.core.tasks import cancel_and_wait
 from tiergate.gateway.pools.breaker import BreakerState, CircuitBreaker
 from tiergate.gateway.pools.metrics import CloudMetrics
 from tiergate.gateway.pools.probe import Unhealthy, probe
-from tiergate.gateway.pools.selection import Selector, Strategy
+from tiergate.gateway.pools.selection import Reason, Selector, Strategy
 from tiergate.gateway.pools.vllm_metrics import Rates, VllmMetrics, Window
 
 if TYPE_CHECKING:
@@ -79,7 +79,7 @@ _LOST = frozenset({"timeout", "unreachable", "http_status"})
 
 async def _getaddrinfo(host: str, port: int) -> list[str]:
     infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
-    return sorted({info[4][0] for info in infos})
+    return sorted({str(info[4][0]) for info in infos})
 
 
 def _endpoint_id(base_url: str) -> str:
@@ -169,7 +169,7 @@ class CloudPool:
         closed = [s.endpoint for s in servers if s.breaker.state is BreakerState.CLOSED]
         choice = self.selector.order(request, closed, features.prompt_tokens if features is not None else None)
         order = choice.order if choice else []
-        reason = choice.reason if choice else None
+        reason: Reason | Literal["probe"] | None = choice.reason if choice else None
         if probe is not None and probe.breaker.acquire():
             order = [probe.endpoint, *order]
             reason = "probe"

@@ -19,7 +19,7 @@ import asyncio
 import contextlib
 import random
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Annotated, Any
 
 import aiohttp
@@ -31,6 +31,9 @@ from tiergate.core.wire import decode_json
 from tiergate.gateway.pools.breaker import CircuitBreaker
 
 if TYPE_CHECKING:
+    from redis.commands.core import AsyncScript
+
+    from tiergate.cache.redis.conn import AnyRedis
     from tiergate.core.types import Features
     from tiergate.core.wire import ParsedRequest
 
@@ -121,7 +124,7 @@ class EdgePool:
         tier: str,
         static_endpoints: Sequence[str] = (),
         model: str = "",
-        redis: Any = None,
+        redis: AnyRedis | None = None,
         ttl_s: float = 10.0,
         *,
         poll_interval_s: float = 2.0,
@@ -157,8 +160,8 @@ class EdgePool:
         self._breakers: dict[str, CircuitBreaker] = {}
         self._rr = 0
         self._tasks: list[asyncio.Task[None]] = []
-        self._session: Any = None
-        self._scripts: dict[str, Any] = {}
+        self._session: aiohttp.ClientSession | None = None
+        self._scripts: dict[str, AsyncScript] = {}
         self._redis_warned = False
         self.refreshes = 0  # refreshes from Redis completed (tests wait on it rather than on the clock)
 
@@ -250,7 +253,7 @@ class EdgePool:
         now = self._clock()
         if self._redis is None:
             for nid, ep in list(self._nodes.items()):
-                if now - float(ep.extra.get("seen", 0.0)) > self.ttl_s:
+                if now - _seen(ep) > self.ttl_s:
                     del self._nodes[nid]
                     log.info("edge node expired", tier=self.tier, node_id=nid)
                     ep.declare_lost(f"no heartbeat for {self.ttl_s:g}s")
@@ -282,14 +285,14 @@ class EdgePool:
         gone = {_s(k) for k in gone_rows}
         for nid, ep in list(self._nodes.items()):
             # Not listed but heard from within the TTL: Redis lost it (a restart); its next heartbeat refills it.
-            if nid in gone or nid not in live and now - float(ep.extra.get("seen", 0.0)) > self.ttl_s:
+            if nid in gone or nid not in live and now - _seen(ep) > self.ttl_s:
                 del self._nodes[nid]
                 if nid not in gone:  # a node that deregistered is draining: it finishes what it holds
                     ep.declare_lost(f"no heartbeat for {self.ttl_s:g}s")
 
     # ------------------------------------------------------------------ internals
 
-    def _all(self):
+    def _all(self) -> Iterator[Endpoint]:
         yield from self._static.values()
         yield from self._nodes.values()
 
@@ -300,7 +303,7 @@ class EdgePool:
         if x.get("source") == "static":
             if not x.get("up", True):
                 return False
-        elif now - float(x.get("seen", 0.0)) > self.ttl_s or not x.get("alive", True):
+        elif now - _seen(e) > self.ttl_s or not x.get("alive", True):
             return False
         breaker = self._breakers.get(e.id)  # only asked: once cooled down, all traffic flows again (no trial)
         return breaker is None or breaker.available()
@@ -314,7 +317,7 @@ class EdgePool:
             self._nodes[node.node_id] = ep
             log.info("edge node registered", tier=self.tier, node_id=node.node_id, url=node.url,
                      model=node.model, slots=node.slots)
-        elif seen < float(ep.extra.get("seen", 0.0)):
+        elif seen < _seen(ep):
             return ep  # an older reading (another replica's snapshot) must not overwrite a newer one
         else:
             ep.base_url = _base_url(node.url)
@@ -325,9 +328,10 @@ class EdgePool:
         ep.extra.update(source="heartbeat", seen=seen, busy=node.busy, queued=node.queued, ctx=node.ctx)
         return ep
 
-    async def _script(self, source: str, *args: Any) -> Any:
+    async def _script(self, source: str, *args: float | str | bytes) -> Any:  # what the Lua script returns
         script = self._scripts.get(source)
         if script is None:
+            assert self._redis is not None, "the registry's scripts run only with Redis"
             script = self._scripts[source] = self._redis.register_script(source)
         return await script(keys=[self._k_seen, self._k_info, self._k_gone], args=list(args))
 
@@ -344,15 +348,18 @@ class EdgePool:
             await asyncio.sleep(self._refresh_interval)
 
     async def _poll_loop(self) -> None:
+        session = self._session
+        assert session is not None, "started by `start`, after the session"
         while True:
-            await asyncio.gather(*(self._poll(ep) for ep in list(self._static.values())),
-                                 *(self._probe(ep) for ep in list(self._nodes.values())), return_exceptions=True)
+            await asyncio.gather(*(self._poll(session, ep) for ep in list(self._static.values())),
+                                 *(self._probe(session, ep) for ep in list(self._nodes.values())),
+                                 return_exceptions=True)
             await asyncio.sleep(self._poll_interval * random.uniform(0.9, 1.1))
 
-    async def _probe(self, ep: Endpoint) -> None:
+    async def _probe(self, session: aiohttp.ClientSession, ep: Endpoint) -> None:
         """Is a registered node alive? Any answer from /health says so (its load comes with its heartbeats)."""
         try:
-            async with self._session.get(f"{ep.base_url}/health") as r:
+            async with session.get(f"{ep.base_url}/health") as r:
                 await r.read()
         except Exception as e:  # noqa: BLE001 - any failure to reach the node counts against it
             self._poll_failed(ep, f"{type(e).__name__}: {e}" if str(e) else type(e).__name__)
@@ -378,11 +385,11 @@ class EdgePool:
                             endpoint=ep.id, waiting=len(ep.waiting), failed_polls=n)
             ep.declare_lost(f"{n} health checks failed: {why}")
 
-    async def _poll(self, ep: Endpoint) -> None:
+    async def _poll(self, session: aiohttp.ClientSession, ep: Endpoint) -> None:
         """Learn a static node's model, slots and load from /health (or /v1/models for other servers)."""
         x = ep.extra
         try:
-            async with self._session.get(f"{ep.base_url}/health") as r:
+            async with session.get(f"{ep.base_url}/health") as r:
                 if r.status in (200, 503):
                     body = await r.json(content_type=None)
                     if isinstance(body, dict) and "slots" in body:
@@ -395,7 +402,7 @@ class EdgePool:
                                  busy=body.get("busy"), queued=body.get("queued"), ctx=body.get("ctx"),
                                  poll_failures=0)
                         return
-            async with self._session.get(f"{ep.base_url}/v1/models") as r:
+            async with session.get(f"{ep.base_url}/v1/models") as r:
                 if r.status == 200:
                     data = (await r.json(content_type=None)).get("data") or []
                     if data:
@@ -414,5 +421,11 @@ def _check_context(ep: Endpoint, max_context: int | None, ctx: object) -> None:
                     max_context=max_context, server_context=ctx)
 
 
-def _s(v: Any) -> str:
+def _seen(ep: Endpoint) -> float:
+    """When the node was last heard from (0: never)."""
+    seen = ep.extra.get("seen", 0.0)
+    return float(seen) if isinstance(seen, (int, float)) else 0.0
+
+
+def _s(v: bytes | bytearray | str | float) -> str:
     return v.decode() if isinstance(v, (bytes, bytearray)) else str(v)

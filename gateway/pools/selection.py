@@ -30,6 +30,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
+from tiergate.core.wire import ChatRequest
 from tiergate.gateway.pools.prefix_memory import PrefixMemory
 
 if TYPE_CHECKING:
@@ -60,7 +61,7 @@ def affinity_key(request: ParsedRequest, chars: int) -> bytes | None:
     Chat messages are joined with their roles so that the same words in a system prompt and in a
     user turn do not collide. Shorter prompts hash whole, so exact repeats still share a server.
     """
-    if request.kind == "chat":
+    if isinstance(request, ChatRequest):
         parts: list[str] = []
         size = 0
         for m in request.messages:

@@ -118,7 +118,7 @@ def parse(text: str) -> VllmMetrics:
                 kv_blocks = int(m.group(1))
         elif key == "kv":
             kv.append(value)
-        else:
+        elif key is not None:  # None: only the cache_config_info line, read above
             seen_running |= key == _RUNNING
             spec |= name.startswith("vllm:spec_decode_")
             sums[key] = sums.get(key, 0.0) + value

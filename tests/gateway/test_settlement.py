@@ -1,17 +1,23 @@
 """`gateway.settlement`: every request settles exactly once, whichever way it ends, with the right token charge.
 
 The rules themselves are checked on a `Settlement` with fakes at its boundary (accounting, limiter, cache,
-distiller); the paths (JSON, stream, cascade, cache hit, error) through a gateway run in process in front of
-instant backends, counting every settlement and every charge."""
+distiller); the paths (JSON, stream, cascade, cache hit, error, a client gone before or during its answer, a
+shadow check) through a gateway run in process in front of instant backends, counting every settlement and every
+charge."""
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import json
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from prometheus_client import CollectorRegistry
 
@@ -19,6 +25,9 @@ from tests.gateway.conftest import write_policy
 from tests.support.inprocess import in_process
 from tests.support.instant_upstream import make_app
 from tests.support.servers import aiohttp_server
+from tests.support.waiting import eventually
+from tiergate.cache import SemanticCache
+from tiergate.core import tracing
 from tiergate.core.errors import OpenAIError
 from tiergate.core.types import Decision, Features, Priority
 from tiergate.gateway.auth import KeyRing, Tenant
@@ -156,6 +165,24 @@ def test_a_shadow_check_stores_the_tiers_answer_or_counts_a_failure_and_charges_
     assert metrics.shadow_checks.labels("checked")._value.get() == 1
 
 
+def test_each_settlement_is_the_requests_last_span_named_for_how_it_ended(monkeypatch: pytest.MonkeyPatch) -> None:
+    spans: list[tuple[str, dict[str, object]]] = []
+
+    @contextmanager
+    def span(name: str, **attributes: object) -> Iterator[None]:
+        spans.append((name, attributes))
+        yield
+
+    monkeypatch.setattr(tracing, "span", span)
+    fakes = _Fakes()
+    settle, _ = fakes.settlement()
+    asyncio.run(settle.answered(_Ctx(), Outcome(cache="miss"), "edge", 200, 0.001, 7, 4))
+    other, _ = fakes.settlement()
+    exc = OpenAIError(502, "Tier `cloud`: down", code="upstream_down")
+    asyncio.run(other.refused(exc, tenant=TENANT, decision=None, features=None, cache="miss"))
+    assert spans == [("settle", {"tiergate.settled": "answered"}), ("settle", {"tiergate.settled": "refused"})]
+
+
 def _body(sent: bool) -> UpstreamBody:
     body = UpstreamBody.of(_Ctx(), as_json=True)  # type: ignore[arg-type]
     if sent:
@@ -264,3 +291,119 @@ def test_a_cascade_escalation_settles_once_and_charges_the_thrown_away_attempt(t
     assert r.headers["x-tiergate-cascade"] == "escalated" and r.headers["x-tiergate-tier"] == "cloud"
     assert watch.paths() == Counter({"answered": 1}) and len(watch.charged) == 1
     assert watch.charged[0] > 2 * 4  # both tiers' completions (4 tokens each) and the prompts
+
+
+# ---- a client gone, a shadow check: in process too -----------------------------------------------------------------
+
+
+async def _leaving(app: Any, body: dict[str, Any], *, leave_after_s: float | None = None) -> list[dict[str, Any]]:
+    """One request straight through the ASGI app, from a client that hangs up: after `leave_after_s`, or (None) as
+    soon as its answer's first bytes arrive. Returns what the app sent."""
+    payload = json.dumps(body).encode()
+    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
+             "path": "/v1/chat/completions", "raw_path": b"/v1/chat/completions", "query_string": b"",
+             "root_path": "", "client": ("127.0.0.1", 50000), "server": ("gateway", 80),
+             "headers": [(b"host", b"gateway"), (b"content-type", b"application/json"),
+                         (b"content-length", str(len(payload)).encode()),
+                         (b"authorization", AUTH["Authorization"].encode())]}
+    gone, sent, delivered = asyncio.Event(), [], False
+    if leave_after_s is not None:
+        asyncio.get_running_loop().call_later(leave_after_s, gone.set)
+
+    async def receive() -> dict[str, Any]:
+        nonlocal delivered
+        if not delivered:
+            delivered = True
+            return {"type": "http.request", "body": payload, "more_body": False}
+        await gone.wait()
+        return {"type": "http.disconnect"}
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+        if leave_after_s is None and message["type"] == "http.response.body" and message.get("body"):
+            gone.set()
+
+    await app(scope, receive, send)
+    return sent
+
+
+def _settings(policy: Path) -> Settings:
+    return Settings(policy=policy, embedder=None, redis_url=None, log_format="console", log_level="warning")
+
+
+def test_a_client_gone_before_its_answer_began_settles_once_charged_what_the_backend_was_asked(
+        tmp_path: Path, watch: Watch) -> None:
+    """A backend that never answers; the client hangs up after the request reached it: one `gone` settlement each,
+    a JSON request charged its prompt and max_tokens (4), a stream its prompt only."""
+    from tiergate.gateway.app import create_app
+
+    with aiohttp_server(make_app(4, "hang", model="edge-model")) as edge, \
+            aiohttp_server(make_app(4, "hang", model="cloud-model")) as cloud:
+        policy = write_policy(tmp_path / "p.yaml", [edge.url], [cloud.url], fallback=False)
+
+        async def run() -> list[list[dict[str, Any]]]:
+            app = create_app(_settings(policy), keyring=KEYS)
+            async with app.router.lifespan_context(app):
+                return [await _leaving(app, {**CHAT, "stream": stream}, leave_after_s=0.3)
+                        for stream in (False, True)]
+
+        json_gone, stream_gone = asyncio.run(run())
+    for sent in (json_gone, stream_gone):
+        assert sent[0]["type"] == "http.response.start" and sent[0]["status"] == 499
+    assert watch.paths() == Counter({"gone": 2}) and len(watch.settled) == 2
+    prompt = watch.charged[1]
+    assert prompt > 0 and watch.charged == [prompt + 4, prompt]
+
+
+def test_a_stream_whose_client_leaves_settles_once_charged_what_was_relayed(tmp_path: Path, watch: Watch) -> None:
+    """A slow stream of 40 tokens whose client leaves after the first bytes: one `answered` settlement, charged the
+    prompt and the tokens relayed (no usage chunk came), far from the whole answer."""
+    from tiergate.gateway.app import create_app
+
+    with aiohttp_server(make_app(40, "slow", model="edge-model")) as edge, \
+            aiohttp_server(make_app(4, model="cloud-model")) as cloud:
+        policy = write_policy(tmp_path / "p.yaml", [edge.url], [cloud.url], fallback=False)
+
+        async def run() -> tuple[list[dict[str, Any]], int]:
+            app = create_app(_settings(policy), keyring=KEYS)
+            async with app.router.lifespan_context(app):
+                sent = await _leaving(app, {**CHAT, "max_tokens": 40, "stream": True})
+                async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gateway") as c:
+                    answered = await c.post("/v1/chat/completions", json={**CHAT, "max_tokens": 1}, headers=AUTH)
+                return sent, answered.json()["usage"]["prompt_tokens"]
+
+        sent, _ = asyncio.run(run())
+    assert sent[0]["status"] == 200
+    assert [p for _, p in watch.settled] == ["answered", "answered"] and len(watch.charged) == 2
+    relayed = watch.charged[0] - (watch.charged[1] - 1)  # the second request: the same prompt and 1 token
+    assert 1 <= relayed < 40
+
+
+def test_a_shadow_check_settles_once_on_its_own_and_charges_nothing(tmp_path: Path, watch: Watch,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """A hit sampled for a shadow check (the cache's verdict forced to `verify`): the request settles as a hit,
+    the check, once the tier answered, as a shadow check; the tenant pays only the first request's answer."""
+    check = SemanticCache.check
+
+    async def sampled(self: SemanticCache, *args: Any, **kw: Any) -> Any:
+        result = await check(self, *args, **kw)
+        return dataclasses.replace(result, reason="verify") if result.hit is not None else result
+
+    monkeypatch.setattr(SemanticCache, "check", sampled)
+    with aiohttp_server(make_app(4, model="edge-model")) as edge, \
+            aiohttp_server(make_app(4, model="cloud-model")) as cloud:
+        policy = write_policy(tmp_path / "p.yaml", [edge.url], [cloud.url], fallback=False)
+
+        async def run() -> list[Any]:
+            async with in_process(_settings(policy), KEYS) as c:
+                miss = await c.post("/v1/chat/completions", json=CHAT, headers=AUTH)
+                hit = await c.post("/v1/chat/completions", json=CHAT, headers=AUTH)
+                await eventually(lambda: len(watch.settled) == 3, "the shadow check settled")
+                return [miss, hit]
+
+        miss, hit = asyncio.run(run())
+    assert hit.headers["x-tiergate-cache"] == "hit-exact"
+    ids = [miss.headers["x-request-id"], hit.headers["x-request-id"], hit.headers["x-request-id"]]
+    assert watch.settled == list(zip(ids, ["answered", "hit", "shadow"], strict=True))
+    usage = miss.json()["usage"]
+    assert watch.charged == [usage["prompt_tokens"] + usage["completion_tokens"]]

@@ -17,6 +17,7 @@ A judge that cannot answer (timeout, error) gives no label: nothing is learnt fr
 from __future__ import annotations
 
 import asyncio
+import re
 from typing import Protocol
 
 import aiohttp
@@ -92,15 +93,13 @@ class HttpJudge:
                     log.warning("cache_judge_failed", status=resp.status)
                     return None
                 data = await resp.json(content_type=None)
-            word = str(data["choices"][0]["message"]["content"]).strip().lower()
+            content = data["choices"][0]["message"]["content"]
         except (aiohttp.ClientError, TimeoutError, KeyError, IndexError, TypeError, ValueError) as exc:
             log.warning("cache_judge_failed", error=repr(exc)[:200])
             return None
-        if word.startswith("yes"):
-            return True
-        if word.startswith("no"):
-            return False
-        return None
+        # Only a first word of exactly yes or no is a verdict: a null content, "none" or "not sure" is not.
+        first = re.match(r"[a-z]+", content.strip().lower()) if isinstance(content, str) else None
+        return {"yes": True, "no": False}.get(first.group() if first else "")
 
     async def close(self) -> None:
         if self._session is not None:

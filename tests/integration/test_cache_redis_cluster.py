@@ -199,9 +199,9 @@ async def test_rate_limits_are_shared_through_the_cluster(redis_cluster_url):
 async def _caught_up(cache: SemanticCache) -> bool:
     """The cache's follower has applied every event in every shard's stream (all that was written so far)."""
     layout = cache.backend.layout
-    for i, shard in enumerate(layout._shards):
+    for i, shard in enumerate(layout.shards):
         last = await cache.backend.bg.xrevrange(shard.stream, count=1)
-        if last and layout._last_event[i] != last[0][0]:
+        if last and layout.follower.last_event[i] != last[0][0]:
             return False
     return True
 
@@ -209,7 +209,7 @@ async def _caught_up(cache: SemanticCache) -> bool:
 def _question_in_shard(cache: SemanticCache, shard: int, tenant: str = "acme") -> str:
     for n in range(1000):
         q = f"What is item number {n} made of?"
-        if cache.backend.layout._shard_index(request_key(chat(q), tenant).entry_id) == shard:
+        if cache.backend.layout.shards.index_of(request_key(chat(q), tenant).entry_id) == shard:
             return q
     raise AssertionError(f"no question lands in shard {shard}")
 

@@ -1,8 +1,9 @@
-"""What a Redis layout of the cache is, and what it may use of the store that runs it (`cache.redis.store`).
+"""What a Redis layout of the cache is, and what it may use of the link that runs it (`cache.redis.link`).
 
 A layout (`cache.redis.stream` for Redis 7, `cache.redis.vset` for Redis 8) says where entries and vectors live
-and how they are searched. The store owns the connections, the timeouts and the up/down state, and calls the
-layout inside them: a layout method just talks to Redis and lets failures propagate.
+and how they are searched. The link owns the connections, the timeouts and the up/down state, and the store
+(`cache.redis.store`) calls the layout inside them: a layout method just talks to Redis and lets failures
+propagate.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ class Misconfigured(RedisError):
 
 
 class Conn(Protocol):
-    """The part of the store a layout uses."""
+    """The part of the link a layout uses."""
 
     url: str
     r: AnyRedis  # request path: short timeouts
@@ -48,7 +49,7 @@ class Conn(Protocol):
     def stopping(self) -> bool: ...
 
     async def pause(self, seconds: float) -> None:
-        """Sleep, but wake as soon as Redis is seen to fail (the store then reconnects)."""
+        """Sleep, but wake as soon as Redis is seen to fail (the link then reconnects)."""
         ...
 
 
@@ -58,7 +59,7 @@ class Layout(Protocol):
     kind: str  # "redis-stream" | "redis-vectorset"
 
     async def prepare(self) -> None:
-        """Checks before the store is marked up (raise `Misconfigured` to keep the cache bypassed)."""
+        """Checks before the link is marked up (raise `Misconfigured` to keep the cache bypassed)."""
         ...
 
     async def on_connect(self, restarted: bool) -> None:

@@ -362,7 +362,7 @@ async def test_stop_ends_the_background_task_even_if_a_client_call_swallows_the_
 
     monkeypatch.setattr(VectorSetLayout if version == "redis8" else StreamLayout, "run", stubborn_run)
     cache, _ = await make_cache()
-    task = cache.backend._task
+    task = cache.backend.link._task
     assert task is not None and not task.done()
     await cache.stop()
     assert task.done()  # ended within stop's bound, not left looping for the event loop's shutdown to hang on

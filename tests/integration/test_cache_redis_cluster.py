@@ -263,7 +263,7 @@ async def test_an_unreachable_cluster_is_bypassed_from_the_start(make_cache):
         cache, registry = await make_cache(url=f"redis+cluster://127.0.0.1:{free_port()}")
         try:
             # start() returned because the first attempt failed as a Redis failure, not after its wait ran out
-            assert cache.backend._ready.is_set() and not cache.backend.available()
+            assert cache.backend.link._ready.is_set() and not cache.backend.available()
             res = await cache.check(chat("Who wrote Hamlet?"), "acme", RULE)
             assert res.status == "bypass" and res.reason == "store_unavailable"
         finally:

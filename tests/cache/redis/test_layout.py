@@ -1,5 +1,5 @@
-"""The contract between the Redis store and its layouts: both layouts offer every method the store calls, the
-store offers everything a layout may use, and what real Redis clients raise when Redis fails is among the
+"""The contract between the Redis link and its layouts: both layouts offer every method the link and store call,
+the link offers everything a layout may use, and what real Redis clients raise when Redis fails is among the
 `FAILURES` the store turns into a bypass (a layout lets them propagate)."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from tests.support.redis import RedisServer
 from tiergate.cache.index import VectorIndex
 from tiergate.cache.redis.conn import open_redis
 from tiergate.cache.redis.layout import FAILURES, Conn, Layout, Misconfigured
-from tiergate.cache.redis.store import RedisStore
+from tiergate.cache.redis.link import RedisLink
 from tiergate.cache.redis.stream import StreamLayout
 from tiergate.cache.redis.vset import VectorSetLayout
 from tiergate.cache.settings import CacheSettings
@@ -48,14 +48,14 @@ def test_each_layout_offers_every_method_the_store_calls_with_the_same_parameter
             assert inspect.iscoroutinefunction(ours) == inspect.iscoroutinefunction(declared), name
 
 
-def test_the_store_offers_everything_a_layout_may_use() -> None:
-    store = RedisStore("redis://127.0.0.1:1/0", VectorIndex(4), CacheSettings(), fresh_metrics()[0])
+def test_the_link_offers_everything_a_layout_may_use() -> None:
+    link = RedisLink("redis://127.0.0.1:1/0", VectorIndex(4), CacheSettings(), fresh_metrics()[0])
     for name, declared in members(Conn).items():
-        assert hasattr(store, name), f"RedisStore lacks {name}"
+        assert hasattr(link, name), f"RedisLink lacks {name}"
         if callable(declared):
-            assert params(getattr(RedisStore, name)) == params(declared), name
-            assert inspect.iscoroutinefunction(getattr(RedisStore, name)), name
-    assert isinstance(store.up, bool) and isinstance(store.stopping, bool)
+            assert params(getattr(RedisLink, name)) == params(declared), name
+            assert inspect.iscoroutinefunction(getattr(RedisLink, name)), name
+    assert isinstance(link.up, bool) and isinstance(link.stopping, bool)
 
 
 def test_a_misconfigured_server_is_a_redis_failure_too() -> None:

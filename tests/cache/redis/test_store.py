@@ -1,6 +1,6 @@
-"""The Redis store on real servers: which layout serves, the request path's failures (down, slow, misconfigured)
-turned into `StoreUnavailable` and a bypass until Redis answers again, and invalidations that reach every
-layout's entries."""
+"""The Redis store on real servers: which layout serves, the request path's failures (down, misconfigured) turned
+into `StoreUnavailable` and a bypass until Redis answers again, and invalidations that reach every layout's
+entries. (The link's own failure handling, slow answers included: tests/cache/redis/test_link.py.)"""
 
 from __future__ import annotations
 
@@ -14,9 +14,7 @@ import redis
 from prometheus_client import CollectorRegistry
 
 from tests.cache.helpers import SETTINGS, answer, chat, fresh_metrics, sample
-from tests.support.ports import free_port
 from tests.support.redis import RedisServer, flushed
-from tests.support.tools import require_tool
 from tests.support.waiting import eventually
 from tiergate.cache.index import VectorIndex
 from tiergate.cache.keys import request_key
@@ -69,12 +67,6 @@ async def make_store() -> AsyncIterator[Make]:
         await store.stop()
 
 
-def test_an_unknown_store_choice_is_refused() -> None:
-    with pytest.raises(ValueError, match="choose auto, vectorset or stream"):
-        RedisStore("redis://127.0.0.1:1/0", VectorIndex(DIM), dataclasses.replace(SETTINGS, store="faiss"),
-                   fresh_metrics()[0])
-
-
 async def test_the_layout_follows_the_server_and_entries_round_trip(make_store: Make, redis_url: str) -> None:
     store, registry = make_store(redis_url)
     assert store.kind == "redis" and not store.available()
@@ -121,25 +113,6 @@ async def test_vector_sets_asked_of_redis_7_bypass_the_cache_and_say_why(make_st
         await store.put(entry_for("q"), unit(2))
 
 
-async def test_a_dead_redis_does_not_hold_up_the_start_and_is_used_once_it_answers(make_store: Make,
-                                                                                   tmp_path) -> None:
-    server = RedisServer(require_tool("redis-server", "apt-get install -y redis-server"), tmp_path / "late", free_port())
-    store, registry = make_store(server.url)
-    try:
-        await store.start(wait_s=30)  # returns after the first failed attempt, not after 30 s
-        assert not store.available() and store.describe()["up"] is False
-        with pytest.raises(StoreUnavailable):
-            await store.get_many("ns", ["x"])
-        server.start()
-        await eventually(store.available, "the store to see Redis answer")
-        assert sample(registry, "tiergate_cache_redis_up") == 1
-        e = entry_for("What is a black hole?")
-        await store.put(e, unit(3))
-        assert (await store.get_many(e.namespace, [e.id]))[0] is not None
-    finally:
-        server.stop()
-
-
 async def test_a_killed_redis_bypasses_at_once_and_is_used_again_after_its_restart(make_store: Make,
                                                                                    redis_server: RedisServer,
                                                                                    redis_url: str) -> None:
@@ -160,42 +133,6 @@ async def test_a_killed_redis_bypasses_at_once_and_is_used_again_after_its_resta
     assert await store.get_many(e.namespace, [e.id]) == [None]  # a restarted server lost its data
     await store.put(e, unit(4))
     assert (await store.get_many(e.namespace, [e.id]))[0] is not None
-
-
-async def test_one_slow_answer_bypasses_one_request_and_three_in_a_row_mark_redis_down(
-        make_store: Make, redis7_server: RedisServer) -> None:
-    store, registry = make_store(flushed(redis7_server), dataclasses.replace(FAST, redis_timeout_s=0.2))
-    await store.start()
-    e = entry_for("What is a black hole?")
-    redis7_server.pause()
-    try:
-        for _ in range(2):
-            with pytest.raises(StoreUnavailable, match="timed out"):
-                await store.get_many(e.namespace, [e.id])
-            assert store.available()
-        with pytest.raises(StoreUnavailable, match="timed out"):
-            await store.get_many(e.namespace, [e.id])
-        assert not store.available() and sample(registry, "tiergate_cache_redis_up") == 0
-    finally:
-        redis7_server.resume()
-    await eventually(store.available, "the store to see Redis answer again")
-
-
-async def test_a_good_answer_between_slow_ones_starts_the_count_again(make_store: Make,
-                                                                      redis7_server: RedisServer) -> None:
-    store, _ = make_store(flushed(redis7_server), dataclasses.replace(FAST, redis_timeout_s=0.2))
-    await store.start()
-    e = entry_for("What is a black hole?")
-    for _ in range(3):
-        redis7_server.pause()
-        try:
-            for _ in range(2):
-                with pytest.raises(StoreUnavailable, match="timed out"):
-                    await store.get_many(e.namespace, [e.id])
-        finally:
-            redis7_server.resume()
-        assert await store.get_many(e.namespace, [e.id]) == [None]
-    assert store.available()
 
 
 async def test_invalidations_reach_one_tenant_or_everything(make_store: Make, redis_url: str) -> None:
@@ -235,7 +172,6 @@ async def test_admin_start_picks_the_layout_without_background_work(make_store: 
     store, _ = make_store(redis_url)
     await store.start_admin()
     assert store.available() and store.kind in ("redis-stream", "redis-vectorset")
-    assert store._task is None
     e = entry_for("What is a black hole?")
     await store.put(e, unit(30))
     assert await store.delete_all() == 1

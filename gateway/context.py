@@ -2,7 +2,7 @@
 
 `Arrival` is known from the first byte; `RequestContext` once the policy has decided, and never changes after
 that; `Outcome` is the little that is learnt on the way to the answer (the cache's verdict, whether a backend
-got the request). Settlement reads all three. `UpstreamBody` is the recipe of what backends are sent: a value
+got the request). Settlement reads all three, and sums the request up as a `Finished` for accounting. `UpstreamBody` is the recipe of what backends are sent: a value
 dispatch reads (and marks sent) rather than a closure calling back into the pipeline.
 
 Tested in `tests/gateway/test_settlement.py` and `tests/gateway/test_app.py`.
@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import msgspec
 
 from tiergate.cache.keys import RequestKey
+from tiergate.cache.types import CacheStatus
 from tiergate.core.pool import Endpoint
 from tiergate.core.types import Decision, Features
 from tiergate.core.wire import ParsedRequest, StreamOptions, upstream_body
@@ -25,7 +26,7 @@ from tiergate.gateway.limits import TenantSlot
 from tiergate.policies.confidence import Verdict
 from tiergate.policies.model import Policy
 
-__all__ = ["Arrival", "Outcome", "RequestContext", "UpstreamBody"]
+__all__ = ["Arrival", "Finished", "Outcome", "RequestContext", "UpstreamBody"]
 
 _STREAM_OPTIONS = StreamOptions(include_usage=True)
 
@@ -74,13 +75,31 @@ class RequestContext:
 class Outcome:
     """What the way to the answer finds out: the cache's verdict and whether a backend got the request."""
 
-    cache: str = "bypass"  # the x-tiergate-cache header: hit-exact, hit-semantic, miss, bypass
+    cache: CacheStatus = "bypass"  # the x-tiergate-cache header
     cache_key: RequestKey | None = None  # from the lookup, reused by the store
     similarity: float | None = None  # of a semantic hit
     body: UpstreamBody | None = None  # what backends are sent; says whether one was (it may be working on it)
     streaming: bool = False  # a backend's stream is being relayed: it releases the tenant's slot when it ends
     cascade: Verdict | None = None  # a cascade's judgment of its first tier's answer
     shadow_check: bool = False  # a cache hit sampled for verification: its request also goes to the tier after it
+
+
+@dataclass(frozen=True, slots=True)
+class Finished:
+    """A request once it is over, as accounting counts and logs it (built by its `Settlement`, whichever way it
+    ended: what is not known by then, because the request never got that far, is None)."""
+
+    arrival: Arrival
+    tier: str  # the tier that answered; "cache" for a cache hit, "none" when no tier did
+    status: int  # what the client got (499: it left first)
+    overhead: float  # seconds of the gateway's own work
+    elapsed: float  # seconds from arrival to the end
+    tenant: Tenant | None = None
+    decision: Decision | None = None
+    features: Features | None = None
+    cache: CacheStatus = "bypass"
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
 
 
 @dataclass(slots=True)

@@ -56,7 +56,7 @@ class Attempt:
     endpoint: Endpoint
     response: UpstreamResponse
     route: Tier
-    metrics: GatewayMetrics
+    lease: _Lease  # the tier's slot and the endpoint's in-flight count, given back by `finish()`
     upstream_started: float  # perf_counter when the request went to the backend
     fallback_from: str | None = None
     events: AsyncIterator[list[bytes]] | None = None  # streaming: the rest of the stream, after `first`
@@ -84,8 +84,7 @@ class Attempt:
         if self.live is not None:
             self.live.discard(self)
         self.span.end()
-        self.endpoint.inflight -= 1
-        _give_back(self.route, self.metrics)
+        self.lease.release()
         if not ok:
             self.route.pool.report(self.endpoint, False)
 
@@ -115,109 +114,119 @@ class Dispatcher:
     async def open(self, *, request: ParsedRequest, features: Features, decision: Decision, path: str,
                    body: Body, request_id: str, stream: bool) -> Attempt:
         """`_open` in the request's trace: a "dispatch" span, then a "relay" span the Attempt ends."""
+        call = _Call(request, features, decision, path, body, request_id, stream, _Budget(decision.timeouts))
         if not tracing.enabled():
-            return await self._open(request=request, features=features, decision=decision, path=path,
-                                    body=body, request_id=request_id, stream=stream)
+            return await self._open(call)
         with tracing.span("dispatch", **{"tiergate.tiers": list(decision.tiers)}):
-            attempt = await self._open(request=request, features=features, decision=decision, path=path,
-                                       body=body, request_id=request_id, stream=stream)
+            attempt = await self._open(call)
         attempt.span = tracing.start("relay", **{"tiergate.tier": attempt.tier,
                                                  "tiergate.endpoint": attempt.endpoint.id})
         return attempt
 
-    async def _open(self, *, request: ParsedRequest, features: Features, decision: Decision, path: str,
-                    body: Body, request_id: str, stream: bool) -> Attempt:
+    async def _open(self, call: _Call) -> Attempt:
         """Return the first backend that accepts the request, or raise the most telling OpenAIError.
 
         For a stream, the first token is read here (with the role-only frames before it, held:
         `UpstreamResponse.events`), so that a backend failing before its first token is still retried
         elsewhere: nothing has reached the client yet.
         """
-        routes, metrics = self._tiers, self._metrics
+        metrics, tiers = self._metrics, call.decision.tiers
         failures: list[OpenAIError] = []  # one per tier tried, so the final error can say what happened where
-        budget = _Budget(decision.timeouts)
         previous: str | None = None
-        tiers = decision.tiers
         for i, tier in enumerate(tiers):
-            route = routes.get(tier)
+            route = self._tiers.get(tier)
             if route is None:
                 continue
             if previous is not None:
                 metrics.fallbacks.labels(previous, tier, failures[-1].code if failures else "unavailable").inc()
             previous = tier
-            candidates = route.pool.candidates(request, features)[:MAX_ENDPOINTS_PER_TIER]
-            if not candidates:
-                failures.append(upstream_error(503, f"No healthy backend in tier `{tier}`.", code="tier_unavailable",
-                                               retry_after_s=1))
-                continue
-            metrics.child(metrics.queued, tier).inc()
-            try:
-                admitted = await route.admission.acquire(features.priority, decision.timeouts.queue_s)
-            finally:
-                metrics.child(metrics.queued, tier).dec()
-            if not admitted:
-                metrics.shed.labels(tier, features.priority.name.lower()).inc()
-                failures.append(rate_limited(f"Tier `{tier}` is saturated; retry shortly.", decision.timeouts.queue_s,
-                                             code="tier_saturated"))
-                continue
-            metrics.child(metrics.inflight, tier).inc()
+            got = await self._try_tier(tier, route, call, later=tiers[i + 1:])
+            if isinstance(got, Attempt):
+                return got
+            if got is not None:
+                failures.append(got)
+        raise _most_telling(failures)
+
+    async def _try_tier(self, tier: str, route: Tier, call: _Call, later: tuple[str, ...]) -> Attempt | OpenAIError | None:
+        """One tier: its best endpoints in turn, under one admission slot. Returns the Attempt, or why this tier
+        could not serve the request (the next tier is tried); raises what ends the request here and now.
+
+        The slot and the endpoint's in-flight count live in a `_Lease` that the `with` gives back on every way
+        out (a failure, a cancellation, a bug) unless an Attempt took it over."""
+        candidates = route.pool.candidates(call.request, call.features)[:MAX_ENDPOINTS_PER_TIER]
+        if not candidates:
+            return upstream_error(503, f"No healthy backend in tier `{tier}`.", code="tier_unavailable",
+                                  retry_after_s=1)
+        lease = await self._admit(tier, route, call)
+        if lease is None:
+            return rate_limited(f"Tier `{tier}` is saturated; retry shortly.", call.decision.timeouts.queue_s,
+                                code="tier_saturated")
+        with lease:
             last: OpenAIError | None = None
             for ep in candidates:
-                try:
-                    if self.closing is not None:
-                        raise UpstreamFailure(self.closing, kind=FailureKind.SHUTDOWN, status=503, retryable=False)
-                    timeouts = budget.left()
-                except UpstreamFailure as f:  # retries ate the request's total time, or the gateway is closing
-                    _give_back(route, metrics)
-                    raise _failure_error(tier, f) from None
-                ep.inflight += 1
-                started = time.perf_counter()
-                try:
-                    data = body.for_endpoint(ep)
-                    body.mark_sent()  # from here on a backend may be working on it
-                    resp, events, first, first_at = await self._attempt(ep, path, data, timeouts, request_id, stream)
-                except UpstreamFailure as f:
-                    ep.inflight -= 1
-                    if f.kind is FailureKind.SHUTDOWN:  # no backend's fault: nothing to report, nothing to retry
-                        _give_back(route, metrics)
-                        raise _failure_error(tier, f) from None
-                    metrics.upstream_errors.labels(tier, f.kind).inc()
-                    if f.kind is FailureKind.CAPABILITY and any(t in routes for t in tiers[i + 1:]):
-                        # This tier cannot serve it (context too short, a feature missing): a later one may.
-                        # The endpoint is fine and the same tier's others are alike, so on to the next tier.
-                        last = _client_error_from(f, f"Tier `{tier}` cannot serve this request: ")
-                        break
-                    # the backend judged the request: pass its verdict on
-                    if f.kind in (FailureKind.HTTP_4XX, FailureKind.CAPABILITY):
-                        _give_back(route, metrics)
-                        raise _client_error_from(f) from None
-                    route.pool.report(ep, False)
-                    last = upstream_error(f.status, f"Tier `{tier}`: {f}", code=f"upstream_{f.kind}")
-                    if not f.retryable:  # the request's time is spent: nothing else gets to try
-                        _give_back(route, metrics)
-                        raise last from None
-                    continue
-                except BaseException:  # cancelled (client gone) or a bug: give everything back, blame no one
-                    ep.inflight -= 1
-                    _give_back(route, metrics)
-                    raise
-                route.pool.report(ep, True)
-                attempt = Attempt(tier, ep, resp, route, metrics, started,
-                                  fallback_from=decision.tier if tier != decision.tier else None,
-                                  events=events, first=first, first_at=first_at, live=self._live)
-                self._live.add(attempt)
-                return attempt
-            _give_back(route, metrics)
-            if last is not None:
-                failures.append(last)
-        if not failures:
-            raise upstream_error(503, "No tier is available for this request.", code="no_tier_available",
-                                 retry_after_s=1)
-        final = failures[-1]
-        if len(failures) > 1:  # say what happened in every tier, keep the last one's status and code
-            final = OpenAIError(final.status, " ".join(e.message for e in failures), type=final.type,
-                                code=final.code, headers=final.headers)
-        raise final
+                got = await self._try_endpoint(tier, route, ep, lease, call, later)
+                if isinstance(got, Attempt):
+                    return got
+                last = got.error
+                if got.next_tier:
+                    break
+            return last
+
+    async def _admit(self, tier: str, route: Tier, call: _Call) -> _Lease | None:
+        """Wait for one of the tier's slots, in priority order, for at most the policy's queue time; None: shed."""
+        metrics = self._metrics
+        metrics.child(metrics.queued, tier).inc()
+        try:
+            admitted = await route.admission.acquire(call.features.priority, call.decision.timeouts.queue_s)
+        finally:
+            metrics.child(metrics.queued, tier).dec()
+        if not admitted:
+            metrics.shed.labels(tier, call.features.priority.name.lower()).inc()
+            return None
+        return _Lease(route, tier, metrics)  # no await before the caller's `with`: nothing can come in between
+
+    async def _try_endpoint(self, tier: str, route: Tier, ep: Endpoint, lease: _Lease, call: _Call,
+                            later: tuple[str, ...]) -> Attempt | _Failed:
+        """One endpoint: the Attempt when it accepts, else what its failure means (`_judge`)."""
+        if self.closing is not None:
+            raise shutting_down(self.closing)
+        try:
+            timeouts = call.budget.left()
+        except UpstreamFailure as f:  # retries ate the request's total time
+            raise _failure_error(tier, f) from None
+        lease.use(ep)
+        started = time.perf_counter()
+        try:
+            data = call.body.for_endpoint(ep)
+            call.body.mark_sent()  # from here on a backend may be working on it
+            resp, events, first, first_at = await self._attempt(ep, call.path, data, timeouts, call.request_id,
+                                                                call.stream)
+        except UpstreamFailure as f:
+            return self._judge(tier, route, ep, f, later)
+        route.pool.report(ep, True)
+        decision = call.decision
+        attempt = Attempt(tier, ep, resp, route, lease.hand_over(), started,
+                          fallback_from=decision.tier if tier != decision.tier else None,
+                          events=events, first=first, first_at=first_at, live=self._live)
+        self._live.add(attempt)
+        return attempt
+
+    def _judge(self, tier: str, route: Tier, ep: Endpoint, f: UpstreamFailure, later: tuple[str, ...]) -> _Failed:
+        """What one endpoint's failure means: the next endpoint, the next tier, or (raised) the request's answer."""
+        if f.kind is FailureKind.SHUTDOWN:  # no backend's fault: nothing to report, nothing to retry
+            raise _failure_error(tier, f) from None
+        self._metrics.upstream_errors.labels(tier, f.kind).inc()
+        if f.kind is FailureKind.CAPABILITY and any(t in self._tiers for t in later):
+            # This tier cannot serve it (context too short, a feature missing): a later one may.
+            # The endpoint is fine and the same tier's others are alike, so on to the next tier.
+            return _Failed(_client_error_from(f, f"Tier `{tier}` cannot serve this request: "), next_tier=True)
+        if f.kind in (FailureKind.HTTP_4XX, FailureKind.CAPABILITY):  # the backend judged the request: its verdict
+            raise _client_error_from(f) from None
+        route.pool.report(ep, False)
+        error = upstream_error(f.status, f"Tier `{tier}`: {f}", code=f"upstream_{f.kind}")
+        if not f.retryable:  # the request's time is spent: nothing else gets to try
+            raise error from None
+        return _Failed(error)
 
     async def _attempt(self, ep: Endpoint, path: str, body: bytes, timeouts: Timeouts, request_id: str,
                        stream: bool) -> tuple[UpstreamResponse, AsyncIterator[list[bytes]] | None, list[bytes] | None,
@@ -310,10 +319,84 @@ class _Budget:
         return dataclasses.replace(self._timeouts, total_s=left)
 
 
-def _give_back(route: Tier, metrics: GatewayMetrics) -> None:
-    """Free the tier slot an attempt held (admission and the in-flight gauge move together)."""
-    route.admission.release()
-    metrics.child(metrics.inflight, route.name).dec()
+def _most_telling(failures: list[OpenAIError]) -> OpenAIError:
+    """The error for a request no tier could serve: the last tier's status and code, every tier's story."""
+    if not failures:
+        return upstream_error(503, "No tier is available for this request.", code="no_tier_available",
+                              retry_after_s=1)
+    final = failures[-1]
+    if len(failures) > 1:  # say what happened in every tier, keep the last one's status and code
+        final = OpenAIError(final.status, " ".join(e.message for e in failures), type=final.type,
+                            code=final.code, headers=final.headers)
+    return final
+
+
+class _Lease:
+    """One admission slot of a tier (with its in-flight gauge), and the in-flight count of the endpoint it is
+    being used on: whoever holds the lease gives both back, once, by `release()` or leaving its `with`.
+
+    `use` moves the endpoint count from the endpoint tried before (a failed one) to the next; `hand_over` passes
+    everything to a new lease (an Attempt's, released by `Attempt.finish`), leaving this one empty."""
+
+    __slots__ = ("_metrics", "_route", "_tier", "endpoint", "held")
+
+    def __init__(self, route: Tier, tier: str, metrics: GatewayMetrics) -> None:
+        self._route, self._tier, self._metrics = route, tier, metrics
+        self.endpoint: Endpoint | None = None
+        self.held = True
+        metrics.child(metrics.inflight, tier).inc()
+
+    def use(self, ep: Endpoint | None) -> None:
+        """Count the request on `ep` (None: on no endpoint) rather than on the one it was on."""
+        if self.endpoint is not None:
+            self.endpoint.inflight -= 1
+        self.endpoint = ep
+        if ep is not None:
+            ep.inflight += 1
+
+    def hand_over(self) -> _Lease:
+        """The same slot and endpoint count, now the new lease's to give back: this one's `release` does nothing."""
+        other = _Lease.__new__(_Lease)
+        other._route, other._tier, other._metrics = self._route, self._tier, self._metrics
+        other.endpoint, other.held = self.endpoint, self.held
+        self.endpoint, self.held = None, False
+        return other
+
+    def release(self) -> None:
+        if not self.held:
+            return
+        self.held = False
+        self.use(None)
+        self._route.admission.release()
+        self._metrics.child(self._metrics.inflight, self._tier).dec()
+
+    def __enter__(self) -> _Lease:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+@dataclass(frozen=True, slots=True)
+class _Failed:
+    """An endpoint that failed the request in a way another may not: the error it leaves, and where to go next."""
+
+    error: OpenAIError
+    next_tier: bool = False  # this tier cannot serve it (a capability): skip its other endpoints
+
+
+@dataclass(frozen=True, slots=True)
+class _Call:
+    """One request as dispatch tries it: what to post, where, and within what total time."""
+
+    request: ParsedRequest
+    features: Features
+    decision: Decision
+    path: str
+    body: Body
+    request_id: str
+    stream: bool
+    budget: _Budget
 
 
 def _discard(resp: UpstreamResponse | None) -> None:

@@ -10,6 +10,7 @@ forget the cache. A second settlement is a bug: it is logged and ignored (raised
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any, ClassVar
 
@@ -17,13 +18,13 @@ import structlog
 from starlette.responses import Response
 
 from tiergate.cache import SemanticCache
-from tiergate.cache.types import CachedAnswer, CacheHit
+from tiergate.cache.types import CachedAnswer, CacheHit, CacheStatus
 from tiergate.core import tracing
 from tiergate.core.errors import OpenAIError
 from tiergate.core.types import Decision, Features
 from tiergate.gateway.accounting import Accounting
 from tiergate.gateway.auth import Tenant
-from tiergate.gateway.context import Arrival, Outcome, RequestContext
+from tiergate.gateway.context import Arrival, Finished, Outcome, RequestContext
 from tiergate.gateway.distill import Distiller
 from tiergate.gateway.limits import Limiter
 from tiergate.gateway.metrics import GatewayMetrics
@@ -81,6 +82,9 @@ class Settlement:
         whichever way the request then ends."""
         self._extra_tokens += tokens
 
+    def _elapsed(self) -> float:
+        return time.perf_counter() - self.arrival.started
+
     def _once(self, path: str) -> bool:
         if self.settled is not None:
             log.error("settled_twice", request_id=self.arrival.request_id, first=self.settled, again=path)
@@ -102,9 +106,11 @@ class Settlement:
         if not self._once("answered"):
             return
         d = self._deps
+        if elapsed is None:
+            elapsed = time.perf_counter() - ctx.arrival.started
         with _settle_span("answered"):
-            d.accounting.answered(ctx, outcome, tier, status, overhead, prompt_tokens, completion_tokens,
-                                  elapsed=elapsed)
+            d.accounting.record(Finished(ctx.arrival, tier, status, overhead, elapsed, ctx.tenant, ctx.decision,
+                                         ctx.features, outcome.cache, prompt_tokens, completion_tokens))
             await self._charge(ctx.tenant, prompt_tokens + completion_tokens)
             cache = d.cache()
             if store is not None and cache is not None:
@@ -117,16 +123,19 @@ class Settlement:
         if not self._once("hit"):
             return
         with _settle_span("hit"):
-            self._deps.accounting.answered(ctx, outcome, "cache", 200, overhead, elapsed=overhead)
+            self._deps.accounting.record(Finished(ctx.arrival, "cache", 200, overhead, overhead, ctx.tenant,
+                                                  ctx.decision, ctx.features, outcome.cache))
             cache = self._deps.cache()
             if cache is not None:
                 await cache.served(ctx.request_id, ctx.tenant.id, hit)
 
     async def refused(self, exc: OpenAIError, *, tenant: Tenant | None, decision: Decision | None,
-                      features: Features | None, cache: str) -> Response:
+                      features: Features | None, cache: CacheStatus) -> Response:
         """The OpenAI error answer (charging only a cascade's thrown-away attempt, if one ran)."""
-        response = self._deps.accounting.refused(self.arrival, exc, tenant=tenant, decision=decision,
-                                                 features=features, cache=cache)
+        elapsed = self._elapsed()
+        done = Finished(self.arrival, "none", exc.status, overhead=elapsed, elapsed=elapsed, tenant=tenant,
+                        decision=decision, features=features, cache=cache)
+        response = self._deps.accounting.refused(done, exc)
         if self._once("refused"):
             with _settle_span("refused"):
                 await self._charge(tenant, 0)
@@ -147,8 +156,11 @@ class Settlement:
             prompt_tokens = spent = features.prompt_tokens
             if not stream and body.max_tokens:
                 spent += body.max_tokens
-        response = self._deps.accounting.gone(self.arrival, tenant=tenant, decision=decision, features=features,
-                                              cache=outcome.cache, prompt_tokens=prompt_tokens)
+        elapsed = self._elapsed()
+        tier = decision.tier if decision is not None and decision.tier else "none"
+        done = Finished(self.arrival, tier, 499, overhead=elapsed, elapsed=elapsed, tenant=tenant, decision=decision,
+                        features=features, cache=outcome.cache, prompt_tokens=prompt_tokens)
+        response = self._deps.accounting.gone(done)
         if self._once("gone"):
             with _settle_span("gone"):
                 await self._charge(tenant, spent)

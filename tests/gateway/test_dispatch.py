@@ -1,17 +1,22 @@
-"""Dispatch's bookkeeping when no backend can take a request (fakes at the pool boundary; test_app covers real ones)."""
+"""Dispatch's bookkeeping: the errors when no backend can take a request, and the tier slots and endpoint in-flight
+counts given back exactly once whichever way a request leaves (fakes at the pool and upstream boundaries; test_app
+covers real ones)."""
 
 from __future__ import annotations
+
+import asyncio
 
 import pytest
 from prometheus_client import CollectorRegistry
 
 from tiergate.core.errors import OpenAIError
+from tiergate.core.pool import Endpoint
 from tiergate.core.types import Decision, Features, Priority, Timeouts
 from tiergate.gateway.admission import Admission
 from tiergate.gateway.dispatch import Dispatcher
 from tiergate.gateway.metrics import GatewayMetrics
 from tiergate.gateway.tiers import Tier
-from tiergate.gateway.upstream import UpstreamClient
+from tiergate.gateway.upstream import FailureKind, UpstreamClient, UpstreamFailure
 from tiergate.policies.tier_config import TierConfig
 
 pytestmark = pytest.mark.anyio
@@ -84,3 +89,140 @@ async def test_when_every_tier_fails_the_error_names_each_of_them():
     assert err.status == 429 and err.code == "tier_saturated"  # the last tier's verdict decides the status
     assert "tier `edge`" in err.message and "Tier `cloud` is saturated" in err.message
     assert saturated.inflight == 1  # the shed request took nothing
+
+
+# ---- every way out gives the tier's slot and the endpoint's in-flight count back, once -------------------------
+
+
+class _Pool:
+    """A tier's endpoints, all candidates, best first; what dispatch reported of each."""
+
+    def __init__(self, tier: str, *names: str) -> None:
+        self.eps = [Endpoint(n, f"http://{n}", "m", tier) for n in names]
+        self.reports: list[tuple[str, bool]] = []
+
+    def candidates(self, request, features):
+        return list(self.eps)
+
+    def endpoints(self):
+        return list(self.eps)
+
+    def report(self, ep: Endpoint, ok: bool) -> None:
+        self.reports.append((ep.id, ok))
+
+
+class _Response:
+    closed = False
+
+    def close(self) -> None:
+        self.closed = True
+
+
+class _Upstream:
+    """Answers each endpoint as told: "ok", "5xx", "4xx", "capability", or "hang" (until cancelled)."""
+
+    def __init__(self, **how: str) -> None:
+        self.how = how
+        self.posted: list[str] = []
+        self.hanging = asyncio.Event()
+
+    async def post(self, ep, path, body, timeouts, request_id, stream=False):
+        self.posted.append(ep.id)
+        how = self.how[ep.id]
+        if how == "ok":
+            return _Response()
+        if how == "hang":
+            self.hanging.set()
+            await asyncio.Event().wait()
+        kind, status = {"5xx": (FailureKind.HTTP_5XX, 502), "4xx": (FailureKind.HTTP_4XX, 400),
+                        "capability": (FailureKind.CAPABILITY, 400)}[how]
+        raise UpstreamFailure(f"{ep.id} said {how}", kind=kind, status=status)
+
+
+def _leaks(routes: dict[str, Tier], metrics: GatewayMetrics) -> list[str]:
+    """Whatever is still counted as taken: tier slots, endpoint in-flight counts, the in-flight gauge."""
+    left = [f"{name}: {r.admission.inflight} slot(s)" for name, r in routes.items() if r.admission.inflight]
+    left += [f"{ep.id}: {ep.inflight} in flight" for r in routes.values() for ep in r.pool.endpoints() if ep.inflight]
+    left += [f"{name}: gauge {metrics.inflight.labels(name)._value.get()}" for name in routes
+             if metrics.inflight.labels(name)._value.get()]
+    return left
+
+
+def _two_tiers(edge: tuple[str, ...], cloud: tuple[str, ...]) -> dict[str, Tier]:
+    return {"edge": Route("edge", _Pool("edge", *edge), Admission(lambda: 4)),
+            "cloud": Route("cloud", _Pool("cloud", *cloud), Admission(lambda: 4))}
+
+
+def _dispatcher(routes: dict[str, Tier], **how: str) -> tuple[Dispatcher, _Upstream, GatewayMetrics]:
+    upstream, metrics = _Upstream(**how), GatewayMetrics(CollectorRegistry())
+    return Dispatcher(upstream, routes, metrics), upstream, metrics  # type: ignore[arg-type]
+
+
+def _go(dispatcher: Dispatcher):
+    return dispatcher.open(request=None, features=FEATURES, decision=Decision(rule="r", tier="edge",
+                           fallbacks=("cloud",)), path="/v1/chat/completions", body=_Body(), request_id="r1",
+                           stream=False)
+
+
+async def test_an_accepted_request_holds_its_slot_and_endpoint_until_finished_then_gives_them_back_once():
+    routes = _two_tiers(("e1", "e2"), ("c1",))
+    dispatcher, upstream, metrics = _dispatcher(routes, e1="5xx", e2="ok", c1="ok")
+    attempt = await _go(dispatcher)
+    assert (attempt.tier, attempt.endpoint.id) == ("edge", "e2")  # e1 failed, the next endpoint took it
+    assert _leaks(routes, metrics) == ["edge: 1 slot(s)", "e2: 1 in flight", "edge: gauge 1.0"]
+    attempt.finish()
+    attempt.finish()  # a second finish gives nothing back twice
+    assert _leaks(routes, metrics) == []
+    assert routes["edge"].pool.reports == [("e1", False), ("e2", True)]
+
+
+async def test_every_endpoint_failing_leaves_nothing_taken():
+    routes = _two_tiers(("e1", "e2"), ("c1",))
+    dispatcher, upstream, metrics = _dispatcher(routes, e1="5xx", e2="5xx", c1="5xx")
+    with pytest.raises(OpenAIError) as failed:
+        await _go(dispatcher)
+    assert failed.value.status == 502 and upstream.posted == ["e1", "e2", "c1"]
+    assert _leaks(routes, metrics) == []
+
+
+async def test_a_backend_verdict_on_the_request_ends_it_and_leaves_nothing_taken():
+    routes = _two_tiers(("e1", "e2"), ("c1",))
+    dispatcher, upstream, metrics = _dispatcher(routes, e1="4xx", e2="ok", c1="ok")
+    with pytest.raises(OpenAIError) as failed:
+        await _go(dispatcher)
+    assert failed.value.status == 400 and upstream.posted == ["e1"]
+    assert _leaks(routes, metrics) == []
+
+
+async def test_a_capability_failure_falls_to_the_next_tier_and_leaves_the_first_untaken():
+    routes = _two_tiers(("e1", "e2"), ("c1",))
+    dispatcher, upstream, metrics = _dispatcher(routes, e1="capability", e2="ok", c1="ok")
+    attempt = await _go(dispatcher)
+    assert (attempt.tier, attempt.fallback_from) == ("cloud", "edge")
+    assert upstream.posted == ["e1", "c1"]  # the tier's other endpoints are alike: skipped
+    assert _leaks(routes, metrics) == ["cloud: 1 slot(s)", "c1: 1 in flight", "cloud: gauge 1.0"]
+    attempt.finish()
+    assert _leaks(routes, metrics) == []
+
+
+async def test_a_request_cancelled_while_its_backend_works_leaves_nothing_taken():
+    routes = _two_tiers(("e1", "e2"), ("c1",))
+    dispatcher, upstream, metrics = _dispatcher(routes, e1="5xx", e2="hang", c1="ok")
+    task = asyncio.create_task(_go(dispatcher))
+    await asyncio.wait_for(upstream.hanging.wait(), 5)
+    assert _leaks(routes, metrics) == ["edge: 1 slot(s)", "e2: 1 in flight", "edge: gauge 1.0"]
+    task.cancel()  # the client went away
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert _leaks(routes, metrics) == []
+    assert not routes["edge"].pool.eps[1].waiting  # nor is it still watched for a lost backend
+
+
+async def test_a_gateway_shutting_down_refuses_before_posting_and_leaves_nothing_taken():
+    routes = _two_tiers(("e1",), ("c1",))
+    dispatcher, upstream, metrics = _dispatcher(routes, e1="ok", c1="ok")
+    dispatcher.abort_all("stopping")
+    with pytest.raises(OpenAIError) as failed:
+        await _go(dispatcher)
+    assert failed.value.code == "shutting_down" and upstream.posted == []
+    assert _leaks(routes, metrics) == []

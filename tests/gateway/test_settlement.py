@@ -31,7 +31,7 @@ from tiergate.core import tracing
 from tiergate.core.errors import OpenAIError
 from tiergate.core.types import Decision, Features, Priority
 from tiergate.gateway.auth import KeyRing, Tenant
-from tiergate.gateway.context import Arrival, Outcome, UpstreamBody
+from tiergate.gateway.context import Arrival, Finished, Outcome, UpstreamBody
 from tiergate.gateway.limits import Limiter
 from tiergate.gateway.metrics import GatewayMetrics
 from tiergate.gateway.settings import Settings
@@ -57,15 +57,20 @@ class _Fakes:
     async def charge_tokens(self, tenant: Tenant, tokens: int) -> None:
         self.charged.append(tokens)
 
-    def answered(self, ctx: Any, outcome: Outcome, tier: str, status: int, *args: Any, **kw: Any) -> None:
-        self.accounted.append(("answered", (tier, status)))
+    finished: list[Finished] = field(default_factory=list)  # every record handed to accounting
 
-    def refused(self, arrival: Arrival, exc: OpenAIError, **kw: Any) -> str:
+    def record(self, done: Finished) -> None:
+        self.finished.append(done)
+        self.accounted.append(("answered", (done.tier, done.status)))
+
+    def refused(self, done: Finished, exc: OpenAIError) -> str:
+        self.finished.append(done)
         self.accounted.append(("refused", exc.status))
         return "refused-response"
 
-    def gone(self, arrival: Arrival, **kw: Any) -> str:
-        self.accounted.append(("gone", kw["prompt_tokens"]))
+    def gone(self, done: Finished) -> str:
+        self.finished.append(done)
+        self.accounted.append(("gone", done.prompt_tokens))
         return "gone-response"
 
     async def store(self, *args: Any) -> None:
@@ -88,6 +93,7 @@ class _Ctx:
     """The part of a `RequestContext` settling reads."""
 
     request_id: str = "r1"
+    arrival: Arrival = field(default_factory=lambda: Arrival.now("r1", "chat"))
     tenant: Tenant = TENANT
     features: Features = FEATURES
     decision: Decision = field(default_factory=lambda: Decision(rule="default", tier="edge"))
@@ -153,6 +159,29 @@ def test_a_client_gone_before_its_answer_is_charged_what_a_backend_may_have_done
     outcome = Outcome(cache="miss", body=_body(sent))
     got = asyncio.run(settle.gone(tenant=TENANT, decision=None, features=FEATURES, outcome=outcome, stream=stream))
     assert got == "gone-response" and fakes.charged == [charged] and fakes.accounted == [("gone", prompt)]
+
+
+def test_each_ending_hands_accounting_one_finished_record_of_what_was_known() -> None:
+    fakes = _Fakes()
+    ctx, decision = _Ctx(), Decision(rule="long", tier="cloud")
+    asyncio.run(fakes.settlement()[0].answered(ctx, Outcome(cache="miss"), "edge", 200, 0.001, 7, 4, elapsed=0.5))
+    asyncio.run(fakes.settlement()[0].hit(ctx, Outcome(cache="hit-semantic"), None, 0.002))  # type: ignore[arg-type]
+    exc = OpenAIError(503, "Tier `cloud`: down", code="upstream_down")
+    asyncio.run(fakes.settlement()[0].refused(exc, tenant=TENANT, decision=decision, features=None, cache="miss"))
+    outcome = Outcome(cache="bypass", body=_body(True))
+    asyncio.run(fakes.settlement()[0].gone(tenant=None, decision=decision, features=FEATURES, outcome=outcome))
+    answered, hit, refused, gone = fakes.finished
+    assert (answered.arrival, answered.tier, answered.status, answered.cache) == (ctx.arrival, "edge", 200, "miss")
+    assert (answered.overhead, answered.elapsed, answered.prompt_tokens, answered.completion_tokens) == (
+        0.001, 0.5, 7, 4)
+    assert (answered.tenant, answered.decision, answered.features) == (TENANT, ctx.decision, FEATURES)
+    assert (hit.tier, hit.status, hit.cache, hit.elapsed, hit.completion_tokens) == ("cache", 200, "hit-semantic",
+                                                                                     0.002, 0)
+    assert (refused.tier, refused.status, refused.cache, refused.decision) == ("none", 503, "miss", decision)
+    assert refused.overhead == refused.elapsed > 0  # all of it the gateway's: no backend answered
+    assert (gone.tier, gone.status, gone.cache, gone.prompt_tokens, gone.tenant) == ("cloud", 499, "bypass", 7, None)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        gone.status = 200  # type: ignore[misc]
 
 
 def test_a_shadow_check_stores_the_tiers_answer_or_counts_a_failure_and_charges_nothing() -> None:

@@ -57,7 +57,7 @@ from tiergate.core.tasks import cancel_and_wait
 if TYPE_CHECKING:
     from tiergate.cache.shared import SharedState
 
-__all__ = ["EDGES", "OVERLAP_EDGES", "REGION_LABELS", "ErrorBound", "Verdict", "certified_cutoffs", "estimate",
+__all__ = ["EDGES", "OVERLAP_EDGES", "REGION_LABELS", "ErrorBound", "BoundDecision", "certified_cutoffs", "estimate",
            "new_counts", "region"]
 
 log = structlog.get_logger("tiergate.cache.errbound")
@@ -158,7 +158,7 @@ def estimate(counts: np.ndarray, cutoffs: np.ndarray) -> tuple[float, float]:
 
 
 @dataclass(frozen=True, slots=True)
-class Verdict:
+class BoundDecision:
     action: Action  # hit: serve it; verify: ask the tier, then compare; judge: a miss, compare; miss: nothing
     cutoff: float  # the tenant's certified cutoff for this δ in the candidate's region (inf: none yet)
     threshold: float  # what this candidate had to reach: max(cutoff, the entry's own threshold)
@@ -227,11 +227,11 @@ class ErrorBound:
         return total + local if local is not None else total.copy()
 
     def decide(self, tenant: str, sim: float, overlap: float, delta: float, verify_rate: float,
-               entry_threshold: float | None = None) -> Verdict:
+               entry_threshold: float | None = None) -> BoundDecision:
         """What to do with the best candidate that passed the guards (at cosine `sim`, sharing `overlap` of its
         content words with the request); counts the lookup."""
         if sim < FLOOR:
-            return Verdict("miss", math.inf, math.inf)
+            return BoundDecision("miss", math.inf, math.inf)
         self._add(tenant, _T, sim, overlap)
         c = self.cutoff(tenant, delta, overlap)
         threshold = max(c, entry_threshold or 0.0)
@@ -243,7 +243,7 @@ class ErrorBound:
             action = "miss"
         if math.isfinite(threshold):
             self.metrics.semantic_threshold.observe(threshold)
-        return Verdict(action, c, threshold)
+        return BoundDecision(action, c, threshold)
 
     def record(self, tenant: str, sim: float, overlap: float, wrong: bool, source: str) -> None:
         """A label for a candidate at cosine `sim` and word overlap `overlap`: its answer was right or wrong for

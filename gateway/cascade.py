@@ -36,9 +36,9 @@ from tiergate.gateway.relay import Relay
 from tiergate.gateway.settlement import Settlement
 from tiergate.gateway.upstream import FailureKind, UpstreamFailure
 from tiergate.policies.confidence import (
+    CascadeVerdict,
     Confidence,
     TokenScore,
-    Verdict,
     scores_from_openai,
     scores_from_text_logprobs,
     verdict,
@@ -96,12 +96,12 @@ class CascadeRunner:
                 await self._read(ctx, attempt, read, cascade)
             judged = verdict(cascade, read.scores, read.finish, "".join(read.text))
         except TimeoutError:
-            judged = Verdict(False, "timeout", _NO_CONFIDENCE)
+            judged = CascadeVerdict(False, "timeout", _NO_CONFIDENCE)
         except (OpenAIError, UpstreamFailure) as exc:  # the first tier's own timeouts are bounded by the budget
             timed_out = (exc.kind is FailureKind.TIMEOUT if isinstance(exc, UpstreamFailure)
                          else exc.code == f"upstream_{FailureKind.TIMEOUT}")
             log.info("cascade_first_tier_failed", request_id=ctx.request_id, tier=first.tier, error=str(exc))
-            judged = Verdict(False, "timeout" if timed_out else "first_tier_failed", _NO_CONFIDENCE)
+            judged = CascadeVerdict(False, "timeout" if timed_out else "first_tier_failed", _NO_CONFIDENCE)
         except BaseException:  # cancelled: the client left (or shutdown)
             _drop(attempt)
             raise

@@ -23,7 +23,7 @@ from tiergate.core.types import Decision, Features
 from tiergate.core.wire import ParsedRequest, StreamOptions, upstream_body
 from tiergate.gateway.auth import Tenant
 from tiergate.gateway.limits import TenantSlot
-from tiergate.policies.confidence import Verdict
+from tiergate.policies.confidence import CascadeVerdict
 from tiergate.policies.model import Policy
 
 __all__ = ["Arrival", "Finished", "Outcome", "RequestContext", "UpstreamBody"]
@@ -80,7 +80,7 @@ class Outcome:
     similarity: float | None = None  # of a semantic hit
     body: UpstreamBody | None = None  # what backends are sent; says whether one was (it may be working on it)
     streaming: bool = False  # a backend's stream is being relayed: it releases the tenant's slot when it ends
-    cascade: Verdict | None = None  # a cascade's judgment of its first tier's answer
+    cascade: CascadeVerdict | None = None  # a cascade's judgment of its first tier's answer
     shadow_check: bool = False  # a cache hit sampled for verification: its request also goes to the tier after it
 
 

@@ -16,7 +16,7 @@ from typing import Any
 
 from tiergate.core.types import Cascade
 
-__all__ = ["Confidence", "TokenScore", "Verdict", "confidence", "judge_recorded", "verdict", "scores_from_openai", "scores_from_text_logprobs"]
+__all__ = ["Confidence", "TokenScore", "CascadeVerdict", "confidence", "judge_recorded", "verdict", "scores_from_openai", "scores_from_text_logprobs"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,19 +73,19 @@ def scores_from_text_logprobs(logprobs: dict[str, Any]) -> list[TokenScore]:
 
 
 @dataclass(frozen=True, slots=True)
-class Verdict:
+class CascadeVerdict:
     keep: bool
     reason: str  # "confident", or why it escalates: low_mean_logprob, low_token_logprob, low_margin, length, empty
     confidence: Confidence
 
 
-def verdict(cascade: Cascade, scores: Sequence[TokenScore], finish_reason: str | None, text: str) -> Verdict:
+def verdict(cascade: Cascade, scores: Sequence[TokenScore], finish_reason: str | None, text: str) -> CascadeVerdict:
     """Keep the first tier's answer, or escalate, as the cascade's thresholds say."""
     early = cascade.first_tokens is not None and finish_reason is None  # a stream judged on its start
     return _judge(cascade, confidence(scores, cascade.first_tokens), finish_reason, text, early)
 
 
-def judge_recorded(cascade: Cascade, record: dict[str, Any]) -> Verdict:
+def judge_recorded(cascade: Cascade, record: dict[str, Any]) -> CascadeVerdict:
     """A cascade's verdict from signals recorded in a traffic log (what `policy simulate` replays):
     {"mean_logprob", "min_logprob", "mean_margin", "tokens", "finish_reason", "text"} as bench/cascade writes
     them. A missing signal is not checked; a missing text is not empty."""
@@ -95,15 +95,15 @@ def judge_recorded(cascade: Cascade, record: dict[str, Any]) -> Verdict:
     return _judge(cascade, conf, record.get("finish_reason"), str(record.get("text", "x")), False)
 
 
-def _judge(cascade: Cascade, conf: Confidence, finish_reason: str | None, text: str, early: bool) -> Verdict:
+def _judge(cascade: Cascade, conf: Confidence, finish_reason: str | None, text: str, early: bool) -> CascadeVerdict:
     if cascade.escalate_on_empty and not early and not text.strip():
-        return Verdict(False, "empty", conf)
+        return CascadeVerdict(False, "empty", conf)
     if cascade.escalate_on_length and finish_reason == "length":
-        return Verdict(False, "length", conf)
+        return CascadeVerdict(False, "length", conf)
     if cascade.min_mean_logprob is not None and conf.mean_logprob < cascade.min_mean_logprob:
-        return Verdict(False, "low_mean_logprob", conf)
+        return CascadeVerdict(False, "low_mean_logprob", conf)
     if cascade.min_token_logprob is not None and conf.min_logprob < cascade.min_token_logprob:
-        return Verdict(False, "low_token_logprob", conf)
+        return CascadeVerdict(False, "low_token_logprob", conf)
     if cascade.min_margin is not None and (conf.mean_margin is None or conf.mean_margin < cascade.min_margin):
-        return Verdict(False, "low_margin", conf)
-    return Verdict(True, "confident", conf)
+        return CascadeVerdict(False, "low_margin", conf)
+    return CascadeVerdict(True, "confident", conf)

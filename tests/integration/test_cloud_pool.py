@@ -62,8 +62,6 @@ def chat(system: str, user: str, *, max_tokens: int = 8, stream: bool = False) -
     return request, body
 
 
-@dataclass
-
 class _Body:
     """The request as each endpoint gets it: its own model name (a `gateway.dispatch.Body`)."""
 
@@ -76,6 +74,8 @@ class _Body:
     def mark_sent(self) -> None:
         pass
 
+
+@dataclass
 class Outcome:
     attempts: list[str] = field(default_factory=list)
     served_by: str | None = None

@@ -7,21 +7,21 @@ read-only `Tier` records: dispatch, /v1/models, edge registration and the status
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from tiergate.cache.redis.conn import AnyRedis
 from tiergate.core.errors import not_found
 from tiergate.core.pool import Pool
 from tiergate.gateway.admission import Admission
-from tiergate.gateway.pools.cloud import CloudPool
+from tiergate.gateway.pools.cloud import CloudPool, CloudPoolSettings
 from tiergate.gateway.pools.edge import EdgePool
 from tiergate.gateway.pools.metrics import CloudMetrics
 from tiergate.policies.model import Policy
 from tiergate.policies.tier_config import TierConfig
 
-__all__ = ["Tier", "Tiers", "make_pool"]
+__all__ = ["Tier", "Tiers", "cloud_settings", "make_pool"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,18 +50,22 @@ def make_pool(config: TierConfig, redis: AnyRedis | None, cloud_metrics: CloudMe
     model = config.served_model or config.model
     if config.kind == "edge" or config.stand_in:
         return EdgePool(config.name, list(config.endpoints), model, redis=redis, max_context=config.max_context)
-    pool = functools.partial(CloudPool, config.name, model, list(config.endpoints), metrics=cloud_metrics,
-                             max_context=config.max_context)
-    discovery, routing = config.discovery, config.routing
-    if discovery is not None:
-        pool = functools.partial(pool, dns=discovery.dns, port=discovery.port, dns_interval_s=discovery.interval_s,
-                                 scheme=discovery.scheme)
-    if routing is not None:
-        pool = functools.partial(pool, strategy=routing.strategy, load_bound=routing.load_bound,
-                                 cached_load_bound=routing.cached_load_bound, affinity_chars=routing.affinity_chars)
+    return CloudPool(cloud_settings(config), metrics=cloud_metrics)
+
+
+def cloud_settings(config: TierConfig) -> CloudPoolSettings:
+    """A cloud tier's pool settings from its config: what `discovery` and `routing` say, else the pool's defaults."""
+    options: dict[str, Any] = {}
+    if (discovery := config.discovery) is not None:
+        options.update(dns=discovery.dns, port=discovery.port, dns_interval_s=discovery.interval_s,
+                       scheme=discovery.scheme)
+    if (routing := config.routing) is not None:
+        options.update(strategy=routing.strategy, load_bound=routing.load_bound,
+                       cached_load_bound=routing.cached_load_bound, affinity_chars=routing.affinity_chars)
         if routing.max_num_seqs:
-            pool = functools.partial(pool, slots=routing.max_num_seqs)
-    return pool()
+            options.update(slots=routing.max_num_seqs)
+    return CloudPoolSettings(config.name, config.served_model or config.model, tuple(config.endpoints),
+                             max_context=config.max_context, **options)
 
 
 def capacity_of(config: TierConfig, pool: Pool) -> Callable[[], int]:

@@ -13,7 +13,7 @@ from structlog.testing import capture_logs
 from tests.support.servers import aiohttp_server, free_port
 from tiergate.core.pool import Pool
 from tiergate.core.wire import ChatRequest, Message
-from tiergate.gateway.pools.cloud import CloudPool
+from tiergate.gateway.pools.cloud import CloudPool, CloudPoolSettings
 from tiergate.gateway.pools.metrics import CloudMetrics
 from tiergate.gateway.pools.selection import affinity_key
 
@@ -83,11 +83,11 @@ REGISTRY = CollectorRegistry()
 METRICS = CloudMetrics(REGISTRY)
 
 
-def pool_for(*urls: str, **options) -> CloudPool:
-    options.setdefault("metrics", METRICS)
-    options.setdefault("poll_interval_s", 3600)  # tests drive polling with refresh()
-    options.setdefault("poll_timeout_s", 1.0)
-    return CloudPool("cloud", MODEL, list(urls), **options)
+def pool_for(*urls: str, clock: Clock | None = None, **settings) -> CloudPool:
+    settings.setdefault("poll_interval_s", 3600)  # tests drive polling with refresh()
+    settings.setdefault("poll_timeout_s", 1.0)
+    options = {"clock": clock} if clock is not None else {}
+    return CloudPool(CloudPoolSettings("cloud", MODEL, urls, **settings), metrics=METRICS, **options)
 
 
 def sample(name: str, **labels: str) -> float | None:
@@ -284,8 +284,10 @@ def test_dns_discovery_adds_and_drops_servers_and_survives_resolver_failure() ->
             return answer
 
         async def scenario():
-            pool = CloudPool("cloud-dns", MODEL, ["http://10.9.9.9:8000"], dns="vllm.tiergate.svc.cluster.local",
-                             port=s.port, resolver=resolver, poll_interval_s=3600, poll_timeout_s=0.5)
+            settings = CloudPoolSettings("cloud-dns", MODEL, ("http://10.9.9.9:8000",),
+                                         dns="vllm.tiergate.svc.cluster.local", port=s.port, poll_interval_s=3600,
+                                         poll_timeout_s=0.5)
+            pool = CloudPool(settings, resolver=resolver)
             await pool.start()
             try:
                 first = sorted(e.id for e in pool.endpoints())
@@ -336,7 +338,7 @@ def test_spec_decode_and_prefix_cache_rates_over_the_window() -> None:
 
 def test_a_pool_needs_endpoints_or_a_dns_name() -> None:
     with pytest.raises(ValueError, match="static endpoints, a DNS name, or both"):
-        CloudPool("cloud", MODEL, [])
+        CloudPoolSettings("cloud", MODEL, ())
 
 
 def test_a_server_serving_less_context_than_the_tier_promises_is_warned_about() -> None:

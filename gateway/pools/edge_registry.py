@@ -1,0 +1,267 @@
+"""Which edge nodes an edge tier has: static endpoints from its config and nodes that registered by heartbeat.
+
+Heartbeats (`edge-node serve --gateway ...` posts its load every ~2 s) register or refresh a node. With a Redis
+client they are stored in Redis (a sorted set of last-seen times plus a hash of node info), so every gateway
+replica sees every node whichever replica received the heartbeat; without one the registry lives in this process.
+A node silent for `ttl_s` is dropped, and the requests still waiting for its answer to begin are told
+(`Endpoint.declare_lost`). Tested in `tests/gateway/pools/test_edge.py`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Annotated, Any
+
+import msgspec
+import structlog
+
+from tiergate.core.pool import Endpoint, context_mismatch
+from tiergate.core.wire import decode_json
+
+if TYPE_CHECKING:
+    from redis.commands.core import AsyncScript
+
+    from tiergate.cache.redis.conn import AnyRedis
+
+__all__ = ["EdgeRegistry", "HeartbeatError", "NodeInfo", "check_context", "last_seen", "parse_heartbeat"]
+
+log = structlog.get_logger("edge_node.pool")
+
+# The registry in Redis: KEYS[1] a sorted set of node ids by last heartbeat, KEYS[2] a hash of their
+# NodeInfo, KEYS[3] a sorted set of nodes that deregistered (tombstones, by time, kept one TTL). A replica
+# forgets a node when it deregistered (anywhere) or went silent past the TTL, not merely because Redis no
+# longer lists it: after a restart without persistence Redis lists only the nodes that have sent a
+# heartbeat since. Each change is one script (atomic on one server and on a Cluster, where the keys share
+# a hash tag; redis-py's async cluster client has no usable MULTI).
+_CLEANUP_LUA = """
+local ids = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1])
+for _, id in ipairs(ids) do redis.call('HDEL', KEYS[2], id) end
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', ARGV[1])
+redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', ARGV[1])
+return #ids
+"""
+_HEARTBEAT_LUA = """
+redis.call('ZADD', KEYS[1], ARGV[2], ARGV[1])
+redis.call('HSET', KEYS[2], ARGV[1], ARGV[3])
+redis.call('ZREM', KEYS[3], ARGV[1])
+"""
+_DEREGISTER_LUA = """
+local n = redis.call('ZREM', KEYS[1], ARGV[1])
+redis.call('HDEL', KEYS[2], ARGV[1])
+redis.call('ZADD', KEYS[3], ARGV[2], ARGV[1])
+return n
+"""
+
+
+class HeartbeatError(ValueError):
+    """A heartbeat body that does not describe a node (the gateway answers 400 with this message)."""
+
+
+_MAX_SLOTS = 65_536
+_MAX_QUEUE = 1_000_000
+_MAX_CTX = 16_777_216
+
+
+class NodeInfo(msgspec.Struct, forbid_unknown_fields=False):
+    """What an edge node says about itself in each heartbeat."""
+
+    node_id: str
+    url: str
+    model: str
+    # Bounded so that a bad or hostile node cannot push absurd numbers into the load arithmetic.
+    slots: Annotated[int, msgspec.Meta(ge=1, le=_MAX_SLOTS)] = 1
+    busy: Annotated[int, msgspec.Meta(ge=0, le=_MAX_QUEUE)] = 0
+    queued: Annotated[int, msgspec.Meta(ge=0, le=_MAX_QUEUE)] = 0
+    ctx: Annotated[int, msgspec.Meta(ge=0, le=_MAX_CTX)] = 0
+    tier: str | None = None
+
+
+_node_info = msgspec.json.Decoder(NodeInfo)
+
+
+def parse_heartbeat(body: bytes | Mapping[str, Any] | NodeInfo) -> NodeInfo:
+    """Validate a heartbeat (raw JSON bytes, a decoded dict, or a NodeInfo).
+
+    A NodeInfo built in code is converted again from its fields, so that the struct's own bounds are checked
+    whatever the source: they live in one place, the struct."""
+    try:
+        if isinstance(body, (bytes, bytearray, memoryview)):
+            info = decode_json(_node_info, body)
+        else:
+            fields = msgspec.structs.asdict(body) if isinstance(body, NodeInfo) else dict(body)
+            info = msgspec.convert(fields, NodeInfo)
+    except (msgspec.ValidationError, msgspec.DecodeError, TypeError) as e:
+        raise HeartbeatError(f"invalid heartbeat: {e}") from None
+    if not info.node_id or not info.url.startswith(("http://", "https://")):
+        raise HeartbeatError("invalid heartbeat: node_id must be set and url must be an http(s) base URL")
+    return info
+
+
+def _base_url(url: str) -> str:
+    url = url.rstrip("/")
+    return url.removesuffix("/v1")
+
+
+class EdgeRegistry:
+    """The edge nodes of one tier, by id: `static` ones from the config and `nodes` registered by heartbeat."""
+
+    def __init__(
+        self,
+        tier: str,
+        static_endpoints: Sequence[str],
+        model: str,
+        redis: AnyRedis | None,
+        ttl_s: float,
+        *,
+        max_context: int | None,
+        key_prefix: str,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.tier = tier
+        self.ttl_s = ttl_s
+        self.max_context = max_context  # what the tier's policy promises; a node serving less is warned about
+        self._clock = clock  # wall clock: heartbeat times are shared between replicas through Redis
+        self._redis = redis
+        # One hash tag for both keys: their MULTI and script stay in one slot on a Redis Cluster.
+        self._k_seen = f"{{{key_prefix}:{tier}}}:seen"
+        self._k_info = f"{{{key_prefix}:{tier}}}:info"
+        self._k_gone = f"{{{key_prefix}:{tier}}}:gone"
+        self.nodes: dict[str, Endpoint] = {}  # registered through heartbeats
+        self.static: dict[str, Endpoint] = {}
+        for url in static_endpoints:
+            base = _base_url(url)
+            self.static[base] = Endpoint(id=base, base_url=base, model=model, tier=tier, slots=1,
+                                         extra={"source": "static", "up": True, "draining": False})
+        self._scripts: dict[str, AsyncScript] = {}
+        self._redis_warned = False
+        self.refreshes = 0  # refreshes from Redis completed (tests wait on it rather than on the clock)
+
+    def all(self) -> Iterator[Endpoint]:
+        yield from self.static.values()
+        yield from self.nodes.values()
+
+    async def heartbeat(self, info: bytes | Mapping[str, Any] | NodeInfo) -> Endpoint:
+        """Register or refresh a node. Raises HeartbeatError on a malformed heartbeat."""
+        node = parse_heartbeat(info)
+        now = self._clock()
+        ep = self._apply(node, now)
+        if self._redis is not None:
+            try:
+                await self._script(_HEARTBEAT_LUA, node.node_id, now, msgspec.json.encode(node))
+            except Exception as e:  # noqa: BLE001 - Redis down: this replica still knows the node
+                self._redis_failed(e)
+        return ep
+
+    async def deregister(self, node_id: str) -> bool:
+        """Forget a node now (it is draining). True if it was known."""
+        known = self.nodes.pop(node_id, None) is not None
+        if self._redis is not None:
+            try:
+                known = bool(await self._script(_DEREGISTER_LUA, node_id, self._clock())) or known
+            except Exception as e:  # noqa: BLE001 - Redis down: forgotten here, expires there
+                self._redis_failed(e)
+        if known:
+            log.info("edge node deregistered", tier=self.tier, node_id=node_id)
+        return known
+
+    async def refresh(self) -> None:
+        """Expire silent nodes and (with Redis) load every node any replica has heard from."""
+        now = self._clock()
+        if self._redis is None:
+            for nid, ep in list(self.nodes.items()):
+                if now - last_seen(ep) > self.ttl_s:
+                    del self.nodes[nid]
+                    log.info("edge node expired", tier=self.tier, node_id=nid)
+                    ep.declare_lost(f"no heartbeat for {self.ttl_s:g}s")
+            return
+        try:
+            await self._script(_CLEANUP_LUA, now - self.ttl_s)
+            async with self._redis.pipeline(transaction=False) as pipe:  # writes are atomic scripts
+                pipe.zrange(self._k_seen, 0, -1, withscores=True)
+                pipe.hgetall(self._k_info)
+                pipe.zrange(self._k_gone, 0, -1)
+                seen_rows, infos, gone_rows = await pipe.execute()
+        except Exception as e:  # noqa: BLE001 - keep the last snapshot while Redis is away
+            self._redis_failed(e)
+            return
+        self._redis_warned = False
+        self.refreshes += 1
+        seen = {_s(k): float(v) for k, v in seen_rows}
+        live: set[str] = set()
+        for k, raw in infos.items():
+            nid = _s(k)
+            if nid not in seen:
+                continue
+            try:
+                node = msgspec.json.decode(raw, type=NodeInfo)
+            except (msgspec.ValidationError, msgspec.DecodeError):
+                continue
+            self._apply(node, seen[nid])
+            live.add(nid)
+        gone = {_s(k) for k in gone_rows}
+        for nid, ep in list(self.nodes.items()):
+            # Not listed but heard from within the TTL: Redis lost it (a restart); its next heartbeat refills it.
+            if nid in gone or nid not in live and now - last_seen(ep) > self.ttl_s:
+                del self.nodes[nid]
+                if nid not in gone:  # a node that deregistered is draining: it finishes what it holds
+                    ep.declare_lost(f"no heartbeat for {self.ttl_s:g}s")
+
+    async def keep_fresh(self, interval_s: float) -> None:
+        """`refresh` every `interval_s` until cancelled."""
+        while True:
+            with contextlib.suppress(Exception):
+                await self.refresh()
+            await asyncio.sleep(interval_s)
+
+    def _apply(self, node: NodeInfo, seen: float) -> Endpoint:
+        ep = self.nodes.get(node.node_id)
+        load = (node.busy + node.queued) / max(node.slots, 1)
+        if ep is None:
+            ep = Endpoint(id=node.node_id, base_url=_base_url(node.url), model=node.model, tier=self.tier,
+                          slots=node.slots, reported_load=load)
+            self.nodes[node.node_id] = ep
+            log.info("edge node registered", tier=self.tier, node_id=node.node_id, url=node.url,
+                     model=node.model, slots=node.slots)
+        elif seen < last_seen(ep):
+            return ep  # an older reading (another replica's snapshot) must not overwrite a newer one
+        else:
+            ep.base_url = _base_url(node.url)
+            ep.model = node.model
+            ep.slots = node.slots
+            ep.reported_load = load
+        check_context(ep, self.max_context, node.ctx)
+        ep.extra.update(source="heartbeat", seen=seen, busy=node.busy, queued=node.queued, ctx=node.ctx)
+        return ep
+
+    async def _script(self, source: str, *args: float | str | bytes) -> Any:  # what the Lua script returns
+        script = self._scripts.get(source)
+        if script is None:
+            assert self._redis is not None, "the registry's scripts run only with Redis"
+            script = self._scripts[source] = self._redis.register_script(source)
+        return await script(keys=[self._k_seen, self._k_info, self._k_gone], args=list(args))
+
+    def _redis_failed(self, e: Exception) -> None:
+        if not self._redis_warned:
+            log.warning("edge registry: redis unavailable, using this replica's view", tier=self.tier,
+                        error=f"{type(e).__name__}: {e}")
+            self._redis_warned = True
+
+
+def check_context(ep: Endpoint, max_context: int | None, ctx: object) -> None:
+    """Warn (once per value) when a node's context per request is smaller than its tier's `max_context`."""
+    if warning := context_mismatch(ep, max_context, ctx):
+        log.warning("tier_context_larger_than_server", tier=ep.tier, endpoint=ep.id, message=warning,
+                    max_context=max_context, server_context=ctx)
+
+
+def last_seen(ep: Endpoint) -> float:
+    """When the node was last heard from (0: never)."""
+    seen = ep.extra.get("seen", 0.0)
+    return float(seen) if isinstance(seen, (int, float)) else 0.0
+
+
+def _s(v: bytes | bytearray | str | float) -> str:
+    return v.decode() if isinstance(v, (bytes, bytearray)) else str(v)

@@ -4,9 +4,12 @@
 from __future__ import annotations
 
 import ctypes
+import logging
 import os
+from collections.abc import Iterator
 
 import pytest
+import structlog
 from structlog.testing import capture_logs
 
 from tiergate.edge_node.engine.llama_log import LlamaLogBridge
@@ -58,6 +61,18 @@ def test_fragments_become_lines_and_continuations_keep_their_level() -> None:
                                                         ("error", "second line")]
 
 
+@pytest.fixture
+def debug_level() -> Iterator[None]:
+    """Log at debug level for one test: another test may have configured the process's logging at info."""
+    saved = structlog.get_config()
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.DEBUG))
+    try:
+        yield
+    finally:
+        structlog.configure(**saved)
+
+
+@pytest.mark.usefixtures("debug_level")
 def test_info_lines_are_logged_only_when_asked_and_warnings_always() -> None:
     with LlamaLogBridge(echo_debug=True) as bridge, capture_logs() as logs:
         emit(bridge, INFO, b"n_ctx = 512\n")

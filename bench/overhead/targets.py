@@ -77,10 +77,12 @@ def make_targets(args, py: str, tmp: Path, up_port: int, embedder: Path | None) 
     for tree in (Path(t).resolve() for t in args.baseline_tree):
         pp = os.pathsep.join([str(tree), *[p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]])
         # A checkout from before the `tiergate.` namespace has no tiergate/ links: start its CLI by its old name,
-        # or the console script would import this checkout's code through the editable install.
+        # with its tree first on sys.path (the console script would import this checkout's code through the
+        # editable install, and `-m` would find this working directory's gateway/ first).
         old = not (tree / "tiergate").is_dir()
+        boot = f"import sys; sys.path.insert(0, {str(tree)!r}); from gateway.cli import app; app()"
         t = _tiergate(f"tiergate@{_git_rev(tree)}", py, tmp, up_port, cpus={0}, env={"PYTHONPATH": pp},
-                      command=[py, "-m", "gateway.cli"] if old else None)
+                      command=[py, "-c", boot] if old else None)
         t.note = f"the gateway from {tree}"
         out.append(t)
     if "semantic" in args.variants:

@@ -116,6 +116,11 @@ def render(report: dict, out: Path) -> str:
             f"{_c(by['tiergate+semantic'][m]['cpu_ms_per_req']) - _c(by['tiergate'][m]['cpu_ms_per_req']):+.3f} ms CPU "
             f"per request, {_r(by['tiergate+semantic'][m]['max_rps'], by['tiergate'][m]['max_rps']):.2f}x the req/s ({m})"
             for m in MODES))
+    if "passthrough" in by:  # what each gateway adds over relaying bytes: SSE relays more chunks than JSON
+        facts.append("CPU ms per request added over the passthrough: " + "; ".join(
+            f"{name} " + ", ".join(f"{_c(t[m]['cpu_ms_per_req']) - _c(by['passthrough'][m]['cpu_ms_per_req']):.3f} "
+                                   f"({m})" for m in MODES)
+            for name, t in by.items() if name.startswith("tiergate") and t.get(MODES[0], {}).get("cpu_ms_per_req")))
     for name, t in by.items():
         if name.startswith("tiergate@"):
             facts.append(f"{name} ({t['note']}) vs tiergate, CPU ms per request, median (min..max) of the passes: "

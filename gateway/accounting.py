@@ -11,7 +11,6 @@ Tested in `tests/gateway/test_settlement.py` and `tests/gateway/test_app.py`.
 from __future__ import annotations
 
 import structlog
-from starlette.responses import Response
 
 from tiergate.core.errors import OpenAIError
 from tiergate.gateway.context import Finished
@@ -21,7 +20,6 @@ from tiergate.gateway.stats import Stats
 __all__ = ["Accounting"]
 
 log = structlog.get_logger("tiergate.gateway")
-_JSON = "application/json"
 
 
 class Accounting:
@@ -48,21 +46,16 @@ class Accounting:
                  completion_tokens=done.completion_tokens, ms=round(elapsed * 1000, 2),
                  overhead_ms=round(done.overhead * 1000, 3))
 
-    def refused(self, done: Finished, exc: OpenAIError) -> Response:
-        """The OpenAI error answer; a 5xx or 429 also counts as a request (of tier `none`), a 4xx is logged."""
+    def refused(self, done: Finished, exc: OpenAIError) -> None:
+        """Count an error answer: a 5xx or 429 also counts as a request (of tier `none`), a 4xx is logged."""
         self._metrics.client_errors.labels(exc.code or str(exc.status)).inc()
         if exc.status >= 500 or exc.status == 429:
             self.record(done)
         else:
             log.info("request_refused", request_id=done.arrival.request_id, status=exc.status, code=exc.code,
                      tenant=done.tenant.id if done.tenant else None)
-        headers = {"x-request-id": done.arrival.request_id, **exc.headers}
-        if done.decision is not None:
-            headers["x-tiergate-rule"] = done.decision.rule
-        return Response(exc.to_json(), status_code=exc.status, media_type=_JSON, headers=headers)
 
-    def gone(self, done: Finished) -> Response:
-        """Count and log a client that left before its answer began; the 499 is never seen by anyone."""
+    def gone(self, done: Finished) -> None:
+        """Count and log a client that left before its answer began."""
         self._metrics.disconnects.labels(done.tier).inc()
         self.record(done)
-        return Response(status_code=499, headers={"x-request-id": done.arrival.request_id})

@@ -32,6 +32,7 @@ from tiergate.gateway.metrics import GatewayMetrics
 __all__ = ["AlreadySettled", "CacheProvider", "Settlement", "Settlements", "SharedCache"]
 
 log = structlog.get_logger("tiergate.gateway")
+_JSON = "application/json"
 CacheProvider = Callable[[], SemanticCache | None]  # the cache once start-up built it (None when disabled)
 
 
@@ -135,11 +136,14 @@ class Settlement:
         elapsed = self._elapsed()
         done = Finished(self.arrival, "none", exc.status, overhead=elapsed, elapsed=elapsed, tenant=tenant,
                         decision=decision, features=features, cache=cache)
-        response = self._deps.accounting.refused(done, exc)
         if self._once("refused"):
             with _settle_span("refused"):
+                self._deps.accounting.refused(done, exc)
                 await self._charge(tenant, 0)
-        return response
+        headers = {"x-request-id": self.arrival.request_id, **exc.headers}
+        if decision is not None:
+            headers["x-tiergate-rule"] = decision.rule
+        return Response(exc.to_json(), status_code=exc.status, media_type=_JSON, headers=headers)
 
     async def gone(self, *, tenant: Tenant | None, decision: Decision | None, features: Features | None,
                    outcome: Outcome, stream: bool = False) -> Response:
@@ -160,11 +164,11 @@ class Settlement:
         tier = decision.tier if decision is not None and decision.tier else "none"
         done = Finished(self.arrival, tier, 499, overhead=elapsed, elapsed=elapsed, tenant=tenant, decision=decision,
                         features=features, cache=outcome.cache, prompt_tokens=prompt_tokens)
-        response = self._deps.accounting.gone(done)
         if self._once("gone"):
             with _settle_span("gone"):
+                self._deps.accounting.gone(done)
                 await self._charge(tenant, spent)
-        return response
+        return Response(status_code=499, headers={"x-request-id": self.arrival.request_id})  # seen by nobody
 
     async def shadow(self, ctx: RequestContext, outcome: Outcome, answer: CachedAnswer | None) -> None:
         """A shadow check's result (the operator's cost: nothing charged, nothing accounted): the tier's answer goes

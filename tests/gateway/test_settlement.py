@@ -63,15 +63,13 @@ class _Fakes:
         self.finished.append(done)
         self.accounted.append(("answered", (done.tier, done.status)))
 
-    def refused(self, done: Finished, exc: OpenAIError) -> str:
+    def refused(self, done: Finished, exc: OpenAIError) -> None:
         self.finished.append(done)
         self.accounted.append(("refused", exc.status))
-        return "refused-response"
 
-    def gone(self, done: Finished) -> str:
+    def gone(self, done: Finished) -> None:
         self.finished.append(done)
         self.accounted.append(("gone", done.prompt_tokens))
-        return "gone-response"
 
     async def store(self, *args: Any) -> None:
         self.stored.append(args[3])
@@ -144,7 +142,21 @@ def test_a_refusal_charges_only_what_a_cascade_threw_away() -> None:
     settle.add_spent(9)
     exc = OpenAIError(502, "Tier `cloud`: down", code="upstream_down")
     got = asyncio.run(settle.refused(exc, tenant=TENANT, decision=None, features=None, cache="miss"))
-    assert got == "refused-response" and fakes.charged == [9] and fakes.accounted == [("refused", 502)]
+    assert fakes.charged == [9] and fakes.accounted == [("refused", 502)]
+    assert (got.status_code, json.loads(got.body)["error"]["code"], got.headers["x-request-id"]) == (
+        502, "upstream_down", "r1")
+
+
+def test_a_second_refusal_outside_strict_mode_answers_the_same_error_but_counts_it_once(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(Settlement, "strict", False)
+    fakes = _Fakes()
+    settle, _ = fakes.settlement()
+    exc = OpenAIError(503, "Tier `cloud`: down", code="upstream_down")
+    first, again = (asyncio.run(settle.refused(exc, tenant=TENANT, decision=None, features=None, cache="miss"))
+                    for _ in range(2))
+    assert (first.status_code, first.body) == (again.status_code, again.body)
+    assert fakes.accounted == [("refused", 503)] and fakes.charged == [0] and settle.settled == "refused"
 
 
 @pytest.mark.parametrize(("sent", "stream", "charged", "prompt"), [
@@ -158,7 +170,7 @@ def test_a_client_gone_before_its_answer_is_charged_what_a_backend_may_have_done
     settle, _ = fakes.settlement()
     outcome = Outcome(cache="miss", body=_body(sent))
     got = asyncio.run(settle.gone(tenant=TENANT, decision=None, features=FEATURES, outcome=outcome, stream=stream))
-    assert got == "gone-response" and fakes.charged == [charged] and fakes.accounted == [("gone", prompt)]
+    assert got.status_code == 499 and fakes.charged == [charged] and fakes.accounted == [("gone", prompt)]
 
 
 def test_each_ending_hands_accounting_one_finished_record_of_what_was_known() -> None:

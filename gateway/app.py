@@ -51,7 +51,7 @@ def create_app(settings: Settings | None = None, *, keyring: KeyRing | None = No
     traced = tracing.configure("tiergate-gateway")  # off unless the environment says where spans go
     gw = Gateway(settings, keyring=keyring)
     completions = Completions(PipelineParts(
-        settings=gw.settings, keyring=gw.keyring, policy_store=gw.policy_store, classifier=gw.classifier,
+        settings=gw.settings, keyring=gw.keyring, routing=gw.tiers, classifier=gw.classifier,
         limiter=gw.limiter, metrics=gw.metrics, cache=gw.shared_cache, dispatcher=gw.dispatcher, relay=gw.relay,
         settlements=gw.settlements))
     admin = AdminEndpoints(gw.admin, gw.policy_store, gw.shared_cache)

@@ -90,7 +90,7 @@ class CascadeRunner:
         try:
             async with asyncio.timeout(cascade.budget_s):
                 attempt = await self._dispatcher.open(
-                    request=ctx.req, features=ctx.features, decision=first, path=path,
+                    tiers=ctx.routing.tiers, request=ctx.req, features=ctx.features, decision=first, path=path,
                     body=body.amended(_logprob_changes(ctx, asked, cascade)), request_id=ctx.request_id,
                     stream=bool(ctx.req.stream))
                 await self._read(ctx, attempt, read, cascade)
@@ -132,7 +132,8 @@ class CascadeRunner:
         second = dataclasses.replace(ctx.decision, tier=cascade.escalate_to, cascade=None,
                                      fallbacks=tuple(t for t in ctx.decision.fallbacks
                                                      if t not in (cascade.escalate_to, ctx.decision.tier)))
-        attempt = await self._dispatcher.open(request=ctx.req, features=ctx.features, decision=second,
+        attempt = await self._dispatcher.open(tiers=ctx.routing.tiers, request=ctx.req, features=ctx.features,
+                                              decision=second,
                                               path=path, body=body, request_id=ctx.request_id,
                                               stream=bool(ctx.req.stream))
         if ctx.req.stream:

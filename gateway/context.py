@@ -23,10 +23,11 @@ from tiergate.core.types import Decision, Features
 from tiergate.core.wire import ParsedRequest, StreamOptions, upstream_body
 from tiergate.gateway.auth import Tenant
 from tiergate.gateway.limits import TenantSlot
+from tiergate.gateway.tiers import Routing, RoutingHold
 from tiergate.policies.confidence import CascadeVerdict
 from tiergate.policies.model import Policy
 
-__all__ = ["Arrival", "Finished", "Outcome", "RequestContext", "UpstreamBody"]
+__all__ = ["Arrival", "Finished", "Held", "Outcome", "RequestContext", "UpstreamBody"]
 
 _STREAM_OPTIONS = StreamOptions(include_usage=True)
 
@@ -44,6 +45,22 @@ class Arrival:
         return cls(request_id or uuid.uuid4().hex, time.perf_counter(), "chat" if kind == "chat" else "completions")
 
 
+class Held:
+    """What an accepted request holds until its answer has ended: its routing version and, once admitted, one of
+    its tenant's concurrent slots. Both are given back together, once, by whoever ends the answer."""
+
+    __slots__ = ("routing", "slot")
+
+    def __init__(self, routing: RoutingHold) -> None:
+        self.routing = routing
+        self.slot: TenantSlot | None = None
+
+    def release(self) -> None:
+        if self.slot is not None:
+            self.slot.release()
+        self.routing.release()
+
+
 @dataclass(frozen=True, slots=True)
 class RequestContext:
     """An accepted request once the policy has decided: read-only from then on."""
@@ -56,12 +73,20 @@ class RequestContext:
     plain: bool  # no field the structs do not model below the top level (see `core.wire.decode_request`)
     features: Features
     decision: Decision
-    slot: TenantSlot  # one of the tenant's concurrent requests; whoever ends the answer releases it
-    policy: Policy  # the version it was checked, classified and decided under: whatever comes after reads it too
+    held: Held  # what the request holds until its answer ends; whoever ends the answer releases it
 
     @property
     def request_id(self) -> str:
         return self.arrival.request_id
+
+    @property
+    def routing(self) -> Routing:
+        """The version it was checked, classified and decided under: dispatch and settlement read it too."""
+        return self.held.routing.routing
+
+    @property
+    def policy(self) -> Policy:
+        return self.held.routing.routing.active.policy
 
     def max_tokens(self) -> int | None:
         """The answer's length as backends are asked for it: the client's, under the policy's and the tenant's cap."""
@@ -79,7 +104,7 @@ class Outcome:
     cache_key: RequestKey | None = None  # from the lookup, reused by the store
     similarity: float | None = None  # of a semantic hit
     body: UpstreamBody | None = None  # what backends are sent; says whether one was (it may be working on it)
-    streaming: bool = False  # a backend's stream is being relayed: it releases the tenant's slot when it ends
+    streaming: bool = False  # a backend's stream is being relayed: it releases what the request holds when it ends
     cascade: CascadeVerdict | None = None  # a cascade's judgment of its first tier's answer
     shadow_check: bool = False  # a cache hit sampled for verification: its request also goes to the tier after it
 

@@ -90,9 +90,8 @@ class Attempt:
 
 
 class Dispatcher:
-    def __init__(self, upstream: UpstreamClient, tiers: Mapping[str, Tier], metrics: GatewayMetrics) -> None:
+    def __init__(self, upstream: UpstreamClient, metrics: GatewayMetrics) -> None:
         self._upstream = upstream
-        self._tiers = tiers  # a live view: pools change when the policy is reloaded
         self._metrics = metrics
         self._live: set[Attempt] = set()  # answers in progress (a stream being relayed, a JSON body being read)
         self._waiting: set[_LostWatch] = set()  # requests waiting for a backend's answer to begin
@@ -111,10 +110,13 @@ class Dispatcher:
             attempt.abort(reason)
         return len(waiting) + len(live)
 
-    async def open(self, *, request: ParsedRequest, features: Features, decision: Decision, path: str,
-                   body: Body, request_id: str, stream: bool) -> Attempt:
-        """`_open` in the request's trace: a "dispatch" span, then a "relay" span the Attempt ends."""
-        call = _Call(request, features, decision, path, body, request_id, stream, _Budget(decision.timeouts))
+    async def open(self, *, tiers: Mapping[str, Tier], request: ParsedRequest, features: Features,
+                   decision: Decision, path: str, body: Body, request_id: str, stream: bool) -> Attempt:
+        """`_open` in the request's trace: a "dispatch" span, then a "relay" span the Attempt ends.
+
+        `tiers` are those of the request's own routing version (`gateway.tiers.Routing`), the one it was decided
+        under: a reload since then does not move it to pools its decision never named."""
+        call = _Call(tiers, request, features, decision, path, body, request_id, stream, _Budget(decision.timeouts))
         if not tracing.enabled():
             return await self._open(call)
         with tracing.span("dispatch", **{"tiergate.tiers": list(decision.tiers)}):
@@ -134,13 +136,13 @@ class Dispatcher:
         failures: list[OpenAIError] = []  # one per tier tried, so the final error can say what happened where
         previous: str | None = None
         for i, tier in enumerate(tiers):
-            route = self._tiers.get(tier)
+            route = call.tiers.get(tier)
             if route is None:
                 continue
             if previous is not None:
                 metrics.fallbacks.labels(previous, tier, failures[-1].code if failures else "unavailable").inc()
             previous = tier
-            got = await self._try_tier(tier, route, call, later=tiers[i + 1:])
+            got = await self._try_tier(tier, route, call, later=tuple(t for t in tiers[i + 1:] if t in call.tiers))
             if isinstance(got, Attempt):
                 return got
             if got is not None:
@@ -216,7 +218,7 @@ class Dispatcher:
         if f.kind is FailureKind.SHUTDOWN:  # no backend's fault: nothing to report, nothing to retry
             raise _failure_error(tier, f) from None
         self._metrics.upstream_errors.labels(tier, f.kind).inc()
-        if f.kind is FailureKind.CAPABILITY and any(t in self._tiers for t in later):
+        if f.kind is FailureKind.CAPABILITY and later:
             # This tier cannot serve it (context too short, a feature missing): a later one may.
             # The endpoint is fine and the same tier's others are alike, so on to the next tier.
             return _Failed(_client_error_from(f, f"Tier `{tier}` cannot serve this request: "), next_tier=True)
@@ -389,6 +391,7 @@ class _Failed:
 class _Call:
     """One request as dispatch tries it: what to post, where, and within what total time."""
 
+    tiers: Mapping[str, Tier]  # the request's routing version's
     request: ParsedRequest
     features: Features
     decision: Decision

@@ -37,7 +37,7 @@ from tiergate.gateway.stats import Stats
 from tiergate.gateway.tiers import Tiers
 from tiergate.gateway.upstream import UpstreamClient
 from tiergate.policies.classify import Classifier
-from tiergate.policies.store import PolicyMetrics, PolicyStore
+from tiergate.policies.store import ActivePolicy, PolicyMetrics, PolicyStore
 
 __all__ = ["Gateway"]
 
@@ -66,7 +66,7 @@ class Gateway:
                                     health_check_interval=10, retry=Retry(NoBackoff(), 0))
         self.shared_cache = SharedCache()  # what collaborators read the cache through; start-up fills it
         self.tiers = Tiers(self.redis, CloudMetrics(self.registry))
-        self.dispatcher = Dispatcher(self.upstream, self.tiers, self.metrics)
+        self.dispatcher = Dispatcher(self.upstream, self.metrics)
         self.limiter = Limiter(self.metrics, self.redis)
         self.stats = Stats()  # the status page's rolling window of recent requests
         self.accounting = Accounting(self.metrics, self.stats)
@@ -77,7 +77,7 @@ class Gateway:
         self.settlements = Settlements(self.accounting, self.limiter, self.metrics, self.shared_cache, self.distill)
         self.shadow = ShadowChecks(  # cache hits checked against a tier after they were served
             dispatcher=self.dispatcher, metrics=self.metrics, settlements=self.settlements, cache=self.shared_cache,
-            draining=self.is_draining, concurrency=settings.cache_shadow_concurrency)
+            draining=self.is_draining, concurrency=settings.cache_shadow_concurrency, hold=self.tiers.hold)
         self.relay = Relay(self.metrics, self.shadow)
 
     @property
@@ -123,13 +123,14 @@ class Gateway:
     def _on_sighup(self) -> None:
         asyncio.get_running_loop().create_task(self.policy_store.reload())
 
-    async def _sync_tiers(self, *_: object) -> None:
-        await self.tiers.sync(self.policy_store.current.policy)
+    async def _sync_tiers(self, active: ActivePolicy | None = None) -> None:
+        """Build the pools of a (re)loaded policy; requests move to it once they are all up (`Tiers.sync`)."""
+        await self.tiers.sync(active or self.policy_store.current)
 
     def ready(self) -> tuple[bool, dict[str, object]]:
         tiers = self.tiers.health()
         ok = not self.draining and any(tiers.values())
-        return ok, {"ready": ok, "draining": self.draining, "policy": self.policy_store.current.version, "tiers": tiers}
+        return ok, {"ready": ok, "draining": self.draining, "policy": self.tiers.current.version, "tiers": tiers}
 
 
 def _process_registry() -> CollectorRegistry:

@@ -26,7 +26,7 @@ from tiergate.core.types import Decision, Features
 from tiergate.core.wire import ChatRequest, decode_request, raw_fields, refused_field, unknown_names
 from tiergate.gateway.auth import KeyRing, Tenant
 from tiergate.gateway.cascade import CascadeRunner, applies
-from tiergate.gateway.context import Arrival, Outcome, RequestContext, UpstreamBody
+from tiergate.gateway.context import Arrival, Held, Outcome, RequestContext, UpstreamBody
 from tiergate.gateway.disconnect import DisconnectWatch
 from tiergate.gateway.dispatch import Dispatcher
 from tiergate.gateway.limits import Limiter
@@ -35,8 +35,8 @@ from tiergate.gateway.params import check_params
 from tiergate.gateway.relay import Relay
 from tiergate.gateway.settings import Settings
 from tiergate.gateway.settlement import CacheProvider, Settlement, Settlements
+from tiergate.gateway.tiers import Tiers
 from tiergate.policies.classify import Classifier
-from tiergate.policies.store import PolicyStore
 
 __all__ = ["Completions", "PipelineParts"]
 
@@ -53,7 +53,7 @@ class PipelineParts:
 
     settings: Settings
     keyring: KeyRing
-    policy_store: PolicyStore
+    routing: Tiers  # the request's routing version (policy and tiers) comes from here, once
     classifier: Classifier
     limiter: Limiter
     metrics: GatewayMetrics
@@ -79,10 +79,11 @@ class Completions:
         features: Features | None = None
         decision: Decision | None = None
         outcome = Outcome()
-        slot = None
+        # The request's one routing version: checked, classified, decided, dispatched and settled under it.
+        held = Held(gw.routing.hold())
+        active = held.routing.routing.active
         try:
             tenant = gw.keyring.authenticate(request.headers.get("authorization"))
-            active = gw.policy_store.current  # the request's one policy: checked, classified, decided, settled
             body = await read_body(request, gw.settings.max_body_bytes)
             try:
                 req, plain = decode_request(body, kind)
@@ -94,7 +95,7 @@ class Completions:
             if extra and (refused := refused_field(raw, list(extra))):
                 raise bad_request(f"`{refused[0]}` is not supported through this gateway: {refused[1]}.",
                                   code="unsupported_parameter", param=refused[0])
-            slot = await gw.limiter.admit(tenant)  # one of the tenant's concurrent requests, or a 429
+            held.slot = await gw.limiter.admit(tenant)  # one of the tenant's concurrent requests, or a 429
             text_len = (sum(len(m.text()) for m in req.messages) if isinstance(req, ChatRequest)
                         else len(req.prompt_text()))
             if text_len > gw.settings.max_prompt_chars:
@@ -114,7 +115,7 @@ class Completions:
                 cap = tenant.max_tokens if decision.max_tokens_cap is None else min(tenant.max_tokens,
                                                                                     decision.max_tokens_cap)
                 decision = dataclasses.replace(decision, max_tokens_cap=cap)
-            ctx = RequestContext(arrival, tenant, req, raw, extra, plain, features, decision, slot, active.policy)
+            ctx = RequestContext(arrival, tenant, req, raw, extra, plain, features, decision, held)
             hit = await self._lookup(ctx, outcome)
             if hit is not None:
                 return self._relay.cached(ctx, outcome, hit, settle)
@@ -125,8 +126,8 @@ class Completions:
         except ClientDisconnect:  # gone while sending its body: nothing to answer, nothing to blame
             return await settle.gone(tenant=tenant, decision=decision, features=features, outcome=outcome)
         finally:
-            if slot is not None and not outcome.streaming:  # a relayed stream releases it when it ends
-                slot.release()
+            if not outcome.streaming:  # a relayed stream releases it when it ends
+                held.release()
 
     async def _lookup(self, ctx: RequestContext, outcome: Outcome) -> CacheHit | None:
         cache, rule, req = self._parts.cache(), ctx.decision.cache, ctx.req
@@ -176,9 +177,9 @@ class Completions:
         body = outcome.body = UpstreamBody.of(ctx)  # dispatch marks it sent when it posts it
         if applies(ctx):
             return await self._cascade.run(ctx, outcome, path, body, settle)
-        attempt = await self._parts.dispatcher.open(request=req, features=ctx.features, decision=ctx.decision,
-                                                 path=path, body=body, request_id=ctx.request_id,
-                                                 stream=bool(req.stream))
+        attempt = await self._parts.dispatcher.open(tiers=ctx.routing.tiers, request=req, features=ctx.features,
+                                                    decision=ctx.decision, path=path, body=body,
+                                                    request_id=ctx.request_id, stream=bool(req.stream))
         if req.stream:
             return self._relay.stream(ctx, outcome, attempt, settle)
         return await self._relay.json(ctx, outcome, attempt, settle)

@@ -105,7 +105,7 @@ class Relay:
 
     def stream(self, ctx: RequestContext, outcome: Outcome, attempt: Attempt, settle: Settlement, *,
                transform: Callable[[bytes], bytes] | None = None) -> Response:
-        """The stream as a response that owns the tenant's slot from here on and settles however it ends.
+        """The stream as a response that owns what the request holds from here on and settles however it ends.
 
         A cascade hands over a stream it has already read into (`attempt.first` then holds every batch it
         read, concatenated) and a `transform` that takes out the log-probabilities it asked for on its own."""
@@ -124,7 +124,7 @@ class Relay:
             """Runs however the stream ended (done, broken, the client gone), after its last byte went out."""
             attempt.response.close()
             attempt.finish(ok=relay.status != 502)  # no-op when the relay finished it; a client leaving is no fault
-            ctx.slot.release()
+            ctx.held.release()
             if relay.status == 499:  # the client went away; closing the response stopped the generation upstream
                 metrics.disconnects.labels(attempt.tier).inc()
             acc, done = relay.acc, relay.status == 200

@@ -30,6 +30,7 @@ from tiergate.gateway.metrics import GatewayMetrics
 from tiergate.gateway.relay import read_whole
 from tiergate.gateway.render import cacheable, summarize
 from tiergate.gateway.settlement import CacheProvider, Settlements
+from tiergate.gateway.tiers import Routing, RoutingHold
 
 __all__ = ["ShadowChecks"]
 
@@ -40,8 +41,10 @@ class ShadowChecks:
     """The gateway's running shadow checks: started after a sampled hit's response, stopped with the gateway."""
 
     def __init__(self, *, dispatcher: Dispatcher, metrics: GatewayMetrics, settlements: Settlements,
-                 cache: CacheProvider, draining: Callable[[], bool], concurrency: int) -> None:
+                 cache: CacheProvider, draining: Callable[[], bool], concurrency: int,
+                 hold: Callable[[Routing], RoutingHold | None]) -> None:
         self._dispatcher = dispatcher
+        self._hold = hold
         self._metrics = metrics
         self._settlements = settlements
         self._cache = cache
@@ -59,7 +62,11 @@ class ShadowChecks:
         if self._cache() is None or self._draining() or len(self._running) >= self._concurrency:
             self._metrics.shadow_checks.labels("dropped").inc()
             return
-        task = asyncio.create_task(self._check(ctx, outcome), name=f"tiergate-shadow-{ctx.request_id}")
+        held = self._hold(ctx.routing)  # the version the hit was decided under, while anything still holds it
+        if held is None:
+            self._metrics.shadow_checks.labels("dropped").inc()
+            return
+        task = asyncio.create_task(self._check(ctx, outcome, held), name=f"tiergate-shadow-{ctx.request_id}")
         self._running.add(task)
         task.add_done_callback(self._running.discard)
 
@@ -71,7 +78,7 @@ class ShadowChecks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
 
-    async def _check(self, ctx: RequestContext, outcome: Outcome) -> None:
+    async def _check(self, ctx: RequestContext, outcome: Outcome, held: RoutingHold) -> None:
         """Ask the tier, then settle the check: its answer goes to the cache (`Settlement.shadow`)."""
         settle = self._settlements.open(Arrival.now(ctx.request_id, ctx.req.kind))
         answer = None
@@ -79,7 +86,7 @@ class ShadowChecks:
             with tracing.span("cache.shadow", **{"tiergate.request_id": ctx.request_id}):
                 req = ctx.req
                 attempt = await self._dispatcher.open(
-                    request=req, features=ctx.features, decision=ctx.decision,
+                    tiers=held.routing.tiers, request=req, features=ctx.features, decision=ctx.decision,
                     path="/v1/chat/completions" if req.kind == "chat" else "/v1/completions",
                     body=UpstreamBody.of(ctx, as_json=True), request_id=ctx.request_id, stream=False)
                 body, _ = await read_whole(attempt, self._metrics)
@@ -89,4 +96,6 @@ class ShadowChecks:
                      error=exc.message if isinstance(exc, OpenAIError) else "malformed answer")
         except Exception:  # a bug of ours: seen in the log, and the client was answered long ago
             log.exception("cache_shadow_check_error", request_id=ctx.request_id)
+        finally:
+            held.release()
         await settle.shadow(ctx, outcome, answer)

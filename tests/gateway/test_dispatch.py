@@ -64,9 +64,9 @@ class _Body:
 
 
 async def _open(tiers: dict[str, Tier], decision: Decision) -> OpenAIError:
-    dispatcher = Dispatcher(UpstreamClient(), tiers, GatewayMetrics(CollectorRegistry()))
+    dispatcher = Dispatcher(UpstreamClient(), GatewayMetrics(CollectorRegistry()))
     with pytest.raises(OpenAIError) as failed:
-        await dispatcher.open(request=None, features=FEATURES, decision=decision, path="/v1/chat/completions",
+        await dispatcher.open(tiers=tiers, request=None, features=FEATURES, decision=decision, path="/v1/chat/completions",
                               body=_Body(), request_id="r1", stream=False)
     return failed.value
 
@@ -155,11 +155,11 @@ def _two_tiers(edge: tuple[str, ...], cloud: tuple[str, ...]) -> dict[str, Tier]
 
 def _dispatcher(routes: dict[str, Tier], **how: str) -> tuple[Dispatcher, _Upstream, GatewayMetrics]:
     upstream, metrics = _Upstream(**how), GatewayMetrics(CollectorRegistry())
-    return Dispatcher(upstream, routes, metrics), upstream, metrics  # type: ignore[arg-type]
+    return Dispatcher(upstream, metrics), upstream, metrics  # type: ignore[arg-type]
 
 
-def _go(dispatcher: Dispatcher):
-    return dispatcher.open(request=None, features=FEATURES, decision=Decision(rule="r", tier="edge",
+def _go(dispatcher: Dispatcher, routes: dict[str, Tier]):
+    return dispatcher.open(tiers=routes, request=None, features=FEATURES, decision=Decision(rule="r", tier="edge",
                            fallbacks=("cloud",)), path="/v1/chat/completions", body=_Body(), request_id="r1",
                            stream=False)
 
@@ -167,7 +167,7 @@ def _go(dispatcher: Dispatcher):
 async def test_an_accepted_request_holds_its_slot_and_endpoint_until_finished_then_gives_them_back_once():
     routes = _two_tiers(("e1", "e2"), ("c1",))
     dispatcher, upstream, metrics = _dispatcher(routes, e1="5xx", e2="ok", c1="ok")
-    attempt = await _go(dispatcher)
+    attempt = await _go(dispatcher, routes)
     assert (attempt.tier, attempt.endpoint.id) == ("edge", "e2")  # e1 failed, the next endpoint took it
     assert _leaks(routes, metrics) == ["edge: 1 slot(s)", "e2: 1 in flight", "edge: gauge 1.0"]
     attempt.finish()
@@ -180,7 +180,7 @@ async def test_every_endpoint_failing_leaves_nothing_taken():
     routes = _two_tiers(("e1", "e2"), ("c1",))
     dispatcher, upstream, metrics = _dispatcher(routes, e1="5xx", e2="5xx", c1="5xx")
     with pytest.raises(OpenAIError) as failed:
-        await _go(dispatcher)
+        await _go(dispatcher, routes)
     assert failed.value.status == 502 and upstream.posted == ["e1", "e2", "c1"]
     assert _leaks(routes, metrics) == []
 
@@ -189,7 +189,7 @@ async def test_a_backend_verdict_on_the_request_ends_it_and_leaves_nothing_taken
     routes = _two_tiers(("e1", "e2"), ("c1",))
     dispatcher, upstream, metrics = _dispatcher(routes, e1="4xx", e2="ok", c1="ok")
     with pytest.raises(OpenAIError) as failed:
-        await _go(dispatcher)
+        await _go(dispatcher, routes)
     assert failed.value.status == 400 and upstream.posted == ["e1"]
     assert _leaks(routes, metrics) == []
 
@@ -197,7 +197,7 @@ async def test_a_backend_verdict_on_the_request_ends_it_and_leaves_nothing_taken
 async def test_a_capability_failure_falls_to_the_next_tier_and_leaves_the_first_untaken():
     routes = _two_tiers(("e1", "e2"), ("c1",))
     dispatcher, upstream, metrics = _dispatcher(routes, e1="capability", e2="ok", c1="ok")
-    attempt = await _go(dispatcher)
+    attempt = await _go(dispatcher, routes)
     assert (attempt.tier, attempt.fallback_from) == ("cloud", "edge")
     assert upstream.posted == ["e1", "c1"]  # the tier's other endpoints are alike: skipped
     assert _leaks(routes, metrics) == ["cloud: 1 slot(s)", "c1: 1 in flight", "cloud: gauge 1.0"]
@@ -208,7 +208,7 @@ async def test_a_capability_failure_falls_to_the_next_tier_and_leaves_the_first_
 async def test_a_request_cancelled_while_its_backend_works_leaves_nothing_taken():
     routes = _two_tiers(("e1", "e2"), ("c1",))
     dispatcher, upstream, metrics = _dispatcher(routes, e1="5xx", e2="hang", c1="ok")
-    task = asyncio.create_task(_go(dispatcher))
+    task = asyncio.create_task(_go(dispatcher, routes))
     await asyncio.wait_for(upstream.hanging.wait(), 5)
     assert _leaks(routes, metrics) == ["edge: 1 slot(s)", "e2: 1 in flight", "edge: gauge 1.0"]
     task.cancel()  # the client went away
@@ -223,6 +223,6 @@ async def test_a_gateway_shutting_down_refuses_before_posting_and_leaves_nothing
     dispatcher, upstream, metrics = _dispatcher(routes, e1="ok", c1="ok")
     dispatcher.abort_all("stopping")
     with pytest.raises(OpenAIError) as failed:
-        await _go(dispatcher)
+        await _go(dispatcher, routes)
     assert failed.value.code == "shutting_down" and upstream.posted == []
     assert _leaks(routes, metrics) == []

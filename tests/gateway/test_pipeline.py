@@ -13,9 +13,10 @@ from pathlib import Path
 
 import httpx
 
-from tests.support.instant_upstream import GATE, OPENED, make_app
+from tests.support.instant_upstream import GATE, HITS, OPENED, make_app
 from tests.support.servers import aiohttp_server, gateway_server
 from tests.support.waiting import wait_until
+from tiergate.gateway import tiers as tiers_module
 from tiergate.gateway.auth import KeyRing
 from tiergate.gateway.settings import Settings
 
@@ -74,6 +75,88 @@ def test_a_reload_mid_request_leaves_the_request_under_the_version_it_began_with
             assert after.status_code == 200 and after.headers["x-tiergate-rule"] == "second"
     lines = [json.loads(x) for x in records.read_text().splitlines()]
     assert [(r["tenant"], r["rule"]) for r in lines] == [("acme", "first")]
+
+
+def _two_versions(path: Path, url: str, tier: str, rule: str) -> None:
+    path.write_text(f"""
+version: 1
+defaults: {{cache: {{enabled: false}}, timeouts: {{connect_s: 1, first_byte_s: 60, total_s: 60, queue_s: 60}}}}
+tiers:
+  {tier}: {{kind: cloud, model: tiergate-cloud, stand_in: true, endpoints: ["{url}"], max_concurrency: 1}}
+rules:
+  - name: {rule}
+    tier: {tier}
+""")
+
+
+def test_a_reload_takes_effect_once_its_tiers_are_up_and_requests_queued_across_it_keep_their_tier(
+        tmp_path, monkeypatch):
+    """Version 1 sends everything to tier `old` (one request at a time); version 2 replaces it with tier `new`,
+    whose pool's start-up the test holds. One request is held at the backend and one queued behind it; then the
+    reload. While `new` starts, version 2 is the policy file's, yet a third request is still decided and served
+    under version 1 (not decided for a tier that is not up yet: a 503). Once version 2 serves, the queued
+    requests are still answered by `old` under rule r1; `old`'s pool stops only after every one of them reached
+    its backend; and the next request goes to `new` under r2."""
+    gate, starting, stopped = threading.Event(), threading.Event(), []
+    real_make_pool = tiers_module.make_pool
+
+    def make_pool(config, redis, cloud_metrics):
+        pool = real_make_pool(config, redis, cloud_metrics)
+        start, stop = pool.start, pool.stop
+
+        async def held_start() -> None:
+            if config.name == "new":
+                starting.set()
+                await asyncio.to_thread(gate.wait, 60)
+            await start()
+
+        async def recorded_stop() -> None:
+            stopped.append((config.name, backend.app[HITS]))  # how many requests had reached the backend by then
+            await stop()
+
+        pool.start, pool.stop = held_start, recorded_stop
+        return pool
+
+    monkeypatch.setattr(tiers_module, "make_pool", make_pool)
+    policy = tmp_path / "p.yaml"
+    with aiohttp_server(make_app(chunks=2, mode="role_gated", model="cloud-model")) as backend:
+        _two_versions(policy, backend.url, "old", "r1")
+        with gateway_server(Settings(policy=policy, embedder=None, redis_url=None), keyring=KEYS) as gw:
+            store, tiers = gw.gateway.policy_store, gw.gateway.tiers
+            got: dict[str, tuple[int, str, str, str]] = {}
+
+            def ask(name: str) -> None:
+                with httpx.stream("POST", gw.url + "/v1/chat/completions", timeout=90,
+                                  headers={"Authorization": "Bearer key-acme-1"},
+                                  json={"model": "auto", "stream": True, "max_tokens": 2,
+                                        "messages": [{"role": "user", "content": name}]}) as r:
+                    events = [x for x in r.iter_lines() if x]
+                    got[name] = (r.status_code, r.headers.get("x-tiergate-tier", ""),
+                                 r.headers.get("x-tiergate-rule", ""), events[-1] if events else "")
+
+            threads = [threading.Thread(target=ask, args=(n,)) for n in ("held", "queued", "in_the_window")]
+            threads[0].start()
+            assert backend.app[OPENED].wait(30)  # at the backend, held: `old`'s one slot is taken
+            threads[1].start()
+            wait_until(lambda: tiers["old"].admission.waiting == 1, timeout_s=30, what="a request queued at `old`")
+            first = store.current.version
+            _two_versions(policy, backend.url, "new", "r2")
+            assert starting.wait(30)  # the new version is read; its tier is starting
+            assert store.current.version != first and tiers.current.version == first
+            threads[2].start()
+            wait_until(lambda: tiers["old"].admission.waiting == 2, timeout_s=30,
+                       what="the request sent during the reload queued at `old` too")
+            gate.set()  # `new` is up: version 2 serves from now on
+            wait_until(lambda: tiers.current.version == store.current.version, timeout_s=30, what="version 2 serving")
+            assert stopped == []  # `old` is still held by three requests
+            backend.app[GATE].set()
+            for t in threads:
+                t.join(90)
+            wait_until(lambda: stopped != [], timeout_s=30, what="`old`'s pool stopped once its requests ended")
+            assert got == {name: (200, "old", "r1", "data: [DONE]") for name in ("held", "queued", "in_the_window")}
+            assert stopped == [("old", 3)] and tiers.held_versions == 1
+            ask("after")
+            assert got["after"] == (200, "new", "r2", "data: [DONE]")
 
 
 # ---- the request flows one way ----------------------------------------------------------------------------------

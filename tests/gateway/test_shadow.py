@@ -56,6 +56,8 @@ class _Gateway:
     dispatcher: _Dispatcher = field(default_factory=_Dispatcher)
     cache: _Cache | None = field(default_factory=_Cache)
     draining: bool = False
+    retired: bool = False  # the hit's routing version is no longer held by anything
+    held: int = 0  # claims on the routing version the checks hold now
 
     def __post_init__(self) -> None:
         self.metrics = GatewayMetrics(self.registry)
@@ -64,7 +66,26 @@ class _Gateway:
         settlements = Settlements(None, None, self.metrics, lambda: self.cache, None)  # type: ignore[arg-type]
         return ShadowChecks(dispatcher=self.dispatcher, metrics=self.metrics,  # type: ignore[arg-type]
                             settlements=settlements, cache=lambda: self.cache,  # type: ignore[arg-type]
-                            draining=lambda: self.draining, concurrency=self.concurrency)
+                            draining=lambda: self.draining, concurrency=self.concurrency,
+                            hold=self.hold)  # type: ignore[arg-type]
+
+    def hold(self, routing: object) -> _Hold | None:
+        return None if self.retired else _Hold(self)
+
+
+class _Hold:
+    """A claim on the hit's routing version, counted while a check holds it."""
+
+    def __init__(self, gw: _Gateway) -> None:
+        self._gw, self.routing = gw, _Routing()
+        gw.held += 1
+
+    def release(self) -> None:
+        self._gw.held -= 1
+
+
+class _Routing:
+    tiers: dict = {}
 
 
 class _Request:
@@ -78,6 +99,7 @@ class _Ctx:
     raw: dict = field(default_factory=dict)
     features: None = None
     decision: None = None
+    routing: None = None
 
     def max_tokens(self) -> int:
         return 16
@@ -98,6 +120,7 @@ async def test_checks_beyond_the_room_are_dropped_and_a_failed_tier_is_counted()
     await eventually(lambda: shadow.running == 0, "the checks ended")
     assert _count(gw, "failed") == 2 and _count(gw, "dropped") == 1
     assert gw.cache.stored == [] and _count(gw, "checked") == 0  # nothing to compare with: nothing stored
+    assert gw.held == 0  # each check gave its routing version back
     await shadow.start(_Ctx("r3"), None)  # type: ignore[arg-type]
     await eventually(lambda: gw.dispatcher.opened == 3, "room again once they ended")
 
@@ -113,3 +136,12 @@ async def test_no_check_starts_while_draining_and_shutdown_cancels_the_running_o
     await shadow.stop()  # the held check is cancelled, not waited for
     assert shadow.running == 0 and _count(gw, "failed") == 0 and _count(gw, "checked") == 0
     assert gw.dispatcher.opened == 1
+
+
+async def test_a_hit_whose_routing_version_is_gone_is_not_checked_under_another() -> None:
+    """The policy was reloaded and the hit's version let go before its check could start: dropped, not dispatched
+    to the new version's tiers (the hit was decided under the old one)."""
+    gw = _Gateway(retired=True)
+    shadow = gw.checks()
+    await shadow.start(_Ctx("r0"), None)  # type: ignore[arg-type]
+    assert _count(gw, "dropped") == 1 and shadow.running == 0 and gw.dispatcher.opened == 0

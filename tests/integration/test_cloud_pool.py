@@ -108,7 +108,7 @@ class Gateway:
         config = TierConfig(name=pool.tier, kind="cloud", model="tiergate-cloud", served_model=MODEL_NAME)
         self.tier = Tier(pool.tier, config, pool, Admission(lambda: 64))
         self.upstream = _Recording()
-        self.dispatcher = Dispatcher(self.upstream, {pool.tier: self.tier}, GatewayMetrics(CollectorRegistry()))
+        self.dispatcher = Dispatcher(self.upstream, GatewayMetrics(CollectorRegistry()))
 
     async def __aenter__(self) -> Gateway:
         await self.upstream.start()
@@ -123,7 +123,7 @@ class Gateway:
                             tenant="t", stream=bool(body.get("stream")))
         try:
             attempt = await self.dispatcher.open(
-                request=request, features=features, decision=Decision(rule="test", tier=self.tier.name), path=path,
+                tiers={self.tier.name: self.tier}, request=request, features=features, decision=Decision(rule="test", tier=self.tier.name), path=path,
                 body=_Body(body), request_id=rid,
                 stream=bool(body.get("stream")))
         except OpenAIError as exc:

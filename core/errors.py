@@ -9,6 +9,7 @@ Tested in `tests/edge_node/server/test_structured.py`, `tests/fuzz/test_request_
 
 from __future__ import annotations
 
+import math
 import re
 
 import msgspec
@@ -70,7 +71,7 @@ def rate_limited(message: str, retry_after_s: float, *, code: str = "rate_limit_
         message,
         type="rate_limit_error",
         code=code,
-        headers={"retry-after": str(max(1, round(retry_after_s)))},
+        headers={"retry-after": _seconds(retry_after_s)},
     )
 
 
@@ -79,8 +80,13 @@ def upstream_error(status: int, message: str, *, code: str, retry_after_s: float
 
     A 503 that will likely clear soon (no healthy backend right now) says when to retry, as a 429 does.
     """
-    headers = {"retry-after": str(max(1, round(retry_after_s)))} if retry_after_s is not None else None
+    headers = {"retry-after": _seconds(retry_after_s)} if retry_after_s is not None else None
     return OpenAIError(status, message, type="upstream_error", code=code, headers=headers)
+
+
+def _seconds(wait_s: float) -> str:
+    """A Retry-After value: whole seconds, rounded up (a client that waits exactly that long must not be early)."""
+    return str(max(1, math.ceil(wait_s)))
 
 
 def from_validation(exc: msgspec.ValidationError | msgspec.DecodeError) -> OpenAIError:

@@ -22,7 +22,7 @@ from tiergate.core.pool import Endpoint
 from tiergate.core.types import Decision, Features
 from tiergate.core.wire import ParsedRequest, StreamOptions, upstream_body
 from tiergate.gateway.auth import Tenant
-from tiergate.gateway.limits import TenantSlot
+from tiergate.gateway.limits import Reservation, TenantSlot, rate_headers
 from tiergate.gateway.tiers import Routing, RoutingHold
 from tiergate.policies.confidence import CascadeVerdict
 from tiergate.policies.model import Policy
@@ -49,11 +49,12 @@ class Held:
     """What an accepted request holds until its answer has ended: its routing version and, once admitted, one of
     its tenant's concurrent slots. Both are given back together, once, by whoever ends the answer."""
 
-    __slots__ = ("routing", "slot")
+    __slots__ = ("routing", "slot", "tokens")
 
     def __init__(self, routing: RoutingHold) -> None:
         self.routing = routing
         self.slot: TenantSlot | None = None
+        self.tokens: Reservation | None = None  # its token budget, settled by its `Settlement`
 
     def release(self) -> None:
         if self.slot is not None:
@@ -192,4 +193,8 @@ def answer_headers(ctx: RequestContext, outcome: Outcome, tier: str, overhead_s:
             h["x-tiergate-confidence"] = f"{v.confidence.mean_logprob:.4f}"
     if overhead_s is not None:
         h["x-tiergate-overhead-ms"] = f"{overhead_s * 1000:.3f}"
+    held = ctx.held
+    if held.slot is not None and held.slot.requests is not None or held.tokens is not None:
+        h |= rate_headers(held.slot.requests if held.slot is not None else None,
+                          held.tokens.window if held.tokens is not None else None)
     return h

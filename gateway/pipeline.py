@@ -63,6 +63,16 @@ class PipelineParts:
     settlements: Settlements
 
 
+def _answer_budget(ctx: RequestContext) -> int:
+    """The most tokens the answer may take: its max_tokens as backends are asked for it, else what is left of the
+    decided tier's context (the backend stops there)."""
+    asked = ctx.max_tokens()
+    if asked is not None:
+        return asked
+    tier = ctx.policy.tiers.get(ctx.decision.tier or "")
+    return max(0, tier.max_context - ctx.features.prompt_tokens) if tier is not None else 0
+
+
 class Completions:
     """`POST /v1/chat/completions` and `POST /v1/completions`, one pipeline for both."""
 
@@ -116,6 +126,7 @@ class Completions:
                                                                                     decision.max_tokens_cap)
                 decision = dataclasses.replace(decision, max_tokens_cap=cap)
             ctx = RequestContext(arrival, tenant, req, raw, extra, plain, features, decision, held)
+            held.tokens = await settle.reserve(tenant, features.prompt_tokens + _answer_budget(ctx))  # or a 429
             hit = await self._lookup(ctx, outcome)
             if hit is not None:
                 return self._relay.cached(ctx, outcome, hit, settle)

@@ -26,7 +26,7 @@ from tiergate.gateway.accounting import Accounting
 from tiergate.gateway.auth import Tenant
 from tiergate.gateway.context import Arrival, Finished, Outcome, RequestContext
 from tiergate.gateway.distill import Distiller
-from tiergate.gateway.limits import Limiter
+from tiergate.gateway.limits import Limiter, Reservation
 from tiergate.gateway.metrics import GatewayMetrics
 
 __all__ = ["AlreadySettled", "CacheProvider", "Settlement", "Settlements", "SharedCache"]
@@ -70,13 +70,20 @@ class Settlement:
 
     strict: ClassVar[bool] = False  # tests turn a second settlement into an exception
 
-    __slots__ = ("_deps", "_extra_tokens", "arrival", "settled")
+    __slots__ = ("_deps", "_extra_tokens", "_reservation", "arrival", "settled")
 
     def __init__(self, deps: Settlements, arrival: Arrival) -> None:
         self._deps = deps
         self.arrival = arrival
         self._extra_tokens = 0
+        self._reservation: Reservation | None = None
         self.settled: str | None = None
+
+    async def reserve(self, tenant: Tenant, tokens: int) -> Reservation | None:
+        """Reserve the request's token budget from its tenant's window (or raise its 429); settling corrects it
+        to what the request used, whichever way it ends."""
+        self._reservation = await self._deps.limiter.reserve(tenant, tokens)
+        return self._reservation
 
     def add_spent(self, tokens: int) -> None:
         """Work a backend did that is not the answer's (a cascade's thrown-away first attempt): charged on settling
@@ -95,9 +102,10 @@ class Settlement:
         self.settled = path
         return True
 
-    async def _charge(self, tenant: Tenant | None, tokens: int) -> None:
-        if tenant is not None:
-            await self._deps.limiter.charge_tokens(tenant, tokens + self._extra_tokens)
+    async def _charge(self, tokens: int) -> None:
+        """Correct the reservation to what was used (nothing was reserved: no token limit, or not admitted yet)."""
+        if self._reservation is not None:
+            await self._deps.limiter.settle(self._reservation, tokens + self._extra_tokens)
 
     async def answered(self, ctx: RequestContext, outcome: Outcome, tier: str, status: int, overhead: float,
                        prompt_tokens: int, completion_tokens: int, *, elapsed: float | None = None,
@@ -112,7 +120,7 @@ class Settlement:
         with _settle_span("answered"):
             d.accounting.record(Finished(ctx.arrival, tier, status, overhead, elapsed, ctx.tenant, ctx.decision,
                                          ctx.features, outcome.cache, prompt_tokens, completion_tokens))
-            await self._charge(ctx.tenant, prompt_tokens + completion_tokens)
+            await self._charge(prompt_tokens + completion_tokens)
             cache = d.cache()
             if store is not None and cache is not None:
                 await cache.store(ctx.req, ctx.tenant.id, ctx.decision.cache, store, outcome.cache_key)
@@ -120,12 +128,14 @@ class Settlement:
                 await d.distill.offer(ctx, outcome, tier, *distill)
 
     async def hit(self, ctx: RequestContext, outcome: Outcome, hit: CacheHit, overhead: float) -> None:
-        """A cached answer: counted (tier `cache`, nothing charged) and recorded as served, for feedback."""
+        """A cached answer: counted (tier `cache`, nothing charged: its reservation given back) and recorded as
+        served, for feedback."""
         if not self._once("hit"):
             return
         with _settle_span("hit"):
             self._deps.accounting.record(Finished(ctx.arrival, "cache", 200, overhead, overhead, ctx.tenant,
                                                   ctx.decision, ctx.features, outcome.cache))
+            await self._charge(0)
             cache = self._deps.cache()
             if cache is not None:
                 await cache.served(ctx.request_id, ctx.tenant.id, hit)
@@ -139,7 +149,7 @@ class Settlement:
         if self._once("refused"):
             with _settle_span("refused"):
                 self._deps.accounting.refused(done, exc)
-                await self._charge(tenant, 0)
+                await self._charge(0)
         headers = {"x-request-id": self.arrival.request_id, **exc.headers}
         if decision is not None:
             headers["x-tiergate-rule"] = decision.rule
@@ -167,7 +177,7 @@ class Settlement:
         if self._once("gone"):
             with _settle_span("gone"):
                 self._deps.accounting.gone(done)
-                await self._charge(tenant, spent)
+                await self._charge(spent)
         return Response(status_code=499, headers={"x-request-id": self.arrival.request_id})  # seen by nobody
 
     async def shadow(self, ctx: RequestContext, outcome: Outcome, answer: CachedAnswer | None) -> None:

@@ -97,5 +97,5 @@ def test_an_error_response_is_the_openai_error_object_with_its_status() -> None:
 def test_an_error_response_carries_the_errors_headers_and_the_callers() -> None:
     r = error_response(rate_limited("slow down", 2.4), headers={"x-tiergate-tier": "edge"})
     assert r.status_code == 429
-    assert r.headers["retry-after"] == "2" and r.headers["x-tiergate-tier"] == "edge"
+    assert r.headers["retry-after"] == "3" and r.headers["x-tiergate-tier"] == "edge"  # rounded up: never early
     assert error_response(rate_limited("slow down", 7)).headers["retry-after"] == "7"

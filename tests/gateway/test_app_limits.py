@@ -30,6 +30,33 @@ def test_rate_limit_answers_429_with_retry_after(tmp_path):
         assert [r.status_code for r in codes] == [200, 200, 429]
         assert int(codes[2].headers["retry-after"]) >= 1
         assert codes[2].json()["error"]["type"] == "rate_limit_error"
+        assert [r.headers["x-ratelimit-remaining-requests"] for r in codes] == ["1", "0", "0"]
+        assert codes[0].headers["x-ratelimit-limit-requests"] == "2"
+
+
+def test_twenty_concurrent_requests_cannot_overshoot_a_token_limit(tmp_path):
+    """A tenant with 60 tokens a minute sends 20 requests at once, each needing its prompt and 8 tokens of answer:
+    only as many are answered as fit in 60 (reserved before any backend sees them), each answer says where the
+    limits stand, and the rest are 429s that say when a retry would fit."""
+    keys = tmp_path / "keys.yaml"
+    keys.write_text("tenants:\n  tiny: {tokens_per_minute: 60}\nkeys:\n  - {tenant: tiny, key: tiny-key-123}\n")
+    with stack(tmp_path, keyring=KeyRing.from_file(keys), policy={"fallback": False}) as s:
+        url = s["gw"].url + "/v1/chat/completions"
+
+        async def burst() -> list[httpx.Response]:
+            async with httpx.AsyncClient(timeout=30, headers={"Authorization": "Bearer tiny-key-123"}) as c:
+                return await asyncio.gather(*(c.post(url, json={**CHAT, "max_tokens": 8}) for _ in range(20)))
+
+        answers = asyncio.run(burst())
+        ok = [r for r in answers if r.status_code == 200]
+        refused = [r for r in answers if r.status_code != 200]
+        charged = sum(r.json()["usage"]["total_tokens"] for r in ok)
+        budget = min(60 - int(r.headers["x-ratelimit-remaining-tokens"]) for r in ok)  # the first one admitted
+        assert 1 <= len(ok) <= 60 // budget and len(ok) + len(refused) == 20
+        assert charged <= 60, [r.json()["usage"] for r in ok]
+        assert {r.status_code for r in refused} == {429}
+        assert {r.json()["error"]["code"] for r in refused} == {"token_limit_exceeded"}
+        assert all(1 <= int(r.headers["retry-after"]) <= 120 for r in refused)
 
 
 def test_tenant_max_tokens_caps_the_upstream_request(tmp_path):
@@ -82,8 +109,10 @@ def test_a_client_leaving_before_its_json_answer_is_charged_what_the_backend_was
         gw, url = s["gw"].gateway, s["gw"].url + "/v1/chat/completions"
         admission = gw.tiers["edge"].admission
 
-        def charged() -> int:
-            return sum(n for k, n in gw.limiter._local.items() if k.startswith("metered:tok:"))
+        metered = gw.keyring.authenticate("Bearer metered-key-1")
+
+        def charged() -> float:
+            return asyncio.run(gw.limiter.tokens_used(metered)) or 0.0
 
         # The backend works for 3 s on a 60-token answer; the client leaves after 0.5 s, with nothing to show
         # for it: the prompt and the 60 tokens it asked for are charged (a JSON answer shows no progress).

@@ -48,7 +48,7 @@ def test_error_body_is_openai_shaped():
     body = msgspec.json.decode(OpenAIError(404, "nope", code="model_not_found", param="model").to_json())
     assert body == {"error": {"message": "nope", "type": "invalid_request_error", "code": "model_not_found",
                               "param": "model"}}
-    assert rate_limited("slow down", 2.4).headers == {"retry-after": "2"}
+    assert rate_limited("slow down", 2.4).headers == {"retry-after": "3"}  # rounded up: a client is never early
 
 
 ANSWER = CachedAnswer("chat", "Hello there, " * 12, "stop", "tiergate-edge", "edge", 7, 30, 0)

@@ -30,16 +30,17 @@ from tiergate.cache import SemanticCache
 from tiergate.core import tracing
 from tiergate.core.errors import OpenAIError
 from tiergate.core.types import Decision, Features, Priority
-from tiergate.gateway.auth import KeyRing, Tenant
+from tiergate.gateway.auth import KeyRing, Tenant, hash_key
 from tiergate.gateway.context import Arrival, Finished, Outcome, UpstreamBody
-from tiergate.gateway.limits import Limiter
+from tiergate.gateway.limits import Limiter, Reservation
 from tiergate.gateway.metrics import GatewayMetrics
 from tiergate.gateway.settings import Settings
 from tiergate.gateway.settlement import AlreadySettled, Settlement, Settlements
 
-KEYS = KeyRing.from_inline("key-alpha-1=alpha:normal")
+# A token limit far above what the tests use: every request reserves its budget and settles it.
+TENANT = Tenant("alpha", Priority.NORMAL, tokens_per_minute=10**9)
+KEYS = KeyRing({hash_key("key-alpha-1"): TENANT})
 AUTH = {"Authorization": "Bearer key-alpha-1"}
-TENANT = Tenant("alpha", Priority.NORMAL)
 FEATURES = Features(prompt_tokens=7, priority=Priority.NORMAL, complexity=0.1, requested_model="auto", tenant="alpha")
 
 
@@ -54,8 +55,11 @@ class _Fakes:
     served_ids: list[str] = field(default_factory=list)
     offered: list[Any] = field(default_factory=list)
 
-    async def charge_tokens(self, tenant: Tenant, tokens: int) -> None:
-        self.charged.append(tokens)
+    async def reserve(self, tenant: Tenant, tokens: int) -> Any:
+        return ("reserved", tokens)
+
+    async def settle(self, reservation: Any, used: int) -> None:
+        self.charged.append(used)
 
     finished: list[Finished] = field(default_factory=list)  # every record handed to accounting
 
@@ -80,10 +84,14 @@ class _Fakes:
     async def offer(self, *args: Any) -> None:
         self.offered.append(args[-2:])
 
-    def settlement(self) -> tuple[Settlement, GatewayMetrics]:
+    def settlement(self, reserved: bool = True) -> tuple[Settlement, GatewayMetrics]:
+        """A settlement, with its token budget reserved as the pipeline does once the policy has decided."""
         metrics = GatewayMetrics(CollectorRegistry())
         deps = Settlements(self, self, metrics, lambda: self, self)  # type: ignore[arg-type]
-        return deps.open(Arrival.now("r1", "chat")), metrics
+        settle = deps.open(Arrival.now("r1", "chat"))
+        if reserved:
+            asyncio.run(settle.reserve(TENANT, 100))
+        return settle, metrics
 
 
 @dataclass
@@ -126,14 +134,14 @@ def test_a_second_settlement_outside_strict_mode_is_logged_and_ignored(monkeypat
     settle, _ = fakes.settlement()
     asyncio.run(settle.hit(_Ctx(), Outcome(cache="hit-exact"), None, 0.001))  # type: ignore[arg-type]
     asyncio.run(settle.answered(_Ctx(), Outcome(), "edge", 200, 0.001, 7, 4))
-    assert fakes.charged == [] and fakes.accounted == [("answered", ("cache", 200))] and settle.settled == "hit"
+    assert fakes.charged == [0] and fakes.accounted == [("answered", ("cache", 200))] and settle.settled == "hit"
 
 
 def test_a_cache_hit_is_counted_and_recorded_as_served_but_not_charged() -> None:
     fakes = _Fakes()
     settle, _ = fakes.settlement()
     asyncio.run(settle.hit(_Ctx(), Outcome(cache="hit-exact"), None, 0.001))  # type: ignore[arg-type]
-    assert fakes.charged == [] and fakes.served_ids == ["r1"] and fakes.accounted == [("answered", ("cache", 200))]
+    assert fakes.charged == [0] and fakes.served_ids == ["r1"] and fakes.accounted == [("answered", ("cache", 200))]
 
 
 def test_a_refusal_charges_only_what_a_cascade_threw_away() -> None:
@@ -248,18 +256,18 @@ class Watch:
 @pytest.fixture
 def watch(monkeypatch: pytest.MonkeyPatch) -> Watch:
     w = Watch()
-    once, charge = Settlement._once, Limiter.charge_tokens
+    once, settle = Settlement._once, Limiter.settle
 
     def _once(self: Settlement, path: str) -> bool:
         w.settled.append((self.arrival.request_id, path))
         return once(self, path)
 
-    async def _charge(self: Limiter, tenant: Tenant, tokens: int) -> None:
-        w.charged.append(tokens)
-        await charge(self, tenant, tokens)
+    async def _settle(self: Limiter, reservation: Reservation, used: int) -> None:
+        w.charged.append(used)
+        await settle(self, reservation, used)
 
     monkeypatch.setattr(Settlement, "_once", _once)
-    monkeypatch.setattr(Limiter, "charge_tokens", _charge)
+    monkeypatch.setattr(Limiter, "settle", _settle)
     return w
 
 
@@ -310,8 +318,8 @@ def test_each_path_settles_once_with_its_charge(tmp_path: Path, watch: Watch) ->
     assert [p for _, p in watch.settled] == ["answered", "hit", "answered", "refused", "refused"]
     usage = json_miss.json()["usage"]
     assert watch.charged[0] == usage["prompt_tokens"] + usage["completion_tokens"]
-    assert len(watch.charged) == 4  # the hit is not charged; the refusals are charged nothing (0)
-    assert watch.charged[1] > 0 and watch.charged[2:] == [0, 0]
+    # The hit and the backend's failure give their reservations back (0); the 400 never reserved anything.
+    assert len(watch.charged) == 4 and watch.charged[1] == watch.charged[3] == 0 and watch.charged[2] > 0
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
@@ -447,4 +455,4 @@ def test_a_shadow_check_settles_once_on_its_own_and_charges_nothing(tmp_path: Pa
     ids = [miss.headers["x-request-id"], hit.headers["x-request-id"], hit.headers["x-request-id"]]
     assert watch.settled == list(zip(ids, ["answered", "hit", "shadow"], strict=True))
     usage = miss.json()["usage"]
-    assert watch.charged == [usage["prompt_tokens"] + usage["completion_tokens"]]
+    assert watch.charged == [usage["prompt_tokens"] + usage["completion_tokens"], 0]  # the hit: nothing

@@ -35,7 +35,7 @@ def _server(segments: list[bytes], pause_s: float = 0.02, close_early: bool = Fa
     return app
 
 
-_TIMEOUTS = Timeouts(first_byte_s=5, between_chunks_s=5)
+_TIMEOUTS = Timeouts(connect_s=30, first_byte_s=30, between_chunks_s=30)  # a busy machine is not a slow server
 
 
 async def _batches(url: str, timeouts: Timeouts = _TIMEOUTS) -> list[list[bytes]]:

@@ -73,8 +73,9 @@ class Pool(Protocol):
         """Healthy endpoints, best first. Dispatch tries them in order until one answers."""
         ...
 
-    def report(self, endpoint: Endpoint, ok: bool) -> None:
-        """Outcome of one attempt before the first byte, for health and circuit breaking."""
+    def report(self, endpoint: Endpoint, ok: bool, source: str | None = None) -> None:
+        """Outcome of one attempt before the first byte, for health and circuit breaking; `source`: the tenant whose
+        request it was (a pool takes an endpoint out of rotation only on failures from more than one)."""
         ...
 
     def healthy(self) -> bool:

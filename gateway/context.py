@@ -10,6 +10,7 @@ Tested in `tests/gateway/test_settlement.py` and `tests/gateway/test_app.py`.
 
 from __future__ import annotations
 
+import hashlib
 import time
 import uuid
 from dataclasses import dataclass
@@ -30,6 +31,9 @@ from tiergate.policies.model import Policy
 __all__ = ["Arrival", "Finished", "Held", "Outcome", "RequestContext", "UpstreamBody"]
 
 _STREAM_OPTIONS = StreamOptions(include_usage=True)
+# Fields that change how an answer is delivered or billed, not what a backend does: left out of the fingerprint.
+_NOT_FINGERPRINTED = frozenset({"stream", "stream_options", "user", "metadata", "store", "safety_identifier",
+                                "prompt_cache_key", "service_tier"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,6 +175,13 @@ class UpstreamBody:
 
     def mark_sent(self) -> None:
         self._sent.yes = True
+
+    def fingerprint(self) -> str:
+        """The request as a poison would be recognised again (`gateway.quarantine`): a hash of its body with keys
+        sorted and whitespace gone, leaving out the fields that do not change what a backend does with it."""
+        fields = {k: v for k, v in self.raw.items() if k not in _NOT_FINGERPRINTED}
+        canonical = msgspec.json.encode({k: msgspec.json.decode(v) for k, v in fields.items()}, order="sorted")
+        return hashlib.sha256(canonical).hexdigest()
 
     def for_endpoint(self, ep: Endpoint) -> bytes:
         b = self._by_model.get(ep.model)

@@ -2,9 +2,17 @@
 
 Within a tier, endpoints are tried best first; a failure that reached nobody yet (connection refused,
 timeout before the first token, 5xx, a backend its pool declared lost while the request waited on it) moves
-to the next endpoint, then to the next tier in the decision's fallbacks, within the request's total time. A backend saying it cannot serve the request (too long for its context, a feature
-it lacks) moves straight to the next tier; its verdict on the request itself (a 400) is the answer. A saturated tier is waited on in priority order for at most the policy's queue
-time, then overflowed. What comes back holds its admission slot until `finish()`.
+to the next endpoint, then to the next tier in the decision's fallbacks, within the request's total time. A
+backend saying it cannot serve the request (too long for its context, a feature it lacks) moves straight to the
+next tier; its verdict on the request itself (a 400) is the answer. A saturated tier is waited on in priority
+order for at most the policy's queue time, then overflowed. What comes back holds its admission slot until
+`finish()`.
+
+A request a backend broke on (the connection dropped or garbage came back before the answer began, or the node was
+lost while it waited) may be a poison that kills whatever serves it: it is tried on one other backend only, and if
+that one breaks too, the client gets an explicit error and the request is quarantined (`gateway.quarantine`).
+Failures are reported to the pools with the tenant whose request it was: one tenant's requests alone never take
+an endpoint out of rotation for everyone (`gateway.pools.breaker`).
 """
 
 from __future__ import annotations
@@ -24,12 +32,16 @@ from tiergate.core.pool import Endpoint
 from tiergate.core.types import Decision, Features, Timeouts
 from tiergate.core.wire import ParsedRequest, decode_json
 from tiergate.gateway.metrics import GatewayMetrics
+from tiergate.gateway.quarantine import Quarantine, quarantined
 from tiergate.gateway.tiers import Tier
 from tiergate.gateway.upstream import FailureKind, UpstreamClient, UpstreamFailure, UpstreamResponse
 
 __all__ = ["Attempt", "Body", "Dispatcher", "shutting_down"]
 
 MAX_ENDPOINTS_PER_TIER = 3
+# Failures a backend may have died of, or been wedged by, with the request: the connection dropped or garbage came
+# back before the answer began, or the node stopped answering its health checks while the request waited.
+_BREAKS = frozenset({FailureKind.PROTOCOL, FailureKind.STREAM, FailureKind.LOST})
 _error_body = msgspec.json.Decoder()
 
 
@@ -40,6 +52,8 @@ class Body(Protocol):
     def for_endpoint(self, ep: Endpoint) -> bytes: ...
 
     def mark_sent(self) -> None: ...
+
+    def fingerprint(self) -> str: ...
 
 
 class Span(Protocol):
@@ -90,9 +104,10 @@ class Attempt:
 
 
 class Dispatcher:
-    def __init__(self, upstream: UpstreamClient, metrics: GatewayMetrics) -> None:
+    def __init__(self, upstream: UpstreamClient, metrics: GatewayMetrics, quarantine: Quarantine | None = None) -> None:
         self._upstream = upstream
         self._metrics = metrics
+        self._quarantine = quarantine if quarantine is not None else Quarantine()
         self._live: set[Attempt] = set()  # answers in progress (a stream being relayed, a JSON body being read)
         self._waiting: set[_LostWatch] = set()  # requests waiting for a backend's answer to begin
         self.closing: str | None = None  # set by `abort_all`: the gateway is shutting down
@@ -116,6 +131,10 @@ class Dispatcher:
 
         `tiers` are those of the request's own routing version (`gateway.tiers.Routing`), the one it was decided
         under: a reload since then does not move it to pools its decision never named."""
+        q = self._quarantine
+        if q.active() and q.holds(body.fingerprint()):
+            self._metrics.poison.labels("refused").inc()
+            raise quarantined(q.ttl_s)
         call = _Call(tiers, request, features, decision, path, body, request_id, stream, _Budget(decision.timeouts))
         if not tracing.enabled():
             return await self._open(call)
@@ -204,8 +223,8 @@ class Dispatcher:
             resp, events, first, first_at = await self._attempt(ep, call.path, data, timeouts, call.request_id,
                                                                 call.stream)
         except UpstreamFailure as f:
-            return self._judge(tier, route, ep, f, later)
-        route.pool.report(ep, True)
+            return await self._judge(tier, route, ep, f, later, call)
+        route.pool.report(ep, True, call.features.tenant)
         decision = call.decision
         attempt = Attempt(tier, ep, resp, route, lease.hand_over(), started,
                           fallback_from=decision.tier if tier != decision.tier else None,
@@ -213,7 +232,8 @@ class Dispatcher:
         self._live.add(attempt)
         return attempt
 
-    def _judge(self, tier: str, route: Tier, ep: Endpoint, f: UpstreamFailure, later: tuple[str, ...]) -> _Failed:
+    async def _judge(self, tier: str, route: Tier, ep: Endpoint, f: UpstreamFailure, later: tuple[str, ...],
+                     call: _Call) -> _Failed:
         """What one endpoint's failure means: the next endpoint, the next tier, or (raised) the request's answer."""
         if f.kind is FailureKind.SHUTDOWN:  # no backend's fault: nothing to report, nothing to retry
             raise _failure_error(tier, f) from None
@@ -224,10 +244,20 @@ class Dispatcher:
             return _Failed(_client_error_from(f, f"Tier `{tier}` cannot serve this request: "), next_tier=True)
         if f.kind in (FailureKind.HTTP_4XX, FailureKind.CAPABILITY):  # the backend judged the request: its verdict
             raise _client_error_from(f) from None
-        route.pool.report(ep, False)
+        route.pool.report(ep, False, call.features.tenant)
         error = upstream_error(f.status, f"Tier `{tier}`: {f}", code=f"upstream_{f.kind}")
         if not f.retryable:  # the request's time is spent: nothing else gets to try
             raise error from None
+        if call.broke_one:  # this was the one other backend a request that broke one gets
+            if f.kind in _BREAKS:
+                await self._quarantine.add(call.body.fingerprint())
+                self._metrics.poison.labels("quarantined").inc()
+                raise quarantined(self._quarantine.ttl_s) from None
+            if f.kind is not FailureKind.CONNECT:  # refused the connection: it never saw the request
+                raise error from None
+        elif f.kind in _BREAKS:
+            call.broke_one = True
+            self._metrics.poison.labels("retried").inc()
         return _Failed(error)
 
     async def _attempt(self, ep: Endpoint, path: str, body: bytes, timeouts: Timeouts, request_id: str,
@@ -387,9 +417,10 @@ class _Failed:
     next_tier: bool = False  # this tier cannot serve it (a capability): skip its other endpoints
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class _Call:
-    """One request as dispatch tries it: what to post, where, and within what total time."""
+    """One request as dispatch tries it: what to post, where, and within what total time; whether a backend broke
+    on it already."""
 
     tiers: Mapping[str, Tier]  # the request's routing version's
     request: ParsedRequest
@@ -400,6 +431,7 @@ class _Call:
     request_id: str
     stream: bool
     budget: _Budget
+    broke_one: bool = False
 
 
 def _discard(resp: UpstreamResponse | None) -> None:

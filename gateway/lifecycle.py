@@ -29,6 +29,7 @@ from tiergate.gateway.distill import Distiller, JsonlRecords, RedisRecords
 from tiergate.gateway.limits import Limiter
 from tiergate.gateway.metrics import GatewayMetrics
 from tiergate.gateway.pools.metrics import CloudMetrics
+from tiergate.gateway.quarantine import Quarantine
 from tiergate.gateway.relay import Relay
 from tiergate.gateway.settings import Settings
 from tiergate.gateway.settlement import Settlements, SharedCache
@@ -66,7 +67,8 @@ class Gateway:
                                     health_check_interval=10, retry=Retry(NoBackoff(), 0))
         self.shared_cache = SharedCache()  # what collaborators read the cache through; start-up fills it
         self.tiers = Tiers(self.redis, CloudMetrics(self.registry))
-        self.dispatcher = Dispatcher(self.upstream, self.metrics)
+        self.quarantine = Quarantine(self.redis)  # requests that broke two backends, refused on every replica
+        self.dispatcher = Dispatcher(self.upstream, self.metrics, self.quarantine)
         self.limiter = Limiter(self.metrics, self.redis)
         self.stats = Stats()  # the status page's rolling window of recent requests
         self.accounting = Accounting(self.metrics, self.stats)
@@ -93,6 +95,7 @@ class Gateway:
         await self.policy_store.start()
         self.policy_store.on_change(self._sync_tiers)
         await self._sync_tiers()
+        await self.quarantine.start()
         if self.settings.cache:
             s = self.settings
             judge = HttpJudge(s.cache_judge_url, s.cache_judge_model or "auto", s.cache_judge_key) \
@@ -113,6 +116,7 @@ class Gateway:
         self.draining = True
         await self.shadow.stop()
         await self.policy_store.stop()
+        await self.quarantine.stop()
         await self.tiers.stop()
         if (cache := self.shared_cache.current) is not None:
             await cache.stop()

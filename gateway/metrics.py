@@ -83,6 +83,10 @@ class GatewayMetrics:
         self.cascade_edge_seconds = Counter("tiergate_cascade_escalated_edge_seconds_total",
                                             "Time spent on the first tier by requests that were escalated.",
                                             ["rule"], registry=r)
+        self.poison = Counter("tiergate_poison_requests_total",
+                              "Requests that broke a backend before their answer began, by outcome: retried (on one "
+                              "other backend), quarantined (broke a second), refused (already quarantined).",
+                              ["outcome"], registry=r)
         self.distill = Counter("tiergate_distill_records_total",
                                "Distillation records, by result (recorded, failed).", ["result"], registry=r)
         self._children: dict[tuple[MetricWrapperBase, tuple[str, ...]], MetricWrapperBase] = {}

@@ -8,6 +8,9 @@ the breaker, its failure opens it again. A pool that asks only `available()` let
 open period is over (the edge pool's cool-down). The open period is `open_s`, times `backoff` for each
 consecutive failure past the threshold, at most `max_open_s`; with `late_failures_reopen` a failure while open
 (a request already in flight when it opened) starts a new, longer period instead of being ignored.
+With `min_sources`, the consecutive failures that open it must come from that many sources (the tenants whose
+requests failed): one tenant's requests that break a backend cannot take it away from everyone else. A failure
+with no source (a health probe, an operator's check) is evidence of its own.
 The clock is injectable so tests need no sleeping.
 """
 
@@ -37,6 +40,7 @@ class CircuitBreaker:
         backoff: float = 1.0,
         max_open_s: float | None = None,
         late_failures_reopen: bool = False,
+        min_sources: int = 1,
     ) -> None:
         if threshold < 1:
             raise ValueError("threshold must be >= 1")
@@ -48,8 +52,11 @@ class CircuitBreaker:
         self.backoff = backoff
         self.max_open_s = max_open_s
         self.late_failures_reopen = late_failures_reopen
+        self.min_sources = min_sources
         self._clock = clock
         self._failures = 0
+        self._sources: set[str] = set()  # whose consecutive failures these are
+        self._unsourced = False  # one of them came with no source
         self._opened_at: float | None = None
         self._open_for = open_s  # the current (or last) open period
         self._probe_until: float | None = None
@@ -89,17 +96,24 @@ class CircuitBreaker:
             self._probe_until = self._clock() + self.probe_ttl_s
         return True
 
-    def record(self, ok: bool) -> BreakerState:
-        """Feed one outcome; returns the new state."""
+    def record(self, ok: bool, source: str | None = None) -> BreakerState:
+        """Feed one outcome (`source`: whose request it was); returns the new state."""
         if ok:
             self._failures = 0
+            self._sources.clear()
+            self._unsourced = False
             self._opened_at = None
             self._probe_until = None
             return BreakerState.CLOSED
         self._failures += 1
+        if source is None:
+            self._unsourced = True
+        elif len(self._sources) < self.min_sources:
+            self._sources.add(source)
         state = self.state
+        evidence = self._unsourced or len(self._sources) >= self.min_sources
         if (state is BreakerState.HALF_OPEN
-                or (state is BreakerState.CLOSED and self._failures >= self.threshold)
+                or (state is BreakerState.CLOSED and self._failures >= self.threshold and evidence)
                 or (state is BreakerState.OPEN and self.late_failures_reopen)):
             period = self.open_s * self.backoff ** max(0, self._failures - self.threshold)
             self._open_for = period if self.max_open_s is None else min(self.max_open_s, period)

@@ -84,12 +84,14 @@ class CloudPool:
             self.metrics.selections.labels(self.tier, self.strategy, reason).inc()
         return order
 
-    def report(self, endpoint: Endpoint, ok: bool) -> None:
+    def report(self, endpoint: Endpoint, ok: bool, source: str | None = None) -> None:
+        """Feed the server's breaker; it opens on failures from two tenants (`source`), or from a caller that
+        names none: one tenant's failing requests alone do not take a server away (its polls do, if it is down)."""
         server = self._servers.get(endpoint.id)
         if server is None:
             return  # left the pool (DNS) while the request was in flight
         before = server.breaker.state
-        after = server.breaker.record(ok)
+        after = server.breaker.record(ok, source)
         if after is not before:
             self._breaker_changed(server, before, after)
 

@@ -149,7 +149,7 @@ class CloudPoller:
         server = CloudServer(
             endpoint=Endpoint(id=ep_id, base_url=base_url, model=s.model, tier=self.tier, slots=s.slots),
             static=static,
-            breaker=CircuitBreaker(s.breaker_threshold, s.breaker_open_s, clock=self._clock),
+            breaker=CircuitBreaker(s.breaker_threshold, s.breaker_open_s, clock=self._clock, min_sources=2),
             window=Window(s.rate_window_s),
         )
         server.endpoint.extra["status"] = "not polled yet"

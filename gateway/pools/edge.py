@@ -95,18 +95,21 @@ class EdgePool:
         usable.sort(key=lambda e: (e.load(), order[e.id]))
         return usable
 
-    def report(self, endpoint: Endpoint, ok: bool) -> None:
+    def report(self, endpoint: Endpoint, ok: bool, source: str | None = None) -> None:
         """Consecutive failures put an endpoint on a growing cool-down (its circuit breaker, opened for
-        `cooldown_s` doubling per further failure, at most 60 s); one success clears it."""
+        `cooldown_s` doubling per further failure, at most 60 s), once they come from two tenants (or from a
+        caller that names none); one success clears it. One tenant's requests alone never cool a node down: a
+        node that is really down stops answering its health checks (`edge_health`)."""
         if ok:
             self._breakers.pop(endpoint.id, None)
             return
         breaker = self._breakers.get(endpoint.id)
         if breaker is None:
             breaker = self._breakers[endpoint.id] = CircuitBreaker(
-                self._failure_threshold, self._cooldown_s, backoff=2.0, max_open_s=60.0, late_failures_reopen=True)
+                self._failure_threshold, self._cooldown_s, backoff=2.0, max_open_s=60.0, late_failures_reopen=True,
+                min_sources=2)
         opened = breaker.opened_count
-        breaker.record(False)
+        breaker.record(False, source)
         if breaker.opened_count != opened:
             log.warning("edge endpoint cooling down", tier=self.tier, endpoint=endpoint.id,
                         failures=breaker.consecutive_failures, seconds=breaker.open_for_s)

@@ -15,6 +15,7 @@ from tiergate.core.types import Decision, Features, Priority, Timeouts
 from tiergate.gateway.admission import Admission
 from tiergate.gateway.dispatch import Dispatcher
 from tiergate.gateway.metrics import GatewayMetrics
+from tiergate.gateway.quarantine import Quarantine
 from tiergate.gateway.tiers import Tier
 from tiergate.gateway.upstream import FailureKind, UpstreamClient, UpstreamFailure
 from tiergate.policies.tier_config import TierConfig
@@ -62,6 +63,9 @@ class _Body:
     def mark_sent(self) -> None:
         self.sent = True
 
+    def fingerprint(self) -> str:
+        return "fp-1"
+
 
 async def _open(tiers: dict[str, Tier], decision: Decision) -> OpenAIError:
     dispatcher = Dispatcher(UpstreamClient(), GatewayMetrics(CollectorRegistry()))
@@ -100,6 +104,7 @@ class _Pool:
     def __init__(self, tier: str, *names: str) -> None:
         self.eps = [Endpoint(n, f"http://{n}", "m", tier) for n in names]
         self.reports: list[tuple[str, bool]] = []
+        self.sources: list[str | None] = []
 
     def candidates(self, request, features):
         return list(self.eps)
@@ -107,8 +112,9 @@ class _Pool:
     def endpoints(self):
         return list(self.eps)
 
-    def report(self, ep: Endpoint, ok: bool) -> None:
+    def report(self, ep: Endpoint, ok: bool, source: str | None = None) -> None:
         self.reports.append((ep.id, ok))
+        self.sources.append(source)
 
 
 class _Response:
@@ -119,7 +125,8 @@ class _Response:
 
 
 class _Upstream:
-    """Answers each endpoint as told: "ok", "5xx", "4xx", "capability", or "hang" (until cancelled)."""
+    """Answers each endpoint as told: "ok", "5xx", "4xx", "capability", "break" (the connection dropped before
+    the answer began), "refuse" (the connection refused), or "hang" (until cancelled)."""
 
     def __init__(self, **how: str) -> None:
         self.how = how
@@ -135,7 +142,8 @@ class _Upstream:
             self.hanging.set()
             await asyncio.Event().wait()
         kind, status = {"5xx": (FailureKind.HTTP_5XX, 502), "4xx": (FailureKind.HTTP_4XX, 400),
-                        "capability": (FailureKind.CAPABILITY, 400)}[how]
+                        "capability": (FailureKind.CAPABILITY, 400), "break": (FailureKind.PROTOCOL, 502),
+                        "refuse": (FailureKind.CONNECT, 503)}[how]
         raise UpstreamFailure(f"{ep.id} said {how}", kind=kind, status=status)
 
 
@@ -153,9 +161,10 @@ def _two_tiers(edge: tuple[str, ...], cloud: tuple[str, ...]) -> dict[str, Tier]
             "cloud": Route("cloud", _Pool("cloud", *cloud), Admission(lambda: 4))}
 
 
-def _dispatcher(routes: dict[str, Tier], **how: str) -> tuple[Dispatcher, _Upstream, GatewayMetrics]:
+def _dispatcher(routes: dict[str, Tier], quarantine: Quarantine | None = None,
+                **how: str) -> tuple[Dispatcher, _Upstream, GatewayMetrics]:
     upstream, metrics = _Upstream(**how), GatewayMetrics(CollectorRegistry())
-    return Dispatcher(upstream, metrics), upstream, metrics  # type: ignore[arg-type]
+    return Dispatcher(upstream, metrics, quarantine), upstream, metrics  # type: ignore[arg-type]
 
 
 def _go(dispatcher: Dispatcher, routes: dict[str, Tier]):
@@ -226,3 +235,50 @@ async def test_a_gateway_shutting_down_refuses_before_posting_and_leaves_nothing
         await _go(dispatcher, routes)
     assert failed.value.code == "shutting_down" and upstream.posted == []
     assert _leaks(routes, metrics) == []
+
+
+# ---- a request that breaks backends ---------------------------------------------------------------------------------
+
+
+def _three_tiers() -> dict[str, Tier]:
+    return {"edge": Route("edge", _Pool("edge", "e1", "e2"), Admission(lambda: 4)),
+            "cloud": Route("cloud", _Pool("cloud", "c1"), Admission(lambda: 4))}
+
+
+async def test_a_request_that_breaks_a_backend_gets_one_other_and_is_quarantined_when_it_breaks_that_too():
+    routes = _three_tiers()
+    quarantine = Quarantine()
+    dispatcher, upstream, metrics = _dispatcher(routes, quarantine, e1="break", e2="break", c1="ok")
+    with pytest.raises(OpenAIError) as failed:
+        await _go(dispatcher, routes)
+    assert failed.value.status == 400 and failed.value.code == "request_quarantined"
+    assert upstream.posted == ["e1", "e2"]  # never a third backend, though the cloud was fine
+    assert quarantine.holds("fp-1") and _leaks(routes, metrics) == []
+    with pytest.raises(OpenAIError) as again:  # the same request again: refused before any backend sees it
+        await _go(dispatcher, routes)
+    assert again.value.code == "request_quarantined" and upstream.posted == ["e1", "e2"]
+    assert [metrics.poison.labels(o)._value.get() for o in ("retried", "quarantined", "refused")] == [1, 1, 1]
+
+
+async def test_one_break_is_not_evidence_the_other_backend_answers():
+    routes = _three_tiers()
+    dispatcher, upstream, _ = _dispatcher(routes, e1="break", e2="ok", c1="ok")
+    attempt = await _go(dispatcher, routes)
+    assert attempt.endpoint.id == "e2" and upstream.posted == ["e1", "e2"]
+    attempt.finish()
+
+
+async def test_after_a_break_only_one_other_backend_gets_the_request_whatever_it_fails_of():
+    """A refused connection never reached the backend, so it does not use up the one other try; a 5xx does."""
+    routes = _three_tiers()
+    dispatcher, upstream, _ = _dispatcher(routes, e1="break", e2="refuse", c1="5xx")
+    with pytest.raises(OpenAIError) as failed:
+        await _go(dispatcher, routes)
+    assert failed.value.status == 502 and upstream.posted == ["e1", "e2", "c1"]
+
+
+async def test_failures_are_reported_with_the_tenant_whose_request_it_was():
+    routes = _three_tiers()
+    dispatcher, _, _ = _dispatcher(routes, e1="5xx", e2="ok", c1="ok")
+    (await _go(dispatcher, routes)).finish()
+    assert routes["edge"].pool.sources == ["t", "t"]  # FEATURES.tenant, for the failure and the success

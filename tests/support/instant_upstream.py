@@ -6,7 +6,8 @@ a 401 from a backend configured with another key). The `role_*` modes open a cha
 servers do, with a role-only frame before any token, and then hang (`role_hang`), close the connection
 (`role_cut`), send an error event (`role_error`: an engine that failed with the request still queued) or wait
 for the test's `GATE` event before generating (`role_gated`); `gated` holds every request until `GATE` is set. `frozen` answers nothing at all, health checks
-included, as a SIGSTOPped process does, until the mode changes (SIGCONT): then it carries on.
+included, as a SIGSTOPped process does, until the mode changes (SIGCONT): then it carries on. `poison` drops the
+connection of any request whose body holds `POISON`, as a server that crashes on it does, and answers the rest.
 
 Run: python -m tests.support.instant_upstream --port 9001 [--chunks 8] [--mode ok|error500|cut|hang|stall|reject|unauthorized]
                                          [--ttft-ms 0] [--tbt-ms 0] [--echo]
@@ -86,6 +87,9 @@ def make_app(chunks: int = 8, mode: str = "ok", model: str = "instant", slots: i
                                      status=401)
         if m == "hang":
             await asyncio.sleep(3600)
+        if m == "poison" and b"POISON" in raw:  # a request that kills the server: the connection just drops
+            request.transport.close()
+            return web.Response()
         if m == "gated":  # holds every request until the test sets GATE (a backend busy for as long as it likes)
             await asyncio.to_thread(app[GATE].wait, 60)
         await _frozen()

@@ -31,6 +31,17 @@ def test_opens_after_threshold_consecutive_failures_only() -> None:
     assert b.opened_count == 1
 
 
+def test_one_tenants_failures_alone_never_open_a_breaker_that_wants_two() -> None:
+    b = CircuitBreaker(threshold=3, open_s=10, clock=Clock(), min_sources=2)
+    for _ in range(10):  # a tenant whose requests break the backend, over and over
+        assert b.record(False, "mallory") is BreakerState.CLOSED
+    assert b.record(False, "alice") is BreakerState.OPEN  # a second tenant's failure: real evidence
+    b.record(True)
+    for _ in range(2):
+        b.record(False, "mallory")
+    assert b.record(False) is BreakerState.OPEN  # a failure with no tenant (a probe) is evidence of its own
+
+
 def test_half_open_admits_exactly_one_trial_then_closes_on_success() -> None:
     clock = Clock()
     b = CircuitBreaker(threshold=1, open_s=10, probe_ttl_s=5, clock=clock)

@@ -33,7 +33,8 @@ class VllmStartError(RuntimeError):
 def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
-        return s.getsockname()[1]
+        port: int = s.getsockname()[1]  # (host, port) for AF_INET
+        return port
 
 
 class VllmProcess:
@@ -93,7 +94,8 @@ class VllmProcess:
     def healthy(self, timeout_s: float = 2.0) -> bool:
         try:
             with urllib.request.urlopen(f"{self.base_url}/health", timeout=timeout_s) as resp:
-                return resp.status == 200
+                status: int = resp.status  # an http.client.HTTPResponse (typeshed: Any)
+                return status == 200
         except (urllib.error.URLError, OSError):
             return False
 

@@ -87,7 +87,7 @@ def convert(gguf: Path, out_dir: Path, dtype: str = "float32") -> Path:
 
 def is_current(out_dir: Path, dtype: str) -> bool:
     try:
-        marker = json.loads((out_dir / MARKER).read_text())
+        marker: object = json.loads((out_dir / MARKER).read_text())
     except (OSError, ValueError):
         return False
     return marker == {"package": PACKAGE, "sha256": GGUF_SHA256, "dtype": dtype}

@@ -52,7 +52,7 @@ def _corpus(vocab: list[str], lines: int, seed: int) -> list[str]:
     return [" ".join(rng.choice(vocab) for _ in range(rng.randint(5, 20))) + "." for _ in range(lines)]
 
 
-def _train_tokenizer(vocab_size: int, seed: int):  # -> tokenizers.Tokenizer
+def _train_tokenizer(vocab_size: int, seed: int) -> Tokenizer:
     tok = Tokenizer(models.BPE(unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
@@ -96,13 +96,14 @@ def build(out_dir: Path, *, vocab_size: int = 1024, layers: int = 2, seed: int =
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
         tie_word_embeddings=False,
-        torch_dtype="float32",
+        dtype="float32",  # transformers 5's name (`torch_dtype` is its deprecated alias): config.json "dtype"
     )
     model = LlamaForCausalLM(config)
     with torch.no_grad():
         head = model.lm_head.weight
         for token_id in range(n_vocab):
             text = tokenizer.decode([token_id])
+            assert isinstance(text, str)  # one sequence of ids decodes to one string (a batch, to a list)
             if token_id in tokenizer.all_special_ids or "\ufffd" in text or not text.isprintable():
                 head[token_id].zero_()
     model.save_pretrained(out_dir, safe_serialization=True)

@@ -13,7 +13,8 @@ import os
 import socket
 import sys
 from pathlib import Path
-from typing import Annotated
+from types import ModuleType
+from typing import Annotated, Any
 from urllib.parse import urlparse
 
 import click
@@ -32,6 +33,7 @@ from tiergate.edge_node.server.app import ServerState, create_app
 from tiergate.edge_node.server.drain import DrainingServer
 from tiergate.edge_node.server.registration import NodeIdentity, Registrar
 
+_tc_exc: ModuleType  # the click exceptions typer raises: its vendored copy's, or click's own
 try:  # typer >= 0.29 vendors its own click
     from typer._click import exceptions as _tc_exc
 except ImportError:  # pragma: no cover - older typer uses click itself
@@ -48,11 +50,13 @@ _PROG = "edge-node"
 class _App(typer.Typer):
     """Typer app whose usage errors are one line (`edge-node: error: ...`) with exit code 2."""
 
-    def __call__(self, *args, **kwargs):  # type: ignore[override]
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if "standalone_mode" in kwargs:
             return super().__call__(*args, **kwargs)
+        # click's `main(args=None, prog_name=None, ...)`: argv is the one positional argument a caller passes
+        options: dict[str, Any] = {**kwargs, "standalone_mode": False, "prog_name": _PROG}
         try:
-            rc = typer.main.get_command(self).main(*args, standalone_mode=False, prog_name=_PROG, **kwargs)
+            rc = typer.main.get_command(self).main(*args, **options)
         except _USAGE as e:
             hint = f" (see {_PROG} {e.ctx.command_path.split(' ', 1)[1]} --help)" if e.ctx and " " in \
                 e.ctx.command_path else f" (see {_PROG} --help)"

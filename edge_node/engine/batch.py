@@ -7,8 +7,11 @@ asked for logits samples its next token from its own row with its own sampler ch
 
 from __future__ import annotations
 
+import asyncio
 import ctypes
 import time
+from types import ModuleType
+from typing import TypeAlias
 
 import numpy as np
 import structlog
@@ -23,13 +26,14 @@ __all__ = ["Batch", "DecodeStep", "Outbox"]
 
 log = structlog.get_logger("edge_node.engine")
 
-Outbox = dict  # event loop → [(request, chunk)]: what one step hands to asyncio, one wake-up per loop
+# event loop → [(request, chunk)]: what one step hands to asyncio, one wake-up per loop
+Outbox: TypeAlias = dict[asyncio.AbstractEventLoop, list[tuple[ActiveRequest, Chunk]]]
 
 
 class Batch:
     """A llama_batch over numpy buffers we own, so filling it is vectorised (one seq id per token)."""
 
-    def __init__(self, ll, capacity: int) -> None:
+    def __init__(self, ll: ModuleType, capacity: int) -> None:
         self.capacity = capacity
         self.token = np.zeros(capacity, dtype=np.int32)
         self.pos = np.zeros(capacity, dtype=np.int32)
@@ -71,13 +75,13 @@ class DecodeStep:
         outs: list[int] = []
         # (request, first index in batch, n tokens, output row or -1)
         parts: list[tuple[ActiveRequest, int, int, int]] = []
-        for slot in self.slots.slots:
-            req = slot.request
+        for s in self.slots.slots:
+            req = s.request
             if req is not None and not req.prefilling:
                 i = len(toks)
                 toks.append(req.next_token)
-                poss.append(len(slot.tokens))
-                seqs.append(slot.seq)
+                poss.append(len(s.tokens))
+                seqs.append(s.seq)
                 outs.append(1)
                 parts.append((req, i, 1, i))
         budget = self.n_batch - len(toks)
@@ -88,6 +92,7 @@ class DecodeStep:
                 if budget <= 0:
                     break
                 slot = req.slot
+                assert slot is not None  # a request in `active()` is in a slot
                 start = req.n_prompt_done
                 k = min(len(req.prompt) - start, budget)
                 i = len(toks)
@@ -125,6 +130,7 @@ class DecodeStep:
         generated = 0
         for req, i, k, row in parts:
             slot = req.slot
+            assert slot is not None  # every request in the batch is in a slot
             if req.prefilling:
                 slot.tokens.extend(toks[i:i + k])
                 req.n_prompt_done += k
@@ -139,6 +145,7 @@ class DecodeStep:
     def _sample(self, req: ActiveRequest, row: int, now: float, out: Outbox) -> int:
         """Sample one token for `req`, emit its text, finish the request if it is done. Returns 1 if counted."""
         rt = self.rt
+        assert req.sampler is not None  # admission gives a request its sampler before it gets a slot
         tok = req.sampler.sample(rt.ctx, row)
         if req.first_token_at is None:
             req.first_token_at = now

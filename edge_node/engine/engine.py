@@ -23,6 +23,7 @@ import threading
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import structlog
 
@@ -255,7 +256,8 @@ class Engine:
         """Plain completion prompt → tokens (BOS added when the model wants one)."""
         return self.rt.tokenize(text, add_bos=self.rt.add_bos, parse_special=True)
 
-    def tokenize_chat(self, messages: Sequence[dict], tools: list[dict] | None = None) -> list[int]:
+    def tokenize_chat(self, messages: Sequence[dict[str, Any]],
+                      tools: list[dict[str, Any]] | None = None) -> list[int]:
         """Chat messages → prompt tokens through the model's chat template (raises ChatTemplateError)."""
         text = self.rt.chat_template.render(messages, add_generation_prompt=True, tools=tools)
         toks = self.rt.tokenize(text, add_bos=False, parse_special=True)
@@ -329,7 +331,7 @@ class Engine:
     def _idle(self) -> bool:
         return not self._cancels and not self._waiting and self._slots.busy == 0
 
-    def _crashed(self, why: str, out: dict) -> None:
+    def _crashed(self, why: str, out: Outbox) -> None:
         """The decode loop died: take no more requests, and end every request it held with an error.
 
         That includes the chunks of the step that failed (they were never delivered) and a request that was
@@ -400,7 +402,7 @@ class Engine:
                 self.metrics.prompt_tokens_cached.inc(req.cached)
 
     def _fail_all(self, why: str) -> None:
-        out: dict = {}
+        out: Outbox = {}
         with self._cv:
             waiting = list(self._waiting)
             self._waiting.clear()

@@ -14,24 +14,26 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 from pathlib import Path
+from types import ModuleType
 
 __all__ = ["GilCalls"]
 
 
-def _libllama_path(llama_cpp) -> str:
+def _libllama_path(llama_cpp: ModuleType) -> str:
     lib = getattr(getattr(llama_cpp, "llama_cpp", None), "_lib", None)
-    name = getattr(lib, "_name", None)
-    if name:
+    name = getattr(lib, "_name", None)  # the path llama-cpp-python gave ctypes.CDLL (a str)
+    if isinstance(name, str) and name:
         return name
-    for cand in sorted((Path(llama_cpp.__file__).parent / "lib").glob("libllama.*")):
-        return str(cand)
+    if llama_cpp.__file__ is not None:  # None only for a namespace package, which llama_cpp is not
+        for cand in sorted((Path(llama_cpp.__file__).parent / "lib").glob("libllama.*")):
+            return str(cand)
     raise RuntimeError("cannot locate libllama next to llama_cpp")
 
 
 class GilCalls:
     """The handful of per-token / per-admission calls the engine makes, bound without GIL release."""
 
-    def __init__(self, llama_cpp) -> None:
+    def __init__(self, llama_cpp: ModuleType) -> None:
         lib = ctypes.PyDLL(_libllama_path(llama_cpp))
         vp = ctypes.c_void_p
         i32 = ctypes.c_int32

@@ -13,6 +13,8 @@ import ctypes
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
+from typing import TYPE_CHECKING
 
 import structlog
 
@@ -20,6 +22,9 @@ from tiergate.edge_node.engine.gilcalls import GilCalls
 from tiergate.edge_node.engine.llama_log import LlamaLogBridge
 from tiergate.edge_node.model.model_file import GGUFInfo, ModelFileError, check_gguf, check_memory
 from tiergate.edge_node.server.chat import BuiltinTemplate, ChatTemplate, choose_template
+
+if TYPE_CHECKING:  # llama.cpp's opaque handles, as llama-cpp-python types them (it ships py.typed)
+    from llama_cpp import llama_context_p, llama_memory_t, llama_model_p, llama_vocab_p
 
 __all__ = ["LlamaRuntime", "ModelLoadError", "RuntimeConfig"]
 
@@ -44,6 +49,13 @@ class RuntimeConfig:
 
 class LlamaRuntime:
     """Owns the llama_model, the llama_context and the log bridge; frees them on close()."""
+
+    # The bindings are reached through the module object (`self._ll`), so what they return is untyped here:
+    # these say what the handles are. `memory` is set by `_load`.
+    _model: llama_model_p | None
+    _ctx: llama_context_p | None
+    memory: llama_memory_t | None
+    vocab: llama_vocab_p | None
 
     def __init__(self, cfg: RuntimeConfig) -> None:
         self.cfg = cfg
@@ -136,15 +148,15 @@ class LlamaRuntime:
     # ------------------------------------------------------------------ accessors
 
     @property
-    def ctx(self):  # llama_context_p
+    def ctx(self) -> llama_context_p | None:
         return self._ctx
 
     @property
-    def llama(self):  # the llama_cpp module (ctypes bindings)
+    def llama(self) -> ModuleType:  # the llama_cpp module (ctypes bindings)
         return self._ll
 
     @property
-    def model_ptr(self):
+    def model_ptr(self) -> llama_model_p | None:
         return self._model
 
     def last_llama_error(self) -> str | None:
@@ -165,7 +177,8 @@ class LlamaRuntime:
             n = ll.llama_tokenize(self.vocab, raw, len(raw), buf, cap, add_bos, parse_special)
             if n < 0:
                 raise ValueError("prompt could not be tokenized")
-        return buf[:n]
+        tokens: list[int] = buf[:n]  # a slice of a ctypes c_int32 array is a list of ints
+        return tokens
 
     def piece(self, token: int) -> bytes:
         """The bytes a generated token stands for (special tokens render as nothing). Engine thread only."""

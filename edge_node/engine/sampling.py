@@ -10,11 +10,20 @@ from __future__ import annotations
 import ctypes
 import math
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from types import ModuleType
+from typing import TYPE_CHECKING, TypeAlias
 
 from tiergate.core.wire import LOGIT_BIAS_MAX, MAX_TOP_LOGPROBS
 
+if TYPE_CHECKING:  # llama.cpp's opaque handles, as llama-cpp-python types them (it ships py.typed)
+    from llama_cpp import llama_context_p, llama_sampler_p, llama_vocab_p
+
 __all__ = ["SamplerChain", "SamplingParams", "check_grammar"]
+
+# llama_sampler_sample(chain, ctx, row) -> token: llama-cpp-python's binding, or GilCalls.sampler_sample
+_SampleFn: TypeAlias = "Callable[[llama_sampler_p | None, llama_context_p | None, int], int]"
 
 _DEFAULT_SEED = 0xFFFFFFFF
 
@@ -83,15 +92,16 @@ class SamplerChain:
 
     __slots__ = ("_ll", "_sample", "greedy", "ptr")
 
-    def __init__(self, llama_cpp, params: SamplingParams, n_vocab: int, sample_fn=None, vocab=None) -> None:
+    def __init__(self, llama_cpp: ModuleType, params: SamplingParams, n_vocab: int,
+                 sample_fn: _SampleFn | None = None, vocab: llama_vocab_p | None = None) -> None:
         ll = llama_cpp
         self._ll = ll
         # `sample_fn`: llama_sampler_sample bound so that it keeps the GIL (edge_node.engine.gilcalls)
-        self._sample = sample_fn or ll.llama_sampler_sample
+        self._sample: _SampleFn = sample_fn or ll.llama_sampler_sample
         cparams = ll.llama_sampler_chain_default_params()
         cparams.no_perf = True
-        chain = ll.llama_sampler_chain_init(cparams)
-        self.ptr = chain
+        chain: llama_sampler_p = ll.llama_sampler_chain_init(cparams)
+        self.ptr: llama_sampler_p | None = chain
         self.greedy = params.temperature <= 0.0
         add = ll.llama_sampler_chain_add
         if params.grammar is not None:  # first: every later sampler sees only tokens the grammar allows
@@ -127,7 +137,7 @@ class SamplerChain:
         seed = params.seed if params.seed is not None else random.getrandbits(32) % _DEFAULT_SEED
         add(chain, ll.llama_sampler_init_dist(ctypes.c_uint32(seed & 0xFFFFFFFF).value))
 
-    def sample(self, ctx, row: int) -> int:
+    def sample(self, ctx: llama_context_p | None, row: int) -> int:
         """Sample (and accept) the next token from batch output row `row`."""
         return self._sample(self.ptr, ctx, row)
 
@@ -137,7 +147,7 @@ class SamplerChain:
             self.ptr = None
 
 
-def check_grammar(llama_cpp, vocab, grammar: str) -> bool:
+def check_grammar(llama_cpp: ModuleType, vocab: llama_vocab_p | None, grammar: str) -> bool:
     """True when llama.cpp parses `grammar` (checked when a request arrives, so a bad one is a 400, not a failure
     on the decode thread)."""
     sampler = llama_cpp.llama_sampler_init_grammar(vocab, grammar.encode(), b"root")

@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import random
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
@@ -127,7 +127,7 @@ def _bytes_to_unicode() -> dict[int, str]:
     return {b: chr(c) for b, c in zip(printable, chars, strict=True)}
 
 
-def _train_tokenizer(n_vocab: int, seed: int):  # -> tokenizers.Tokenizer
+def _train_tokenizer(n_vocab: int, seed: int) -> Tokenizer:
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     tok.decoder = decoders.ByteLevel()
@@ -144,6 +144,14 @@ def _train_tokenizer(n_vocab: int, seed: int):  # -> tokenizers.Tokenizer
         single=f"{BOS} $A", pair=f"{BOS} $A {BOS} $B", special_tokens=[(BOS, bos_id)]
     )
     return tok
+
+
+def _special_id(tok: Tokenizer, token: str) -> int:
+    """The id of one of SPECIAL_TOKENS (training adds them all to the vocabulary)."""
+    token_id = tok.token_to_id(token)
+    if token_id is None:
+        raise ValueError(f"the trained tokenizer lacks the special token {token!r}")
+    return token_id
 
 
 def _token_bytes(token: str, byte_decoder: dict[str, int]) -> bytes | None:
@@ -166,7 +174,8 @@ def _printable(raw: bytes | None) -> bool:
 # --------------------------------------------------------------------------- weights
 
 
-def _weights(shape: ModelShape, n_vocab: int, allowed: np.ndarray, seed: int):
+def _weights(shape: ModelShape, n_vocab: int, allowed: np.ndarray,
+             seed: int) -> Iterator[tuple[str, np.ndarray]]:
     """Yield (name, array) in GGUF order; matrices as float16 (out, in), norms as float32."""
     rng = np.random.default_rng(seed)
     d, f = shape.n_embd, shape.n_ff
@@ -207,7 +216,7 @@ def _weights(shape: ModelShape, n_vocab: int, allowed: np.ndarray, seed: int):
 # --------------------------------------------------------------------------- builder
 
 
-def _write_gguf(path: Path, shape: ModelShape, tok, seed: int, name: str) -> None:
+def _write_gguf(path: Path, shape: ModelShape, tok: Tokenizer, seed: int, name: str) -> None:
     vocab = tok.get_vocab()
     n_vocab = len(vocab)
     tokens = [""] * n_vocab
@@ -240,10 +249,10 @@ def _write_gguf(path: Path, shape: ModelShape, tok, seed: int, name: str) -> Non
     w.add_token_list(tokens)
     w.add_token_types(types)
     w.add_token_merges(merges)
-    w.add_bos_token_id(tok.token_to_id(BOS))
-    w.add_eos_token_id(tok.token_to_id(EOS))
-    w.add_eot_token_id(tok.token_to_id(IM_END))
-    w.add_pad_token_id(tok.token_to_id(EOS))
+    w.add_bos_token_id(_special_id(tok, BOS))
+    w.add_eos_token_id(_special_id(tok, EOS))
+    w.add_eot_token_id(_special_id(tok, IM_END))
+    w.add_pad_token_id(_special_id(tok, EOS))
     w.add_add_bos_token(True)
     w.add_add_eos_token(False)
     w.add_chat_template(CHAT_TEMPLATE)

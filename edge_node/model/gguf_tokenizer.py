@@ -26,6 +26,12 @@ def _strings(reader: gguf.GGUFReader, key: str) -> list[str]:
     return [bytes(field.parts[i]).decode("utf-8") for i in field.data]
 
 
+def _merge(rule: str) -> tuple[str, str]:
+    """A GGUF merge rule, "left right", as the pair BPE takes."""
+    left, right = rule.split(" ", 1)
+    return left, right
+
+
 def tokenizer_from_gguf(path: Path) -> Tokenizer:
     reader = gguf.GGUFReader(str(path))
     model = bytes(reader.fields["tokenizer.ggml.model"].parts[-1]).decode()
@@ -34,7 +40,7 @@ def tokenizer_from_gguf(path: Path) -> Tokenizer:
     if model != "gpt2" or pre not in ("gpt-2", "smollm", "default"):
         raise ModelFileError(f"{path}: tokenizer {model}/{pre} is not byte-level BPE this module can rebuild")
     tokens = _strings(reader, "tokenizer.ggml.tokens")
-    merges = [tuple(m.split(" ", 1)) for m in _strings(reader, "tokenizer.ggml.merges")]
+    merges = [_merge(m) for m in _strings(reader, "tokenizer.ggml.merges")]
     types = reader.fields["tokenizer.ggml.token_type"]
     kinds = [int(types.parts[i][0]) for i in types.data]
     tok = Tokenizer(models.BPE({t: i for i, t in enumerate(tokens)}, merges, fuse_unk=False))

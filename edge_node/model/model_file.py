@@ -41,7 +41,8 @@ class GGUFInfo:
         return 2 * self.n_layer * n_cells * head_dim * self.n_head_kv * bytes_per_value
 
 
-def _field(reader, key: str):
+def _field(reader: gguf.GGUFReader, key: str) -> str | int | float | None:
+    """A scalar metadata value: the text of a STRING field, else the first number; None if absent or odd."""
     f = reader.fields.get(key)
     if f is None or not f.data:
         return None
@@ -49,9 +50,16 @@ def _field(reader, key: str):
     try:
         if f.types and f.types[0].name == "STRING":
             return bytes(part).decode("utf-8", errors="replace")
-        return part.tolist()[0]
+        value: int | float = part.tolist()[0]  # a numeric field's parts are numpy arrays of numbers
+        return value
     except Exception:  # noqa: BLE001 - an odd field type is treated as absent
         return None
+
+
+def _text_field(reader: gguf.GGUFReader, key: str) -> str | None:
+    """A metadata value that GGUF defines as a string; a number there is treated as absent."""
+    value = _field(reader, key)
+    return value if isinstance(value, str) else None
 
 
 def check_gguf(path: str | os.PathLike[str]) -> GGUFInfo:
@@ -76,7 +84,7 @@ def check_gguf(path: str | os.PathLike[str]) -> GGUFInfo:
         raise ModelFileError(f"corrupt GGUF model file {p}: {type(e).__name__}: {e}".splitlines()[0]) from None
     if end > size or not reader.tensors:
         raise ModelFileError(f"corrupt GGUF model file {p}: truncated ({size} bytes, tensors need {end})")
-    arch = _field(reader, "general.architecture") or "unknown"
+    arch = _text_field(reader, "general.architecture") or "unknown"
 
     def num(key: str, default: int = 0) -> int:
         v = _field(reader, f"{arch}.{key}")
@@ -87,13 +95,13 @@ def check_gguf(path: str | os.PathLike[str]) -> GGUFInfo:
         path=p,
         size_bytes=size,
         architecture=arch,
-        name=_field(reader, "general.name"),
+        name=_text_field(reader, "general.name"),
         n_layer=num("block_count"),
         n_embd=num("embedding_length"),
         n_head=n_head,
         n_head_kv=num("attention.head_count_kv", n_head),
         n_ctx_train=num("context_length"),
-        chat_template=_field(reader, "tokenizer.chat_template"),
+        chat_template=_text_field(reader, "tokenizer.chat_template"),
     )
 
 

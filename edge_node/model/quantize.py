@@ -11,6 +11,7 @@ import ctypes
 import os
 import re
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from types import MappingProxyType
 
@@ -83,7 +84,7 @@ def quantize(
     return dst_p
 
 
-def _run_with_progress(run, bridge, title: str) -> None:
+def _run_with_progress(run: Callable[[], None], bridge: LlamaLogBridge, title: str) -> None:
     """Run the blocking C call in a thread while a rich progress bar follows its per-tensor log lines."""
     with Progress(
         TextColumn("{task.description}"),

@@ -70,7 +70,7 @@ class Answer:
 
     def whole(self, text: str, last: Chunk, tokens: list[TokenLogprob] | None,
               tool_call: ToolCallOutput | None = None) -> bytes:
-        finish = last.finish_reason
+        finish: str | None = last.finish_reason  # "tool_calls" for a tool call, beyond the engine's reasons
         if self.kind == "chat":
             message: dict[str, Any] = {"role": "assistant", "content": text}
             if tool_call is not None:

@@ -17,11 +17,13 @@ from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
+from starlette.types import Scope
 
 from tiergate.core import tracing
 from tiergate.core.errors import OpenAIError, not_found
 from tiergate.core.http import error_response
 from tiergate.core.tracing import TracingMiddleware
+from tiergate.edge_node.engine.request import ActiveRequest
 from tiergate.edge_node.server.completions import Completions
 from tiergate.edge_node.server.state import ServerState
 
@@ -96,11 +98,11 @@ def create_app(state: ServerState) -> Starlette:
 TRACED = frozenset({"/v1/chat/completions", "/v1/completions"})
 
 
-def _engine_phases(scope: dict, _root: object) -> None:
+def _engine_phases(scope: Scope, _root: object) -> None:
     """A traced request's time in the engine, as child spans of its root: waiting for a slot, the prefill of its
     prompt, the decoding of its answer (the decode thread's own `time.monotonic()` readings)."""
     gen = scope.get("state", {}).get("generation")  # set by Completions._submit
-    req = getattr(gen, "_req", None)  # the engine's record of it (same package)
+    req: ActiveRequest | None = getattr(gen, "_req", None)  # the engine's record of it (same package)
     if req is None:
         return
     end = time.monotonic()

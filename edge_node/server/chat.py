@@ -13,6 +13,7 @@ from __future__ import annotations
 import ctypes
 from collections.abc import Sequence
 from datetime import datetime
+from types import ModuleType
 from typing import Any
 
 import jinja2
@@ -82,7 +83,7 @@ class ChatTemplate:
 class BuiltinTemplate:
     """One of llama.cpp's own chat templates, by name, applied by llama.cpp (`llama_chat_apply_template`)."""
 
-    def __init__(self, llama_cpp, name: str) -> None:
+    def __init__(self, llama_cpp: ModuleType, name: str) -> None:
         self._ll = llama_cpp
         self.name = name
         self.origin = f"llama.cpp:{name}"
@@ -112,7 +113,7 @@ class BuiltinTemplate:
         raise ChatTemplateError(f"llama.cpp's {self.name!r} chat template output kept growing")
 
 
-def choose_template(llama_cpp, source: str | None, architecture: str, bos_token: str = "",
+def choose_template(llama_cpp: ModuleType, source: str | None, architecture: str, bos_token: str = "",
                     eos_token: str = "") -> ChatTemplate | BuiltinTemplate:
     """The model's own template; else llama.cpp's for its architecture; else ChatML."""
     if source:

@@ -27,6 +27,7 @@ import msgspec
 import structlog
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response, StreamingResponse
+from starlette.types import Receive, Scope, Send
 
 from tiergate.core.errors import OpenAIError, bad_request
 from tiergate.core.http import DONE, error_response, read_body
@@ -370,7 +371,7 @@ class Completions:
 class _SSEResponse(StreamingResponse):
     """StreamingResponse that always closes its generator, so a vanished client cancels generation now."""
 
-    async def __call__(self, scope, receive, send) -> None:  # type: ignore[override]
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
             await super().__call__(scope, receive, send)
         finally:

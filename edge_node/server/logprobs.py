@@ -9,9 +9,15 @@ pass over the vocabulary per generated token: tens of microseconds for a 49k voc
 from __future__ import annotations
 
 import ctypes
+from collections.abc import Callable
 from dataclasses import dataclass
+from types import ModuleType
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:  # llama.cpp's context handle, as llama-cpp-python types it (it ships py.typed)
+    from llama_cpp import llama_context_p
 
 __all__ = ["LogprobReader", "TokenLogprob"]
 
@@ -27,7 +33,8 @@ class TokenLogprob:
 
 
 class LogprobReader:
-    def __init__(self, llama_cpp, ctx, n_vocab: int, piece) -> None:
+    def __init__(self, llama_cpp: ModuleType, ctx: llama_context_p | None, n_vocab: int,
+                 piece: Callable[[int], bytes]) -> None:
         self._get = llama_cpp.llama_get_logits_ith
         self._ctx = ctx
         self._n_vocab = n_vocab

@@ -81,7 +81,8 @@ class Registrar:
         """Seconds until the next attempt: the interval when healthy, exponential backoff after failures."""
         if self.failures == 0:
             return self.interval
-        base = min(self.max_backoff, self.interval * (2 ** min(self.failures - 1, 16)))
+        factor: int = 2 ** min(self.failures - 1, 16)  # failures >= 1 here: a whole power of two
+        base = min(self.max_backoff, self.interval * factor)
         return base * random.uniform(0.8, 1.2)
 
     def _ensure_session(self) -> aiohttp.ClientSession:

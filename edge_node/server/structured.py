@@ -51,7 +51,8 @@ def _schema_grammar(schema: Any, field: str) -> str:
     if not isinstance(schema, dict):
         raise bad_request(f"`{field}` must be a JSON Schema object.", param=field)
     try:
-        return json_schema_to_gbnf(json.dumps(schema))
+        grammar: str = json_schema_to_gbnf(json.dumps(schema))  # llama-cpp-python leaves it unannotated
+        return grammar
     except Exception as exc:  # noqa: BLE001 - the converter raises whatever the schema trips on
         raise bad_request(f"`{field}` cannot be turned into a grammar: {type(exc).__name__}: {exc}",
                           code="invalid_schema", param=field) from None

@@ -159,7 +159,8 @@ _SECURITY_SCHEMES = {
                         "description": "The cookie `?key=` sets (an HMAC of the admin key, not the key)."},
 }
 _HEADERS = {
-    "x-request-id": (True, "Request id (echoed when the client sent one)."),
+    "x-request-id": (True, "Request id: the client's own when it sent 1 to 128 characters of letters, digits "
+                            "and `._:/+=-`, else a new one."),
     "x-tiergate-tier": (True, "Tier that answered: edge, cloud or cache."),
     "x-tiergate-cache": (True, "hit-exact, hit-semantic, miss or bypass."),
     "x-tiergate-rule": (True, "Name of the policy rule that routed the request."),

@@ -6,6 +6,7 @@ others.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Literal
 
@@ -16,6 +17,8 @@ from tiergate.core.paths import tiergate_home
 from tiergate.policies.loader import DEFAULT_POLICY
 
 __all__ = ["Settings"]
+
+_KEY = re.compile(r"[!-~]{16,}")  # a bearer key: printable ASCII, no spaces
 
 
 class Settings(BaseSettings):
@@ -32,6 +35,10 @@ class Settings(BaseSettings):
     demo_key: bool = True  # accept the documented demo key `tg-demo-key` (tenant "demo") when no keys are configured
     admin_key: str | None = None
     edge_token: str | None = None  # bearer token edge nodes present when registering; None accepts any node on loopback
+    # /metrics: a bearer key it requires when set (unset: open to whoever reaches the port), and whether its series
+    # may carry tenant ids (false: summed over tenants, per-tenant gauges left out; gateway.metrics.exposition)
+    metrics_key: str | None = None
+    metrics_tenant_labels: bool = True
     embedder: Path | None = None  # ONNX embedder dir; None disables the semantic half of the cache
     distill_file: Path = Field(default_factory=lambda: tiergate_home() / "distill.jsonl")  # records without Redis
     cache: bool = True
@@ -52,9 +59,17 @@ class Settings(BaseSettings):
     graceful_shutdown_s: float = 30.0  # how long in-flight streams may run on after SIGTERM
     drain_delay_s: float = 2.0  # after SIGTERM: /readyz says 503 this long (load balancers notice) before the listener closes
 
-    @field_validator("redis_url", "api_keys_file", "api_keys", "admin_key", "edge_token", "embedder",
+    @field_validator("redis_url", "api_keys_file", "api_keys", "admin_key", "edge_token", "metrics_key", "embedder",
                      "cache_judge_url", "cache_judge_model", "cache_judge_key", "cache_verifier", mode="before")
     @classmethod
     def _empty_is_unset(cls, v: object) -> object:
         """`TIERGATE_EMBEDDER=` (empty) means "not set", not the current directory."""
         return None if isinstance(v, str) and not v.strip() else v
+
+    @field_validator("metrics_key")
+    @classmethod
+    def _metrics_key_is_a_key(cls, v: str | None) -> str | None:
+        if v is not None and not _KEY.fullmatch(v):
+            raise ValueError("TIERGATE_METRICS_KEY must be at least 16 printable ASCII characters without spaces "
+                             "(e.g. `openssl rand -hex 16`)")
+        return v

@@ -17,6 +17,7 @@ import msgspec
 __all__ = [
     "OpenAIError",
     "bad_request",
+    "error_type",
     "from_validation",
     "not_found",
     "rate_limited",
@@ -51,6 +52,16 @@ class OpenAIError(Exception):
 
     def to_json(self) -> bytes:
         return msgspec.json.encode(self.body())
+
+
+def error_type(status: int) -> str:
+    """The OpenAI error type an answer with this status carries: what a client (the OpenAI SDK among them) reads
+    to tell its own mistake from the server's state. 401 and 403 are authentication and permission errors, 429 a
+    rate limit, any 5xx a `server_error` (retry later), anything else an `invalid_request_error`."""
+    if status >= 500:
+        return "server_error"
+    return {401: "authentication_error", 403: "permission_error", 429: "rate_limit_error"}.get(
+        status, "invalid_request_error")
 
 
 def bad_request(message: str, *, code: str = "invalid_request", param: str | None = None) -> OpenAIError:

@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Literal
 
+from tiergate.core.errors import OpenAIError, error_type
+
 __all__ = ["CacheRule", "Cascade", "Decision", "Features", "Priority", "Reject", "Timeouts"]
 
 
@@ -82,9 +84,18 @@ class Timeouts:
 
 @dataclass(frozen=True, slots=True)
 class Reject:
+    """A policy rule's refusal: the error answer it becomes (`error`)."""
+
     status: int
     message: str
     code: str = "rejected_by_policy"
+    retry_after_s: int | None = None  # sent as Retry-After (the policy allows it on 429 and 503 only)
+
+    def error(self) -> OpenAIError:
+        """The OpenAI error: its type follows the status (a 503 is a `server_error`, a 429 a `rate_limit_error`,
+        `core.errors.error_type`), with Retry-After when the rule gives one."""
+        headers = {"retry-after": str(self.retry_after_s)} if self.retry_after_s is not None else None
+        return OpenAIError(self.status, self.message, type=error_type(self.status), code=self.code, headers=headers)
 
 
 @dataclass(frozen=True, slots=True)

@@ -3,7 +3,8 @@
 Where each route's work lives:
 - `/v1/chat/completions`, `/v1/completions`: `gateway.pipeline.Completions` (the request path), answered
   through `gateway.relay.Relay`, accounted by `gateway.accounting.Accounting`;
-- `/v1/models`, `/healthz`, `/readyz`, `/metrics`, `/openapi.json`: here;
+- `/v1/models`, `/healthz`, `/readyz`, `/metrics` (the key `TIERGATE_METRICS_KEY`, if set; `gateway.metrics.exposition`),
+  `/openapi.json`: here;
 - `/v1/cache/feedback`: `gateway.feedback.CacheFeedback`;
 - `/admin/...` and `/edge/v1/...`: `gateway.admin`; `/dashboard...`: `gateway.status`;
 - state and lifecycle: `gateway.lifecycle.Gateway`.
@@ -12,10 +13,11 @@ Where each route's work lives:
 from __future__ import annotations
 
 import contextlib
+import hmac
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 import structlog
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.requests import ClientDisconnect, Request
@@ -23,7 +25,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from tiergate.core import tracing
-from tiergate.core.errors import OpenAIError, not_found
+from tiergate.core.errors import OpenAIError, not_found, unauthorized
 from tiergate.core.http import error_response
 from tiergate.core.logs import configure_logging
 from tiergate.core.tracing import TracingMiddleware
@@ -31,6 +33,7 @@ from tiergate.gateway.admin import AdminEndpoints, EdgeEndpoints
 from tiergate.gateway.auth import KeyRing
 from tiergate.gateway.feedback import CacheFeedback
 from tiergate.gateway.lifecycle import Gateway
+from tiergate.gateway.metrics import exposition
 from tiergate.gateway.openapi import openapi_document
 from tiergate.gateway.pipeline import Completions, PipelineParts
 from tiergate.gateway.settings import Settings
@@ -88,8 +91,14 @@ def create_app(settings: Settings | None = None, *, keyring: KeyRing | None = No
             detail["cache"] = gw.cache.describe()
         return JSONResponse(detail, status_code=200 if ok else 503)
 
+    metrics_auth = f"Bearer {settings.metrics_key}".encode() if settings.metrics_key else None
+
     async def metrics(request: Request) -> Response:
-        return Response(generate_latest(gw.registry), media_type=CONTENT_TYPE_LATEST)
+        if metrics_auth is not None and not hmac.compare_digest(
+                request.headers.get("authorization", "").encode(), metrics_auth):
+            raise unauthorized("/metrics needs `Authorization: Bearer <TIERGATE_METRICS_KEY>`.")
+        return Response(exposition(gw.registry, tenant_labels=settings.metrics_tenant_labels),
+                        media_type=CONTENT_TYPE_LATEST)
 
     async def openapi(request: Request) -> Response:
         return Response(openapi_document(), media_type=_JSON)
@@ -110,7 +119,7 @@ def create_app(settings: Settings | None = None, *, keyring: KeyRing | None = No
         Route("/v1/cache/feedback", _guarded(feedback.handle), methods=["POST"]),
         Route("/healthz", healthz, methods=["GET"]),
         Route("/readyz", readyz, methods=["GET"]),
-        Route("/metrics", metrics, methods=["GET"]),
+        Route("/metrics", _guarded(metrics), methods=["GET"]),
         Route("/openapi.json", openapi, methods=["GET"]),
         Route("/edge/v1/heartbeat", _guarded(edge.heartbeat), methods=["POST"]),
         Route("/edge/v1/deregister", _guarded(edge.deregister), methods=["POST"]),

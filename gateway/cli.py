@@ -8,6 +8,7 @@ from typing import Annotated
 
 import typer
 import uvicorn
+from pydantic import ValidationError
 
 from tiergate.complexity.cli import classifier_app
 from tiergate.gateway.cache_cli import cache_app
@@ -42,7 +43,7 @@ def serve(
                         ("EMBEDDER", embedder), ("WORKERS", workers)):
         if value is not None:
             os.environ[f"TIERGATE_{name}"] = str(value)
-    settings = Settings()
+    settings = _settings()
     _check_policy(settings.policy)
     if settings.cache and settings.cache_verifier is not None:
         _check_verifier(settings.cache_verifier)
@@ -57,6 +58,20 @@ def serve(
     config = uvicorn.Config(app, host=settings.host, port=settings.port, loop="uvloop", http="httptools",
                             log_level="warning", access_log=False, lifespan="on")
     DrainingServer(config, app.state.gateway, settings.drain_delay_s, settings.graceful_shutdown_s).run()
+
+
+def _settings() -> Settings:
+    """The TIERGATE_* settings, or exit 2 with one line per problem naming the variable (among them: the demo key
+    on a bind address that is not loopback)."""
+    try:
+        return Settings()
+    except ValidationError as exc:
+        for err in exc.errors():
+            message = str(err["msg"]).removeprefix("Value error, ")
+            name = f"TIERGATE_{'_'.join(str(p) for p in err['loc']).upper()}" if err["loc"] else ""
+            typer.echo(f"error: {name}: {message}" if name and not message.startswith(name) else f"error: {message}",
+                       err=True)
+        raise typer.Exit(2) from None
 
 
 def _check_verifier(path: Path) -> None:

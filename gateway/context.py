@@ -11,6 +11,7 @@ Tested in `tests/gateway/test_settlement.py` and `tests/gateway/test_app.py`.
 from __future__ import annotations
 
 import hashlib
+import re
 import time
 import uuid
 from dataclasses import dataclass
@@ -28,17 +29,34 @@ from tiergate.gateway.tiers import Routing, RoutingHold
 from tiergate.policies.confidence import CascadeVerdict
 from tiergate.policies.model import Policy
 
-__all__ = ["Arrival", "Finished", "Held", "Outcome", "RequestContext", "UpstreamBody"]
+__all__ = ["MAX_REQUEST_ID", "Arrival", "Finished", "Held", "Outcome", "RequestContext", "UpstreamBody",
+           "safe_request_id"]
 
 _STREAM_OPTIONS = StreamOptions(include_usage=True)
 # Fields that change how an answer is delivered or billed, not what a backend does: left out of the fingerprint.
 _NOT_FINGERPRINTED = frozenset({"stream", "stream_options", "user", "metadata", "store", "safety_identifier",
                                 "prompt_cache_key", "service_tier"})
+MAX_REQUEST_ID = 128  # characters of a client's x-request-id the gateway keeps (a UUID is 36)
+_CLIENT_ID = re.compile(rf"[A-Za-z0-9._:/+=-]{{1,{MAX_REQUEST_ID}}}")
+
+
+def safe_request_id(client: str | None) -> str:
+    """The request's id: the client's `x-request-id` when it is 1 to `MAX_REQUEST_ID` characters of ASCII letters,
+    digits and `._:/+=-` (UUIDs, ULIDs, base64 and `req_...` ids all are), else a fresh one (a UUID4 in hex).
+
+    The id is echoed in the answer's `x-request-id`, sent to the backend, written in every log line and
+    distillation record of the request, and keyed on by cache feedback. A client's id that is too long or carries
+    anything else (spaces, quotes, control characters, non-ASCII) is replaced whole, never truncated or echoed, so
+    no client can inflate or forge what the gateway logs and forwards."""
+    if client is not None and _CLIENT_ID.fullmatch(client):
+        return client
+    return uuid.uuid4().hex
 
 
 @dataclass(frozen=True, slots=True)
 class Arrival:
-    """A request as it arrives: its id (the client's `x-request-id`, or a new one), when, and on which endpoint."""
+    """A request as it arrives: its id (the client's `x-request-id` if it is a safe one, else a new one:
+    `safe_request_id`), when, and on which endpoint."""
 
     request_id: str
     started: float  # perf_counter
@@ -46,7 +64,7 @@ class Arrival:
 
     @classmethod
     def now(cls, request_id: str | None, kind: str) -> Arrival:
-        return cls(request_id or uuid.uuid4().hex, time.perf_counter(), "chat" if kind == "chat" else "completions")
+        return cls(safe_request_id(request_id), time.perf_counter(), "chat" if kind == "chat" else "completions")
 
 
 class Held:

@@ -5,14 +5,18 @@ it answered a cascade escalation, a request whose decision put an edge tier firs
 a request decided by one of `distill.rules`. Prompt and answer pass the redaction (patterns, then the operator's
 hook) before anything is written. Records go to a capped Redis stream (`tiergate:distill`; trimmed by count and by
 age) when the gateway has Redis, else to a local JSONL file kept to the same bounds. `tiergate distill export`
-writes them as a chat-format training set with a manifest.
+writes them as a chat-format training set with a manifest. Every file of records (the local JSONL, its compaction,
+the exported set and manifest) holds tenants' prompts and answers, so it is written readable by its owner only
+(mode 0600, `write_private`), and a file an older version left wider open is narrowed when next written.
 """
 
 from __future__ import annotations
 
 import asyncio
 import importlib
+import os
 import re
+import stat
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -30,12 +34,31 @@ from tiergate.policies.distill_config import DistillConfig
 if TYPE_CHECKING:
     from tiergate.cache.redis.conn import AnyRedis
 
-__all__ = ["STREAM_KEY", "Distiller", "JsonlRecords", "RedisRecords", "Redactor"]
+__all__ = ["PRIVATE_MODE", "STREAM_KEY", "Distiller", "JsonlRecords", "RedisRecords", "Redactor", "write_private"]
 
 log = structlog.get_logger("tiergate.distill")
 STREAM_KEY = "tiergate:distill"
 _encode = msgspec.json.Encoder().encode
 _decode = msgspec.json.decode
+PRIVATE_MODE = 0o600  # records files: prompts and answers, readable by the gateway's user only
+
+
+def _open_private(path: Path, flags: int) -> int:
+    """A descriptor on `path` created with mode 0600; an existing file open to others is narrowed to 0600."""
+    fd = os.open(path, flags | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), PRIVATE_MODE)
+    try:
+        if stat.S_IMODE(os.fstat(fd).st_mode) & 0o077:
+            os.fchmod(fd, PRIVATE_MODE)
+    except OSError:
+        os.close(fd)
+        raise
+    return fd
+
+
+def write_private(path: Path, data: bytes) -> None:
+    """Write `data` as the whole of `path`, a file only its owner may read (mode 0600)."""
+    with os.fdopen(_open_private(path, os.O_WRONLY | os.O_TRUNC), "wb") as f:
+        f.write(data)
 
 
 class Redactor:
@@ -94,7 +117,7 @@ class JsonlRecords:
 
     def _append(self, record: dict[str, Any], cfg: DistillConfig) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        with self.path.open("ab") as f:
+        with os.fdopen(_open_private(self.path, os.O_WRONLY | os.O_APPEND), "ab") as f:
             f.write(_encode(record) + b"\n")
         self._lines += 1
         if self._lines > cfg.max_records * 1.1 + 10:
@@ -103,7 +126,7 @@ class JsonlRecords:
     def _compact(self, cfg: DistillConfig) -> None:
         keep = [r for r in self._read() if r.get("ts", 0) >= time.time() - cfg.ttl_s][-cfg.max_records:]
         tmp = self.path.with_suffix(".tmp")
-        tmp.write_bytes(b"".join(_encode(r) + b"\n" for r in keep))
+        write_private(tmp, b"".join(_encode(r) + b"\n" for r in keep))
         tmp.replace(self.path)
         self._lines = len(keep)
 

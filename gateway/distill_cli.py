@@ -2,8 +2,9 @@
 
 Each line is one example, `{"messages": [..., {"role": "assistant", "content": ANSWER}]}` (text completions:
 `{"prompt": ..., "completion": ...}`), the shape fine-tuning tools read; the manifest says where the records came
-from, which filters applied and how many of each kind were written. docs/policy.md ("Distillation capture")
-shows the way from this file to an INT4 GGUF an edge node loads.
+from, which filters applied and how many of each kind were written. Both are written mode 0600: they hold
+tenants' prompts and answers. docs/policy.md ("Distillation capture") shows the way from this file to an INT4 GGUF
+an edge node loads.
 
 Tested in `tests/gateway/test_distill.py`.
 """
@@ -21,7 +22,7 @@ from typing import Annotated, Any
 import typer
 
 from tiergate.cache.redis.conn import open_redis, safe_url
-from tiergate.gateway.distill import JsonlRecords, RedisRecords
+from tiergate.gateway.distill import JsonlRecords, RedisRecords, write_private
 from tiergate.gateway.settings import Settings
 
 __all__ = ["distill_app"]
@@ -78,7 +79,7 @@ def export(
     kept = [r for r in records if (not tenant or r.get("tenant") in tenant) and (not rule or r.get("rule") in rule)
             and (horizon is None or r.get("ts", 0) >= horizon) and r.get("answer")]
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text("".join(json.dumps(_example(r), ensure_ascii=False) + "\n" for r in kept))
+    write_private(out, "".join(json.dumps(_example(r), ensure_ascii=False) + "\n" for r in kept).encode())
     manifest = {
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "source": safe_url(url) if url else str(source),
@@ -90,5 +91,5 @@ def export(
         "escalations": sum(1 for r in kept if (r.get("cascade") or {}).get("kept") is False),
         "models": dict(Counter(r.get("model") for r in kept)),
     }
-    manifest_path.write_text(json.dumps(manifest, indent=2) + "\n")
+    write_private(manifest_path, (json.dumps(manifest, indent=2) + "\n").encode())
     typer.echo(json.dumps({"out": str(out), "manifest": str(manifest_path), "examples": len(kept)}))

@@ -1,4 +1,8 @@
-"""ASGI entry point for uvicorn workers: `uvicorn gateway.main:app` (settings from TIERGATE_* variables)."""
+"""ASGI entry point for uvicorn workers: `uvicorn gateway.main:app` (settings from TIERGATE_* variables).
+
+The settings' refusal of the demo key on a public bind address reads TIERGATE_HOST: `tiergate serve` binds to
+it, but uvicorn started by hand with its own `--host` does not tell the app; set TIERGATE_HOST to the same
+address (or configure keys) when running it that way."""
 
 from tiergate.gateway.app import create_app
 

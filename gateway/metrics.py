@@ -5,18 +5,27 @@ Every package registers its metrics the same way: a class whose constructor take
 `edge_node.server.metrics.EdgeMetrics`, this `GatewayMetrics`). A gateway makes one registry, hands it to all of
 them and serves it on /metrics, so two gateways in one process (tests, benchmarks) never share a series.
 
-Tested in `tests/gateway/test_dispatch.py`, `tests/gateway/test_limits.py`, `tests/gateway/test_shadow.py` and
-others.
+`exposition` is what /metrics serves: the registry as Prometheus text, with or without tenant labels
+(`TIERGATE_METRICS_TENANT_LABELS`).
+
+The series are tested in `tests/gateway/test_dispatch.py`, `tests/gateway/test_limits.py`,
+`tests/gateway/test_shadow.py` and others; `exposition` in `tests/gateway/test_metrics.py`.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
 from typing import TypeVar
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.metrics import MetricWrapperBase
+from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector
+from prometheus_client.samples import Sample
 
-__all__ = ["GatewayMetrics"]
+__all__ = ["TENANT_LABEL", "GatewayMetrics", "exposition"]
+
+TENANT_LABEL = "tenant"
 
 _M = TypeVar("_M", bound=MetricWrapperBase)
 
@@ -102,3 +111,50 @@ class GatewayMetrics:
             if len(self._children) < 10_000:
                 self._children[key] = found
         return found  # type: ignore[return-value]
+
+
+def exposition(registry: CollectorRegistry, *, tenant_labels: bool = True) -> bytes:
+    """The registry in the Prometheus text format, as /metrics serves it.
+
+    `tenant_labels=False` leaves every `tenant` label out, so that the page names no tenant: the samples of a
+    counter, histogram or summary that differ only by tenant are summed into one (their `_created` time is the
+    earliest), and gauges labelled by tenant (per-tenant values, such as the cache's certified cutoffs, that do
+    not add up) are left out."""
+    return generate_latest(registry if tenant_labels else _WithoutTenants(registry))
+
+
+class _WithoutTenants(Collector):
+    """A registry's metric families with the tenant label taken out (`exposition`)."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self._registry = registry
+
+    def collect(self) -> Iterable[Metric]:
+        for family in self._registry.collect():
+            if any(TENANT_LABEL in s.labels for s in family.samples):
+                yield _without_tenants(family)
+            else:
+                yield family
+
+
+def _without_tenants(family: Metric) -> Metric:
+    out = Metric(family.name, family.documentation, family.type, family.unit)
+    if family.type in ("gauge", "info", "stateset"):  # values per tenant: they do not add up
+        out.samples = [s for s in family.samples if TENANT_LABEL not in s.labels]
+        return out
+    merged: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
+    for name, labels, value in _untenanted(family.samples):
+        key = (name, labels)
+        if key not in merged:
+            merged[key] = value
+        elif name.endswith("_created"):
+            merged[key] = min(merged[key], value)
+        else:
+            merged[key] += value
+    out.samples = [Sample(name, dict(labels), value) for (name, labels), value in merged.items()]
+    return out
+
+
+def _untenanted(samples: Iterable[Sample]) -> Iterator[tuple[str, tuple[tuple[str, str], ...], float]]:
+    for s in samples:
+        yield s.name, tuple((k, v) for k, v in s.labels.items() if k != TENANT_LABEL), s.value

@@ -151,6 +151,8 @@ _SECURITY_SCHEMES = {
     "apiKey": {"type": "http", "scheme": "bearer", "description": "A tenant's API key."},
     "adminKey": {"type": "http", "scheme": "bearer",
                  "description": "TIERGATE_ADMIN_KEY; while it is unset, admin routes answer 403 `admin_disabled`."},
+    "metricsKey": {"type": "http", "scheme": "bearer",
+                   "description": "TIERGATE_METRICS_KEY; while it is unset, /metrics needs no key."},
     "edgeToken": {"type": "http", "scheme": "bearer", "description": "TIERGATE_EDGE_TOKEN; while it is unset, "
                   "callers on loopback need no token and any other caller gets 401."},
     "dashboardKey": {"type": "apiKey", "in": "query", "name": "key",
@@ -159,7 +161,8 @@ _SECURITY_SCHEMES = {
                         "description": "The cookie `?key=` sets (an HMAC of the admin key, not the key)."},
 }
 _HEADERS = {
-    "x-request-id": (True, "Request id (echoed when the client sent one)."),
+    "x-request-id": (True, "Request id: the client's own when it sent 1 to 128 characters of letters, digits "
+                            "and `._:/+=-`, else a new one."),
     "x-tiergate-tier": (True, "Tier that answered: edge, cloud or cache."),
     "x-tiergate-cache": (True, "hit-exact, hit-semantic, miss or bypass."),
     "x-tiergate-rule": (True, "Name of the policy rule that routed the request."),
@@ -187,10 +190,10 @@ def _error(description: str, **extra: Any) -> Schema:
 
 
 def _op(summary: str, responses: dict[str, Schema], security: list[str] | None = None, **extra: Any) -> Schema:
-    """One operation; `security` lists alternative schemes, any one of which suffices."""
+    """One operation; `security` lists alternative schemes, any one of which suffices ("": none, an optional key)."""
     op: Schema = {"summary": summary, **extra, "responses": responses}
     if security:
-        op["security"] = [{name: []} for name in security]
+        op["security"] = [{name: []} if name else {} for name in security]
     return op
 
 
@@ -251,8 +254,11 @@ def _paths() -> dict[str, Schema]:
         "/healthz": {"get": _op("Liveness.", {"200": _json("Alive.", _obj(["ok"], **ok))})},
         "/readyz": {"get": _op("Readiness: not draining, and a tier has a healthy backend.", {
             "200": _json("Ready.", _ref("Readiness")), "503": _json("Not ready.", _ref("Readiness"))})},
-        "/metrics": {"get": _op("Prometheus metrics.", {"200": {"description": "The exposition format.",
-                                                                "content": {"text/plain": {"schema": _STR}}}})},
+        "/metrics": {"get": _op(
+            "Prometheus metrics (without tenant labels when TIERGATE_METRICS_TENANT_LABELS is false).",
+            {"200": {"description": "The exposition format.", "content": {"text/plain": {"schema": _STR}}},
+             "401": _error("TIERGATE_METRICS_KEY is set and the request does not carry it.")},
+            security=["metricsKey", ""])},
         "/openapi.json": {"get": _op("This document.", {"200": _json("OpenAPI 3.1.", {"type": "object"})})},
         "/edge/v1/heartbeat": {"post": _op(
             "An edge node registers, then reports its load every ~2 s; silent for ~10 s, it is dropped.",

@@ -119,8 +119,7 @@ class Completions:
             decision = active.engine.decide(features)
             gw.metrics.child(gw.metrics.decisions, decision.rule, decision.tier or "reject").inc()
             if decision.reject is not None:
-                r = decision.reject
-                raise OpenAIError(r.status, r.message, code=r.code)
+                raise decision.reject.error()
             if tenant.max_tokens is not None:  # the tenant's own cap on answers, under the policy's
                 cap = tenant.max_tokens if decision.max_tokens_cap is None else min(tenant.max_tokens,
                                                                                     decision.max_tokens_cap)

@@ -6,32 +6,43 @@ others.
 
 from __future__ import annotations
 
+import ipaddress
+import re
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from tiergate.core.paths import tiergate_home
 from tiergate.policies.loader import DEFAULT_POLICY
 
-__all__ = ["Settings"]
+__all__ = ["Settings", "is_loopback"]
+
+_KEY = re.compile(r"[!-~]{16,}")  # a bearer key: printable ASCII, no spaces
 
 
 class Settings(BaseSettings):
     """Everything a gateway process is configured with; the policy file holds the routing itself."""
 
-    model_config = SettingsConfigDict(env_prefix="TIERGATE_", extra="ignore")
+    # hide_input_in_errors: a validation error must not print the other settings (the admin key among them)
+    model_config = SettingsConfigDict(env_prefix="TIERGATE_", extra="ignore", hide_input_in_errors=True)
 
-    host: str = "127.0.0.1"
+    host: str = "127.0.0.1"  # bind address of `tiergate serve`; not loopback: the demo key is refused (below)
     port: int = 8080
     policy: Path = DEFAULT_POLICY
     redis_url: str | None = None  # None: every piece of shared state lives in this process
     api_keys_file: Path | None = None  # YAML: tenants and (hashed) keys; see docs/configuration.md
     api_keys: str | None = None  # inline "key=tenant:priority,..." for quick set-ups
-    demo_key: bool = True  # accept the documented demo key `tg-demo-key` (tenant "demo") when no keys are configured
+    # accept the documented demo key `tg-demo-key` (tenant "demo") when no keys are configured, on a loopback bind
+    # address only: with any other `host` and no keys, the settings are refused (`_no_public_demo_key`)
+    demo_key: bool = True
     admin_key: str | None = None
     edge_token: str | None = None  # bearer token edge nodes present when registering; None accepts any node on loopback
+    # /metrics: a bearer key it requires when set (unset: open to whoever reaches the port), and whether its series
+    # may carry tenant ids (false: summed over tenants, per-tenant gauges left out; gateway.metrics.exposition)
+    metrics_key: str | None = None
+    metrics_tenant_labels: bool = True
     embedder: Path | None = None  # ONNX embedder dir; None disables the semantic half of the cache
     distill_file: Path = Field(default_factory=lambda: tiergate_home() / "distill.jsonl")  # records without Redis
     cache: bool = True
@@ -52,9 +63,39 @@ class Settings(BaseSettings):
     graceful_shutdown_s: float = 30.0  # how long in-flight streams may run on after SIGTERM
     drain_delay_s: float = 2.0  # after SIGTERM: /readyz says 503 this long (load balancers notice) before the listener closes
 
-    @field_validator("redis_url", "api_keys_file", "api_keys", "admin_key", "edge_token", "embedder",
+    @field_validator("redis_url", "api_keys_file", "api_keys", "admin_key", "edge_token", "metrics_key", "embedder",
                      "cache_judge_url", "cache_judge_model", "cache_judge_key", "cache_verifier", mode="before")
     @classmethod
     def _empty_is_unset(cls, v: object) -> object:
         """`TIERGATE_EMBEDDER=` (empty) means "not set", not the current directory."""
         return None if isinstance(v, str) and not v.strip() else v
+
+    @field_validator("metrics_key")
+    @classmethod
+    def _metrics_key_is_a_key(cls, v: str | None) -> str | None:
+        if v is not None and not _KEY.fullmatch(v):
+            raise ValueError("TIERGATE_METRICS_KEY must be at least 16 printable ASCII characters without spaces "
+                             "(e.g. `openssl rand -hex 16`)")
+        return v
+
+    @model_validator(mode="after")
+    def _no_public_demo_key(self) -> Settings:
+        """The demo key is public (it is in the README): never serve it where others can reach the gateway."""
+        if self.demo_key and not self.api_keys_file and not self.api_keys and not is_loopback(self.host):
+            raise ValueError(
+                f"TIERGATE_DEMO_KEY: the public demo key `tg-demo-key` would be accepted on the non-loopback bind "
+                f"address TIERGATE_HOST={self.host!r}; configure keys (TIERGATE_API_KEYS_FILE or TIERGATE_API_KEYS), "
+                f"or set TIERGATE_DEMO_KEY=false, or bind to 127.0.0.1")
+        return self
+
+
+def is_loopback(host: str) -> bool:
+    """True for `localhost` and loopback addresses (127.0.0.0/8, ::1); false for 0.0.0.0, ::, any other address or
+    name (a name may resolve anywhere)."""
+    name = host.strip().strip("[]").lower()
+    if name == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        return False

@@ -289,7 +289,8 @@ def explain(
             typer.echo(f"      [{'x' if c.held else ' '}] {c.condition}   ({c.observed})")
     d = ex.decision
     if d.reject is not None:
-        typer.echo(f"decision: reject {d.reject.status} {d.reject.message!r} (rule {d.rule})")
+        retry = f", Retry-After {d.reject.retry_after_s}s" if d.reject.retry_after_s is not None else ""
+        typer.echo(f"decision: reject {d.reject.status} {d.reject.message!r}{retry} (rule {d.rule})")
     else:
         chain = " -> ".join(d.tiers)
         cache = "off" if not d.cache.enabled else (

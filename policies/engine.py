@@ -70,7 +70,8 @@ def decision_dict(d: Decision) -> dict[str, Any]:
     """A Decision as plain JSON-able data (for CLIs and logs)."""
     out: dict[str, Any] = {"rule": d.rule, "tier": d.tier, "fallbacks": list(d.fallbacks)}
     if d.reject is not None:
-        out["reject"] = {"status": d.reject.status, "message": d.reject.message, "code": d.reject.code}
+        out["reject"] = {"status": d.reject.status, "message": d.reject.message, "code": d.reject.code,
+                         "retry_after_s": d.reject.retry_after_s}
     out["cache"] = {f.name: getattr(d.cache, f.name) for f in fields(d.cache)}
     out["max_tokens_cap"] = d.max_tokens_cap
     out["timeouts"] = {f.name: getattr(d.timeouts, f.name) for f in fields(d.timeouts)}
@@ -194,7 +195,8 @@ class PolicyEngine:
         if rule.reject is not None:
             return Decision(rule=rule.name, tier=None, cache=cache, max_tokens_cap=cap,
                             timeouts=_merge(base_timeouts, rule.timeouts),
-                            reject=Reject(rule.reject.status, rule.reject.message, rule.reject.code))
+                            reject=Reject(rule.reject.status, rule.reject.message, rule.reject.code,
+                                          rule.reject.retry_after_s))
         assert rule.tier is not None
         tier = p.tiers[rule.tier]
         timeouts = _merge(base_timeouts, tier.timeouts)

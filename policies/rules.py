@@ -13,9 +13,20 @@ __all__ = ["CascadeAction", "RejectAction", "Rule"]
 
 
 class RejectAction(StrictModel):
+    """Answer with an error instead of a model. Its OpenAI error type follows `status` (`core.errors.error_type`:
+    a 503 is a `server_error`, a 429 a `rate_limit_error`, other 4xx an `invalid_request_error`)."""
+
     status: int = Field(ge=400, le=599, description="HTTP status of the error answer")
     message: str = Field(min_length=1)
     code: str = Field("rejected_by_policy", pattern=r"^[a-z0-9_]+$")
+    retry_after_s: int | None = Field(None, ge=1, le=86_400, description="seconds a client should wait before "
+                                      "retrying, sent as Retry-After; only with status 429 or 503")
+
+    @model_validator(mode="after")
+    def _retry_after_fits(self) -> RejectAction:
+        if self.retry_after_s is not None and self.status not in (429, 503):
+            raise ValueError(f"retry_after_s goes with status 429 or 503 (Retry-After), not {self.status}")
+        return self
 
 
 class CascadeAction(StrictModel):

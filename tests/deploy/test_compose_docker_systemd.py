@@ -13,8 +13,10 @@ import subprocess
 import tomllib
 from pathlib import Path
 
+import pytest
 import typer
 import yaml
+from pydantic import ValidationError
 
 from tests.support.tools import require_tool
 from tiergate.gateway.settings import Settings
@@ -25,7 +27,8 @@ DEPLOY = REPO / "deploy"
 COMPOSE = DEPLOY / "docker-compose.yml"
 UNIT = DEPLOY / "systemd" / "edge-node.service"
 ENV_EXAMPLE = DEPLOY / "systemd" / "edge-node.env.example"
-COMPOSE_ENV = {"TIERGATE_ADMIN_KEY": "admin-test", "TIERGATE_EDGE_TOKEN": "edge-test"}
+COMPOSE_ENV = {"TIERGATE_ADMIN_KEY": "admin-test", "TIERGATE_EDGE_TOKEN": "edge-test",
+               "TIERGATE_API_KEYS": "compose-key-1=team:normal"}
 
 
 def _edge_serve_options() -> set[str]:
@@ -57,6 +60,30 @@ def test_compose_file_is_valid_and_refuses_to_start_without_secrets(tmp_path: Pa
     assert set(config["services"]) == {"gateway", "redis", "edge", "vllm"}
     missing = _compose_config(tmp_path, {})
     assert missing.returncode != 0 and "TIERGATE_ADMIN_KEY" in missing.stderr
+
+
+def test_compose_requires_api_keys_and_never_serves_the_demo_key(tmp_path: Path, monkeypatch):
+    """The published gateway port needs real keys: compose refuses to start without TIERGATE_API_KEYS (or with
+    it empty), turns the demo key off, and the gateway would refuse the environment compose gives it (the
+    image's TIERGATE_HOST=0.0.0.0 included) if the keys were taken away."""
+    for env in ({k: v for k, v in COMPOSE_ENV.items() if k != "TIERGATE_API_KEYS"},
+                COMPOSE_ENV | {"TIERGATE_API_KEYS": ""}):
+        refused = _compose_config(tmp_path, env)
+        assert refused.returncode != 0 and "set TIERGATE_API_KEYS" in refused.stderr, refused.stderr
+    gw_env = yaml.safe_load(_compose_config(tmp_path, COMPOSE_ENV).stdout)["services"]["gateway"]["environment"]
+    assert gw_env["TIERGATE_API_KEYS"] == COMPOSE_ENV["TIERGATE_API_KEYS"] and gw_env["TIERGATE_DEMO_KEY"] == "false"
+    image_env = dict(re.findall(r"(TIERGATE_[A-Z_]+)=(\S+)", (DEPLOY / "Dockerfile").read_text().split(
+        "AS gateway\n")[-1].split("FROM")[0]))
+    assert image_env["TIERGATE_HOST"] == "0.0.0.0"
+    for name in Settings.model_fields:  # only what the image and compose set
+        monkeypatch.delenv(f"TIERGATE_{name.upper()}", raising=False)
+    for name, value in (image_env | gw_env).items():
+        monkeypatch.setenv(name, str(value))
+    assert Settings().host == "0.0.0.0"  # as compose runs it: keys, no demo key
+    monkeypatch.delenv("TIERGATE_API_KEYS")
+    monkeypatch.delenv("TIERGATE_DEMO_KEY")
+    with pytest.raises(ValidationError, match="TIERGATE_DEMO_KEY"):
+        Settings()
 
 
 def test_compose_validation_is_not_vacuous(tmp_path: Path):

@@ -38,9 +38,10 @@ from tests.gateway.conftest import stack
 from tiergate.gateway.openapi import openapi_document
 
 AUTH = {"Authorization": "Bearer key-alpha-1"}
-ADMIN_KEY, EDGE_TOKEN = "fuzz-admin-key", "fuzz-edge-token"
+ADMIN_KEY, EDGE_TOKEN, METRICS_KEY = "fuzz-admin-key", "fuzz-edge-token", "fuzz-metrics-key-0123"
 CREDENTIALS = {"apiKey": AUTH, "adminKey": {"Authorization": f"Bearer {ADMIN_KEY}"},
-               "edgeToken": {"Authorization": f"Bearer {EDGE_TOKEN}"}}
+               "edgeToken": {"Authorization": f"Bearer {EDGE_TOKEN}"},
+               "metricsKey": {"Authorization": f"Bearer {METRICS_KEY}"}}
 MODELS = ["auto", "auto", "tiergate-edge", "tiergate-cloud", None]  # None: keep what schemathesis generated
 _DOC = json.loads(openapi_document())
 OPERATIONS = [(path, method.upper()) for path, item in _DOC["paths"].items() for method in item]
@@ -56,7 +57,7 @@ load_all_checks()
 #   must still be refused when its body violates the document.
 
 
-FUZZ_SETTINGS = {"admin_key": ADMIN_KEY, "edge_token": EDGE_TOKEN}
+FUZZ_SETTINGS = {"admin_key": ADMIN_KEY, "edge_token": EDGE_TOKEN, "metrics_key": METRICS_KEY}
 
 
 @pytest.fixture(scope="module")

@@ -1,11 +1,18 @@
-"""`tiergate serve`: options and TIERGATE_* settings reach uvicorn (uvicorn itself is not started here)."""
+"""`tiergate serve`: options and TIERGATE_* settings reach uvicorn (uvicorn itself is not started here), and
+settings it must not serve with stop it before anything listens (a real `tiergate serve` process)."""
 
 from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
 
 import pytest
 import uvicorn
 from typer.testing import CliRunner
 
+from tests.support.servers import free_port
 from tiergate.gateway.cli import app
 
 
@@ -15,7 +22,7 @@ def captured(monkeypatch) -> dict:
     monkeypatch.setattr(uvicorn, "run", lambda target, **kw: seen.update(target=target, **kw))
     # `serve` writes its options into os.environ: set-then-delete makes monkeypatch restore each one
     # (as unset) afterwards, so nothing leaks into later tests that start gateways.
-    for name in ("HOST", "PORT", "POLICY", "REDIS_URL", "EMBEDDER", "WORKERS"):
+    for name in ("HOST", "PORT", "POLICY", "REDIS_URL", "EMBEDDER", "WORKERS", "API_KEYS", "API_KEYS_FILE", "DEMO_KEY"):
         monkeypatch.setenv(f"TIERGATE_{name}", "")
         monkeypatch.delenv(f"TIERGATE_{name}")
     return seen
@@ -51,3 +58,34 @@ def test_a_verifier_that_cannot_be_loaded_stops_serve_with_the_file_and_what_to_
     assert "tiergate cache train-verifier" in result.output
     monkeypatch.setenv("TIERGATE_CACHE", "false")  # no cache, nothing to verify: it starts
     assert CliRunner().invoke(app, ["serve", "--workers", "2"]).exit_code == 0
+
+
+def test_serve_refuses_the_demo_key_on_a_public_bind_address_before_listening():
+    """A real `tiergate serve --host 0.0.0.0` with no keys configured: exit 2 with one line naming the settings
+    and what to do, and nothing ever listens on its port."""
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TIERGATE_")} | {"TIERGATE_PORT": str(port)}
+    proc = subprocess.run([sys.executable, "-m", "tiergate.gateway.cli", "serve", "--host", "0.0.0.0"], env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert proc.stderr.startswith("error: TIERGATE_DEMO_KEY: the public demo key `tg-demo-key`"), proc.stderr
+    assert "TIERGATE_HOST='0.0.0.0'" in proc.stderr and "TIERGATE_API_KEYS" in proc.stderr
+    assert "Traceback" not in proc.stderr and proc.stderr.count("\n") == 1
+    with socket.socket() as s:
+        assert s.connect_ex(("127.0.0.1", port)) != 0  # never listened
+
+
+@pytest.mark.parametrize("env", [{"TIERGATE_API_KEYS": "k-123456=alpha"}, {"TIERGATE_DEMO_KEY": "false"}])
+def test_serve_binds_a_public_address_with_keys_or_without_the_demo_key(captured, monkeypatch, env):
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    result = CliRunner().invoke(app, ["serve", "--host", "0.0.0.0", "--workers", "2"])
+    assert result.exit_code == 0, result.output
+    assert captured["host"] == "0.0.0.0"
+
+
+def test_serve_names_the_variable_of_any_setting_it_cannot_read(captured, monkeypatch):
+    monkeypatch.setenv("TIERGATE_WORKERS", "many")
+    result = CliRunner().invoke(app, ["serve"])
+    assert result.exit_code == 2 and captured == {}
+    assert "error: TIERGATE_WORKERS: Input should be a valid integer" in result.output

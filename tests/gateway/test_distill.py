@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import stat
 import time
 from pathlib import Path
 
@@ -86,6 +88,49 @@ def test_only_opted_in_tenants_are_recorded_redacted_and_exported(tmp_path):
     assert runner.invoke(distill_app, ["export", "--out", str(out), "--file", str(records), "--force",
                                        "--tenant", "nobody"]).exit_code == 0
     assert out.read_text() == ""
+
+
+@pytest.fixture
+def umask_022():
+    """The usual umask, under which a plain open() makes files world-readable (0644)."""
+    old = os.umask(0o022)
+    try:
+        yield
+    finally:
+        os.umask(old)
+
+
+def _mode(path: Path) -> int:
+    return stat.S_IMODE(path.stat().st_mode)
+
+
+def test_every_file_of_prompts_and_answers_is_private_to_its_owner(tmp_path, umask_022):
+    """A real gateway's records file, its compaction and the export (training set and manifest) are mode 0600,
+    and a records file an older version left 0644 is narrowed when the gateway next writes to it."""
+    records = tmp_path / "distill.jsonl"
+    records.write_bytes(b"")
+    records.chmod(0o644)  # as a gateway before this fix left it
+    with aiohttp_server(make_app(chunks=4, model="cloud-model")) as cloud:
+        policy = _policy(tmp_path / "p.yaml", "http://127.0.0.1:9", cloud.url, "{tenants: [acme]}")
+        settings = Settings(policy=policy, embedder=None, redis_url=None, distill_file=records)
+        with gateway_server(settings, keyring=KEYS, ready=False) as gw:
+            _ask(gw.url, "key-acme-1", "hello")
+            wait_until(lambda: (gw.gateway.registry.get_sample_value("tiergate_distill_records_total",
+                                                                     {"result": "recorded"}) or 0) == 1,
+                       what="one record")
+    assert records.read_text().count("\n") == 1 and _mode(records) == 0o600
+    out = tmp_path / "train.jsonl"
+    assert CliRunner().invoke(distill_app, ["export", "--out", str(out), "--file", str(records)]).exit_code == 0
+    assert _mode(out) == 0o600 and _mode(tmp_path / "train.jsonl.manifest.json") == 0o600
+    fresh = JsonlRecords(tmp_path / "new" / "d.jsonl")
+    cfg = DistillConfig(tenants=["acme"], max_records=2, ttl_s=3600)
+
+    async def fill() -> None:
+        for i in range(20):  # past the cap: compacted through a temporary file
+            await fresh.add({"ts": time.time(), "i": i, "answer": "x"}, cfg)
+
+    asyncio.run(fill())
+    assert len(asyncio.run(fresh.all())) < 20 and _mode(fresh.path) == 0o600
 
 
 def test_without_a_distill_section_nothing_is_recorded(tmp_path):

@@ -19,6 +19,7 @@ from tests.support.waiting import wait_until
 from tiergate.gateway import tiers as tiers_module
 from tiergate.gateway.auth import KeyRing
 from tiergate.gateway.settings import Settings
+from tiergate.policies.loader import DEFAULT_POLICY
 
 KEYS = KeyRing.from_inline("key-acme-1=acme:normal")
 
@@ -75,6 +76,47 @@ def test_a_reload_mid_request_leaves_the_request_under_the_version_it_began_with
             assert after.status_code == 200 and after.headers["x-tiergate-rule"] == "second"
     lines = [json.loads(x) for x in records.read_text().splitlines()]
     assert [(r["tenant"], r["rule"]) for r in lines] == [("acme", "first")]
+
+
+def test_the_default_policys_maintenance_probe_is_a_503_server_error_with_retry_after():
+    """The shipped policy's kill switch: a `server_error` a client retries after Retry-After, not an
+    `invalid_request_error` (which says the request itself is wrong)."""
+    with gateway_server(Settings(policy=DEFAULT_POLICY, embedder=None, redis_url=None), keyring=KEYS,
+                        ready=False) as gw:
+        r = httpx.post(gw.url + "/v1/chat/completions", timeout=30,
+                       headers={"Authorization": "Bearer key-acme-1", "x-tiergate-probe": "reject"},
+                       json={"model": "auto", "messages": [{"role": "user", "content": "hello"}]})
+    assert r.status_code == 503 and r.headers["retry-after"] == "30", (r.status_code, r.headers)
+    assert r.json()["error"] | {"message": ""} == {"type": "server_error", "code": "maintenance", "param": None,
+                                                   "message": ""}
+    assert r.headers["x-tiergate-rule"] == "maintenance-probe"
+
+
+def test_a_policy_rejection_is_typed_by_its_status_and_carries_retry_after_when_the_rule_gives_it(tmp_path):
+    policy = tmp_path / "p.yaml"
+    policy.write_text("""
+version: 1
+tiers:
+  cloud: {kind: cloud, model: tiergate-cloud, stand_in: true, endpoints: ["http://127.0.0.1:9"]}
+rules:
+  - {name: busy, when: {headers: {x-test: busy}}, reject: {status: 429, message: "slow down", retry_after_s: 7}}
+  - {name: banned, when: {headers: {x-test: banned}}, reject: {status: 403, message: "not for you"}}
+  - {name: broken, when: {headers: {x-test: broken}}, reject: {status: 500, message: "nope", code: broken}}
+  - {name: bad, when: {headers: {x-test: bad}}, reject: {status: 400, message: "bad"}}
+  - {name: default, tier: cloud}
+""")
+    got = {}
+    with gateway_server(Settings(policy=policy, embedder=None, redis_url=None), keyring=KEYS, ready=False) as gw:
+        for case in ("busy", "banned", "broken", "bad"):
+            r = httpx.post(gw.url + "/v1/chat/completions", timeout=30,
+                           headers={"Authorization": "Bearer key-acme-1", "x-test": case},
+                           json={"model": "auto", "messages": [{"role": "user", "content": "hello"}]})
+            got[case] = (r.status_code, r.json()["error"]["type"], r.json()["error"]["code"],
+                         r.headers.get("retry-after"))
+    assert got == {"busy": (429, "rate_limit_error", "rejected_by_policy", "7"),
+                   "banned": (403, "permission_error", "rejected_by_policy", None),
+                   "broken": (500, "server_error", "broken", None),
+                   "bad": (400, "invalid_request_error", "rejected_by_policy", None)}
 
 
 def _two_versions(path: Path, url: str, tier: str, rule: str) -> None:

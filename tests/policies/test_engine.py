@@ -170,3 +170,26 @@ def test_engine_refuses_a_policy_without_catch_all():
                                "rules": [{"name": "x", "when": {"stream": True}, "tier": "edge"}]})
     with pytest.raises(ValueError, match="catch-all"):
         PolicyEngine(p)
+
+
+def test_the_default_policys_explicit_model_rules_respect_priority_and_the_probe_comes_first():
+    """policies/default.yaml, as shipped: naming `tiergate-cloud` does not lift low-priority work off the edge
+    (the rule's comment, and `default`'s: all low-priority traffic stays on the edge), and the maintenance probe
+    rejects whatever model the request names."""
+    from tiergate.policies.loader import DEFAULT_POLICY, load_policy
+
+    engine = PolicyEngine(load_policy(DEFAULT_POLICY))
+
+    def decided(**kw) -> tuple[str, str | None]:
+        d = engine.decide(feats(**kw))
+        return d.rule, d.tier
+
+    assert decided(requested_model="tiergate-cloud", priority=Priority.LOW) == ("default", "edge")
+    assert decided(requested_model="tiergate-cloud", priority=Priority.NORMAL) == ("explicit-cloud", "cloud")
+    assert decided(requested_model="tiergate-cloud", priority=Priority.CRITICAL) == ("explicit-cloud", "cloud")
+    assert decided(requested_model="tiergate-edge", priority=Priority.LOW) == ("explicit-edge", "edge")
+    # a low-priority prompt too long for the edge still goes where it can be answered
+    assert decided(requested_model="tiergate-cloud", priority=Priority.LOW, prompt_tokens=3000) == (
+        "long-prompt", "cloud")
+    for model in ("auto", "tiergate-edge", "tiergate-cloud"):
+        assert decided(requested_model=model, headers={"x-tiergate-probe": "reject"}) == ("maintenance-probe", None)

@@ -32,3 +32,28 @@ def test_a_cascade_needs_a_confidence_signal() -> None:
     assert cascade.escalate_on_length and cascade.escalate_on_empty and cascade.budget_s == 10.0
     with pytest.raises(ValidationError):
         CascadeAction(min_mean_logprob=0.5)  # a log-probability is never above 0
+
+
+def test_a_reject_may_say_when_to_retry_only_where_retry_after_means_something() -> None:
+    assert RejectAction(status=503, message="down", retry_after_s=30).retry_after_s == 30
+    assert RejectAction(status=429, message="busy", retry_after_s=1).retry_after_s == 1
+    assert RejectAction(status=503, message="down").retry_after_s is None
+    with pytest.raises(ValidationError, match="retry_after_s goes with status 429 or 503"):
+        RejectAction(status=400, message="bad", retry_after_s=5)
+    for bad in (0, -1, 86_401):
+        with pytest.raises(ValidationError, match="retry_after_s"):
+            RejectAction(status=503, message="down", retry_after_s=bad)
+
+
+def test_a_bad_retry_after_in_a_policy_file_is_an_error_at_its_field() -> None:
+    from tiergate.policies.loader import PolicyError, parse_policy
+
+    text = """version: 1
+tiers: {edge: {kind: edge, model: tiergate-edge, tokenizer: "builtin:default"}}
+rules:
+  - {name: down, reject: {status: 503, message: "down", retry_after_s: 0}}
+"""
+    with pytest.raises(PolicyError) as err:
+        parse_policy(text)
+    assert [p.field for p in err.value.problems] == ["rules[0].reject.retry_after_s"], str(err.value)
+    assert "greater than or equal to 1" in str(err.value)

@@ -101,7 +101,9 @@ class CascadeRunner:
             timed_out = (exc.kind is FailureKind.TIMEOUT if isinstance(exc, UpstreamFailure)
                          else exc.code == f"upstream_{FailureKind.TIMEOUT}")
             log.info("cascade_first_tier_failed", request_id=ctx.request_id, tier=first.tier, error=str(exc))
-            judged = CascadeVerdict(False, "timeout" if timed_out else "first_tier_failed", _NO_CONFIDENCE)
+            reason = ("timeout" if timed_out else "malformed_answer" if isinstance(exc, _Malformed)
+                      else "first_tier_failed")
+            judged = CascadeVerdict(False, reason, _NO_CONFIDENCE)
         except BaseException:  # cancelled: the client left (or shutdown)
             _drop(attempt)
             raise
@@ -149,7 +151,7 @@ class CascadeRunner:
             attempt.response.release()
             attempt.finish()
             attempt.first = [body]
-            _feed(_decode(body), read, chat)
+            _feed(_parse(body, attempt.tier), read, chat)
             read.done = True
             return
         held: list[bytes] = []
@@ -160,10 +162,7 @@ class CascadeRunner:
                 if payload == b"[DONE]":
                     read.done = True
                     continue
-                try:
-                    _feed(_decode(payload), read, chat)
-                except (msgspec.DecodeError, TypeError, KeyError, ValueError):
-                    continue  # the relay passes what it cannot read; the judgment ignores it
+                _feed(_parse(payload, attempt.tier), read, chat)
             if read.done or read.finish is not None or (
                     cascade.first_tokens is not None and len(read.scores) >= cascade.first_tokens):
                 break
@@ -174,8 +173,33 @@ class CascadeRunner:
 _NO_CONFIDENCE = Confidence(0, float("-inf"), float("-inf"), None)
 
 
+class _Malformed(UpstreamFailure):
+    """The first tier's answer cannot be read, or is a backend's error: escalated (reason `malformed_answer`)."""
+
+
+def _parse(payload: bytes, tier: str) -> dict[str, Any]:
+    """One answer or stream chunk of the first tier, or a failure that escalates: the client has seen nothing yet,
+    and an answer the gateway cannot read (or a backend's error in it) is not one to keep."""
+    try:
+        obj = _decode(payload)
+    except msgspec.DecodeError:
+        obj = None
+    if not isinstance(obj, dict):
+        raise _Malformed(f"tier `{tier}` sent a malformed answer", kind=FailureKind.PROTOCOL)
+    if obj.get("error") is not None:
+        raise _Malformed(f"tier `{tier}` answered with an error", kind=FailureKind.STREAM)
+    return obj
+
+
 def _feed(obj: dict[str, Any], read: _Read, chat: bool) -> None:
-    """Add one answer object or stream chunk to what was read."""
+    """Add one answer object or stream chunk to what was read; a malformed one fails (`_parse`)."""
+    try:
+        _feed_checked(obj, read, chat)
+    except (TypeError, KeyError, ValueError, AttributeError):
+        raise _Malformed("the first tier's answer is malformed", kind=FailureKind.PROTOCOL) from None
+
+
+def _feed_checked(obj: dict[str, Any], read: _Read, chat: bool) -> None:
     usage = obj.get("usage")
     if usage:
         read.prompt_tokens = int(usage.get("prompt_tokens") or 0)

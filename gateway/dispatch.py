@@ -442,15 +442,17 @@ def _discard(resp: UpstreamResponse | None) -> None:
 
 def _client_error_from(f: UpstreamFailure, prefix: str = "") -> OpenAIError:
     """Relay a backend's own 4xx (e.g. prompt longer than its context) in the OpenAI format."""
-    message, code = str(f), "upstream_rejected"
+    message, code, param = str(f), "upstream_rejected", None
     if f.body:
         try:
             err = decode_json(_error_body, f.body).get("error", {})
             if isinstance(err, dict):
                 message = str(err.get("message") or message)
                 code = str(err.get("code") or code)
+                if isinstance(err.get("param"), str):  # which field it was: what SDKs show the developer
+                    param = err["param"][:200]
             elif isinstance(err, str):
                 message = err
         except (msgspec.DecodeError, AttributeError):
             pass
-    return OpenAIError(f.status, prefix + message, code=code)
+    return OpenAIError(f.status, prefix + message[:2000], code=code[:100], param=param)

@@ -172,7 +172,7 @@ _HEADERS = {
     "x-tiergate-similarity": (False, "The same as `x-tiergate-cache-similarity` (its older name)."),
     "x-tiergate-cascade": (False, "A cascade rule's outcome: kept (the first tier's answer) or escalated."),
     "x-tiergate-cascade-reason": (False, "Why: confident, low_mean_logprob, low_token_logprob, low_margin, length, "
-                                         "empty, first_tier_failed or timeout."),
+                                         "empty, first_tier_failed, malformed_answer or timeout."),
     "x-tiergate-confidence": (False, "The mean token log-probability of the first tier's answer, as judged."),
 }
 

@@ -90,6 +90,9 @@ class Relay:
         except (msgspec.ValidationError, msgspec.DecodeError):
             raise OpenAIError(502, f"Tier `{tier}` returned a malformed answer.", type="upstream_error",
                               code="upstream_protocol") from None
+        if summary.error is not None:  # a 200 that is an error: the client gets an error, the cache nothing
+            raise OpenAIError(502, f"Tier `{tier}` answered with an error: {summary.error}", type="upstream_error",
+                              code="upstream_error")
         overhead = time.perf_counter() - ctx.arrival.started - upstream_s
         headers = answer_headers(ctx, outcome, tier, overhead)
         if fallback_from:
@@ -151,7 +154,7 @@ class Relay:
                 out = []
                 for payload in batch:
                     if payload == b"[DONE]":
-                        relay.status = 200
+                        relay.status = 200 if acc.error is None else 502  # an error frame: not a whole answer
                         attempt.finish()  # free the tier's slot now; accounting waits until the client has it all
                         out.append(DONE)
                         yield b"".join(out)

@@ -19,7 +19,7 @@ from tiergate.cache.types import CachedAnswer
 from tiergate.core.http import DONE, sse
 from tiergate.core.wire import decode_json
 
-__all__ = ["AnswerSummary", "StreamAccumulator", "cacheable", "render_json", "render_sse", "summarize"]
+__all__ = ["AnswerSummary", "StreamAccumulator", "cacheable", "error_text", "render_json", "render_sse", "summarize"]
 
 # Only answers that ended by themselves or at max_tokens are worth replaying; "tool_calls", "content_filter"
 # and a missing reason are not.
@@ -43,10 +43,14 @@ class _Choice(msgspec.Struct):
     finish_reason: str | None = None
 
 
+_NULL = msgspec.Raw(b"null")
+
+
 class _Answer(msgspec.Struct):
     model: str = ""
     choices: list[_Choice] = []
     usage: _Usage | None = None
+    error: msgspec.Raw = _NULL  # a backend's error object (or string) in an answer or a stream chunk
 
 
 _answer_decoder = msgspec.json.Decoder(_Answer)
@@ -61,6 +65,7 @@ class AnswerSummary:
     prompt_tokens: int
     completion_tokens: int
     multi_choice: bool
+    error: str | None = None  # the backend answered 200 with an error object: an error, never an answer
 
 
 def summarize(body: bytes) -> AnswerSummary:
@@ -70,7 +75,21 @@ def summarize(body: bytes) -> AnswerSummary:
     text = (first.message.content if first.message else first.text) or ""
     u = a.usage or _Usage()
     return AnswerSummary(text, first.finish_reason, a.model, u.prompt_tokens, u.completion_tokens,
-                         len(a.choices) > 1)
+                         len(a.choices) > 1, error_text(a.error))
+
+
+def error_text(raw: msgspec.Raw) -> str | None:
+    """What a backend's `error` field says (its message, or the string itself); None when there is none."""
+    if raw == _NULL:
+        return None
+    try:
+        err = msgspec.json.decode(raw)
+    except msgspec.DecodeError:
+        return "malformed error"
+    if err is None:
+        return None
+    message = err.get("message") if isinstance(err, dict) else err
+    return str(message or "error")[:500]
 
 
 @dataclass(slots=True)
@@ -83,10 +102,13 @@ class StreamAccumulator:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     multi_choice: bool = False
+    error: str | None = None  # an error frame came: whatever follows, the stream is not a whole answer
 
     def feed(self, payload: bytes) -> bool:
         """Record one chunk; returns True when it is a usage-only chunk (no choices)."""
         a = decode_json(_answer_decoder, payload)  # a backend's bytes: any bytes at all
+        if self.error is None:
+            self.error = error_text(a.error)
         if a.model:
             self.model = a.model
         if a.usage is not None:
@@ -111,8 +133,9 @@ class StreamAccumulator:
 
 
 def cacheable(a: AnswerSummary | StreamAccumulator, kind: str, tier: str) -> CachedAnswer | None:
-    """The answer to store in the cache, or None when it is not one to replay (unfinished, several choices)."""
-    if a.finish_reason not in _CACHEABLE_FINISH or a.multi_choice:
+    """The answer to store in the cache, or None when it is not one to replay (unfinished, several choices, or a
+    backend's error in it)."""
+    if a.finish_reason not in _CACHEABLE_FINISH or a.multi_choice or a.error is not None:
         return None
     return CachedAnswer(kind, a.text, a.finish_reason, a.model, tier,  # type: ignore[arg-type]  # kind: chat|text
                         a.prompt_tokens, a.completion_tokens, int(time.time()))

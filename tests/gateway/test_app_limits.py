@@ -36,8 +36,9 @@ def test_rate_limit_answers_429_with_retry_after(tmp_path):
 
 def test_twenty_concurrent_requests_cannot_overshoot_a_token_limit(tmp_path):
     """A tenant with 60 tokens a minute sends 20 requests at once, each needing its prompt and 8 tokens of answer:
-    only as many are answered as fit in 60 (reserved before any backend sees them), each answer says where the
-    limits stand, and the rest are 429s that say when a retry would fit."""
+    only as many are answered as fit in 60 (reserved before any backend sees them, and given back in part as each
+    one settles what it really used), each answer says where the limits stand, and the rest are 429s that say when
+    a retry would fit. Charged after the answer, as before, all 20 were answered."""
     keys = tmp_path / "keys.yaml"
     keys.write_text("tenants:\n  tiny: {tokens_per_minute: 60}\nkeys:\n  - {tenant: tiny, key: tiny-key-123}\n")
     with stack(tmp_path, keyring=KeyRing.from_file(keys), policy={"fallback": False}) as s:
@@ -51,9 +52,9 @@ def test_twenty_concurrent_requests_cannot_overshoot_a_token_limit(tmp_path):
         ok = [r for r in answers if r.status_code == 200]
         refused = [r for r in answers if r.status_code != 200]
         charged = sum(r.json()["usage"]["total_tokens"] for r in ok)
-        budget = min(60 - int(r.headers["x-ratelimit-remaining-tokens"]) for r in ok)  # the first one admitted
-        assert 1 <= len(ok) <= 60 // budget and len(ok) + len(refused) == 20
+        assert ok and len(refused) >= 10 and len(ok) + len(refused) == 20
         assert charged <= 60, [r.json()["usage"] for r in ok]
+        assert all(int(r.headers["x-ratelimit-remaining-tokens"]) < 60 for r in ok)
         assert {r.status_code for r in refused} == {429}
         assert {r.json()["error"]["code"] for r in refused} == {"token_limit_exceeded"}
         assert all(1 <= int(r.headers["retry-after"]) <= 120 for r in refused)

@@ -30,6 +30,7 @@ import structlog
 from tiergate.cache.batcher import EmbeddingBatcher
 from tiergate.cache.judge import EmbeddingJudge, Judge
 from tiergate.cache.keys import RequestKey, Route, request_key, tenant_tag, uncacheable_reason
+from tiergate.cache.lexicon import lexicon
 from tiergate.cache.matcher import Matcher, PairScore
 from tiergate.cache.metrics import CacheMetrics, default_metrics
 from tiergate.cache.settings import CacheSettings
@@ -74,6 +75,7 @@ class SemanticCache:
     # -- lifecycle -------------------------------------------------------------------------------------
     async def start(self) -> None:
         if self.batcher is not None:
+            await asyncio.to_thread(lexicon)  # the guards' WordNet (~1 s), read here rather than on a request
             await self.batcher.start()
         await self.backend.start()
         await self.verifier.start()

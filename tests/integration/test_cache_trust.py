@@ -80,8 +80,9 @@ def chat(url: str, text: str, *, headers: dict[str, str] | None = None, name: st
 
 
 def stored(url: str, text: str, **kw) -> None:
-    """Ask once (a miss), then wait until the answer is in the cache (it is stored after the response)."""
-    assert chat(url, text, **kw).headers["x-tiergate-cache"] == "miss"
+    """Ask once (not a hit: a miss, or a bypass when a loaded machine makes the lookup time out), then wait until
+    the answer is in the cache (it is stored after the response)."""
+    assert not chat(url, text, **kw).headers["x-tiergate-cache"].startswith("hit")
     wait_until(lambda: chat(url, text, **kw).headers["x-tiergate-cache"] == "hit-exact",
                what="the answer to be stored (after its response)")
 
@@ -129,7 +130,28 @@ def test_completions_asking_for_logprobs_0_bypass_the_cache(gateway):
         assert r.status_code == 200, r.text
         return r
 
-    assert complete().headers["x-tiergate-cache"] == "miss"
     wait_until(lambda: complete().headers["x-tiergate-cache"] == "hit-exact", what="the answer to be stored")
-    for logprobs in (0, 1):
+    for n, logprobs in enumerate((0, 1), 1):
         assert complete(logprobs=logprobs).headers["x-tiergate-cache"] == "bypass", logprobs
+        skipped = [line for line in httpx.get(url + "/metrics", timeout=5).text.splitlines()
+                   if line.startswith('tiergate_cache_skipped_total{reason="logprobs"}')]
+        assert skipped == [f'tiergate_cache_skipped_total{{reason="logprobs"}} {float(n)}']  # for that reason
+
+
+def test_a_dosage_question_is_never_answered_with_its_opposite(gateway):
+    url = gateway["url"]
+    stored(url, "What is the maximum daily dose of acetaminophen for adults?")
+    for q in ("What is the minimum daily dose of acetaminophen for adults?",):
+        r = chat(url, q)
+        assert r.headers["x-tiergate-cache"] == "miss", (q, r.headers.get("x-tiergate-cache-similarity"))
+    pairs = [("Is it legal to drive barefoot in California?", "Is it illegal to drive barefoot in California?"),
+             ("Is it safe to eat raw cookie dough?", "Is it unsafe to eat raw cookie dough?"),
+             ("Should I take ibuprofen before meals?", "Should I take ibuprofen after meals?"),
+             ("How do I sort a list in ascending order in Python?",
+              "How do I sort a list in descending order in Python?")]
+    for a, b in pairs:
+        stored(url, a)
+        r = chat(url, b)
+        assert r.headers["x-tiergate-cache"] == "miss", (b, r.headers.get("x-tiergate-cache-similarity"))
+    para = chat(url, "What is the maximum daily dose of acetaminophen for an adult?")  # a paraphrase still hits
+    assert para.headers["x-tiergate-cache"] == "hit-semantic"

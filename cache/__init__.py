@@ -2,9 +2,10 @@
 
     cache = build_cache(settings.redis_url, settings.embedder)   # at start-up
     await cache.start()
-    result = await cache.check(req, tenant, decision.cache)      # hit + header status, never raises
+    route = Route.of(decision, max_tokens)                       # the tiers and the effective budget: keyed too
+    result = await cache.check(req, tenant, decision.cache, route=route)  # hit + header status, never raises
     ...
-    await cache.store(req, tenant, decision.cache, answer)       # after a complete answer, never raises
+    await cache.store(req, tenant, decision.cache, answer, result.key)   # after a complete answer, never raises
     await cache.served(request_id, tenant, hit)                  # after a hit: it can be reported wrong later
     await cache.feedback(tenant, request_id)                     # "that hit was wrong": invalidate, tighten
     await cache.invalidate(tenant="acme")                        # admin; raises StoreUnavailable if Redis is down
@@ -22,6 +23,7 @@ from tiergate.cache.batcher import EmbeddingBatcher
 from tiergate.cache.embedder import EmbedderError, OnnxEmbedder
 from tiergate.cache.index import VectorIndex
 from tiergate.cache.judge import HttpJudge, Judge
+from tiergate.cache.keys import Route
 from tiergate.cache.matcher import PairScore
 from tiergate.cache.metrics import CacheMetrics, default_metrics
 from tiergate.cache.pairscore import PairScorer, VerifierError
@@ -46,6 +48,7 @@ __all__ = [
     "HttpJudge",
     "LookupResult",
     "PairScore",
+    "Route",
     "SemanticCache",
     "StoreUnavailable",
     "VerifierError",

@@ -8,7 +8,12 @@ surface signal of the stored prompt and the new one and vetoes the hit when they
 - negation: one side is negated and the other is not;
 - keywords: a name-like token (Capitalised mid-sentence, ACRONYM, or containing digits/symbols such as
   C#, X7, .exe) on one side has no counterpart on the other;
-- order: both sides use the same content words but in a different order (who/what relates to what).
+- order: both sides use the same content words but in a different order (who/what relates to what);
+- opposites: a word on one side is the opposite of a word only the other side has ("maximum" / "minimum",
+  "legal" / "illegal", "before" / "after" meals, "ascending" / "descending"), from WordNet (`cache.lexicon`).
+  Embeddings put such pairs at cosine 0.95-0.99, and a cache that answers a dosage question with its
+  opposite is a safety defect, not a recall trade-off: this guard is on whatever it costs in recall (measured
+  in docs/benchmarks.md).
 
 They run only on the few nearest candidates, in microseconds. Which guards are on by default was chosen on
 the calibration half of the labelled pairs (see bench/cache and docs/benchmarks.md).
@@ -20,9 +25,11 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from tiergate.cache.lexicon import Lexicon, lexicon
+
 __all__ = ["GUARDS", "Signature", "overlap", "signature", "veto"]
 
-GUARDS = ("numbers", "negation", "keywords", "order")
+GUARDS = ("numbers", "negation", "keywords", "order", "opposites")
 
 # Words, keeping C++ / C# / F# whole (a + or # right after letters) and contractions ("don't").
 _WORD = re.compile(r"[^\W\d_][^\W_]*[+#]+|[^\W_]+(?:['’][^\W_]+)?", re.UNICODE)
@@ -58,6 +65,8 @@ class Signature:
     keywords: frozenset[str]  # lower-cased, stemmed name-like tokens
     words: frozenset[str]  # lower-cased, stemmed tokens (to find a keyword's counterpart)
     content: tuple[str, ...]  # stemmed content words in order, first occurrences only
+    forms: frozenset[str]  # every word's base forms, stop words included ("before", "over")
+    opposites: dict[str, frozenset[str]]  # each of `forms` that has opposites → them
 
 
 def _stem(w: str) -> str:
@@ -87,7 +96,8 @@ def _numbers(text: str, words: Iterable[str]) -> frozenset[float]:
     return frozenset(out)
 
 
-def signature(text: str) -> Signature:
+def signature(text: str, lex: Lexicon | None = None) -> Signature:
+    """`lex`: the opposites' word list (the process's WordNet unless a benchmark compares variants)."""
     lowered = text.lower().replace("n't", " not").replace("n’t", " not")
     tokens = _WORD.findall(lowered)
     words = frozenset(_stem(t) for t in tokens)
@@ -112,12 +122,16 @@ def signature(text: str) -> Signature:
             continue
         seen.add(s)
         content.append(s)
+    lex = lex or lexicon()
+    forms = frozenset().union(*(lex.forms(t) for t in set(tokens)))
     return Signature(
         numbers=_numbers(text, tokens),
         negated=any(t in _NEGATIONS for t in tokens),
         keywords=frozenset(keywords),
         words=words,
         content=tuple(content),
+        forms=forms,
+        opposites={f: o for f in forms if (o := lex.opposites(f))},
     )
 
 
@@ -126,6 +140,15 @@ def _order_differs(a: tuple[str, ...], b: tuple[str, ...]) -> bool:
     if len(a) < 2 or set(a) != set(b):
         return False
     return a != b
+
+
+def _opposed(a: Signature, b: Signature) -> bool:
+    """A word only `a` has is the opposite of a word only `b` has. Words both sides use say nothing: "legal or
+    illegal" against "illegal or legal" is one question, and so is "advantages and disadvantages" against
+    "advantages" as far as this guard can tell (the word both have is not opposed to the one only `a` has)."""
+    only_a, only_b = a.forms - b.forms, b.forms - a.forms
+    return (any(not a.opposites.get(w, frozenset()).isdisjoint(only_b) for w in only_a)
+            or any(not b.opposites.get(w, frozenset()).isdisjoint(only_a) for w in only_b))  # "unsafe" → "safe" only
 
 
 def overlap(a: Signature, b: Signature) -> float:
@@ -145,5 +168,7 @@ def veto(a: Signature, b: Signature, enabled: Iterable[str] = GUARDS) -> str | N
         if guard == "keywords" and (a.keywords - b.words or b.keywords - a.words):
             return guard
         if guard == "order" and _order_differs(a.content, b.content):
+            return guard
+        if guard == "opposites" and _opposed(a, b):
             return guard
     return None

@@ -29,7 +29,8 @@ import structlog
 
 from tiergate.cache.batcher import EmbeddingBatcher
 from tiergate.cache.judge import EmbeddingJudge, Judge
-from tiergate.cache.keys import RequestKey, request_key, tenant_tag, uncacheable_reason
+from tiergate.cache.keys import RequestKey, Route, request_key, tenant_tag, uncacheable_reason
+from tiergate.cache.lexicon import lexicon
 from tiergate.cache.matcher import Matcher, PairScore
 from tiergate.cache.metrics import CacheMetrics, default_metrics
 from tiergate.cache.settings import CacheSettings
@@ -74,6 +75,7 @@ class SemanticCache:
     # -- lifecycle -------------------------------------------------------------------------------------
     async def start(self) -> None:
         if self.batcher is not None:
+            await asyncio.to_thread(lexicon)  # the guards' WordNet (~1 s), read here rather than on a request
             await self.batcher.start()
         await self.backend.start()
         await self.verifier.start()
@@ -103,11 +105,16 @@ class SemanticCache:
         """Whether the rule lets this request be looked up and stored at all (temperature, n, ...)."""
         return uncacheable_reason(req, rule) is None
 
-    async def lookup(self, req: ParsedRequest, tenant: str, rule: CacheRule) -> CacheHit | None:
-        return (await self.check(req, tenant, rule)).hit
+    async def lookup(self, req: ParsedRequest, tenant: str, rule: CacheRule, *,
+                     route: Route | None = None) -> CacheHit | None:
+        return (await self.check(req, tenant, rule, route=route)).hit
 
-    async def check(self, req: ParsedRequest, tenant: str, rule: CacheRule) -> LookupResult:
-        """`lookup` plus the status for the response header and why it bypassed. Never raises."""
+    async def check(self, req: ParsedRequest, tenant: str, rule: CacheRule, *,
+                    route: Route | None = None) -> LookupResult:
+        """`lookup` plus the status for the response header and why it bypassed. Never raises.
+
+        `route` is the policy's decision for the request (its tiers and effective max_tokens): the gateway
+        always gives it, since it changes the answer (`cache.keys.Route`)."""
         started = time.perf_counter()
         key = None
         try:
@@ -115,7 +122,7 @@ class SemanticCache:
             if reason is not None:
                 self.metrics.skipped.labels(reason).inc()
                 return LookupResult(None, "bypass", reason)
-            key = request_key(req, tenant)
+            key = request_key(req, tenant, route)
             if self.backend.in_process and (self.batcher is None or not rule.semantic):
                 result = await self.matcher.find(key, rule)  # one dict read: nothing to time out
             else:
@@ -135,11 +142,13 @@ class SemanticCache:
         return result
 
     async def store(self, req: ParsedRequest, tenant: str, rule: CacheRule, answer: CachedAnswer,
-                    key: RequestKey | None = None) -> bool:
+                    key: RequestKey | None = None, *, route: Route | None = None) -> bool:
         """Offer a complete answer; True when it was stored. Never raises.
 
-        `key` is the one `check` returned for this request (computed again when not given). When the lookup
-        left a candidate to compare with (error-bounded rules: verify, judge), the comparison runs here too."""
+        `key` is the one `check` returned for this request (computed again, with `route`, when not given). An
+        answer from a tier outside the key's route (a fallback's) is not stored: it would be served to later
+        requests as the answer of the tier the policy chose. When the lookup left a candidate to compare with
+        (error-bounded rules: verify, judge), the comparison runs here too."""
         stored = False
         try:
             reason = uncacheable_reason(req, rule)
@@ -149,7 +158,9 @@ class SemanticCache:
             if reason is None and rule.ttl_s <= 0:
                 reason = "ttl"
             if key is None or key.tenant != tenant:
-                key = request_key(req, tenant)
+                key = request_key(req, tenant, route)
+            if reason is None and key.tiers is not None and answer.tier not in key.tiers:
+                reason = "off_route"
             if reason is not None:
                 self.metrics.stores.labels("skipped").inc()
             elif not self.backend.available():

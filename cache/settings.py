@@ -16,7 +16,7 @@ from tiergate.cache.guards import GUARDS
 __all__ = ["DEFAULT_GUARDS", "DEFAULT_THRESHOLD", "CacheSettings"]
 
 DEFAULT_THRESHOLD = 0.94
-DEFAULT_GUARDS: tuple[str, ...] = GUARDS  # all four: numbers, negation, keywords, order
+DEFAULT_GUARDS: tuple[str, ...] = GUARDS  # all five: numbers, negation, keywords, order, opposites
 
 
 @dataclass(frozen=True, slots=True)

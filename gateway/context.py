@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import msgspec
 
-from tiergate.cache.keys import RequestKey
+from tiergate.cache.keys import RequestKey, Route
 from tiergate.cache.types import CacheStatus
 from tiergate.core.pool import Endpoint
 from tiergate.core.types import Decision, Features
@@ -117,6 +117,10 @@ class RequestContext:
         if cap is None:
             return asked
         return cap if asked is None else min(asked, cap)
+
+    def cache_route(self) -> Route:
+        """What of the decision the cache keys on: its tiers and this effective budget (`cache.keys.Route`)."""
+        return Route.of(self.decision, self.max_tokens())
 
 
 @dataclass(slots=True)

@@ -146,7 +146,7 @@ class Completions:
             outcome.cache = "bypass"
             return None
         with tracing.span("cache") as span:
-            result = await cache.check(req, ctx.tenant.id, rule)
+            result = await cache.check(req, ctx.tenant.id, rule, route=ctx.cache_route())
             span.set_attribute("tiergate.cache", result.status)
         outcome.cache_key = result.key
         hit = result.hit

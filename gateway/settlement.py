@@ -123,7 +123,8 @@ class Settlement:
             await self._charge(prompt_tokens + completion_tokens)
             cache = d.cache()
             if store is not None and cache is not None:
-                await cache.store(ctx.req, ctx.tenant.id, ctx.decision.cache, store, outcome.cache_key)
+                await cache.store(ctx.req, ctx.tenant.id, ctx.decision.cache, store, outcome.cache_key,
+                                  route=ctx.cache_route())
             if distill is not None:
                 await d.distill.offer(ctx, outcome, tier, *distill)
 
@@ -190,7 +191,8 @@ class Settlement:
             if answer is None or cache is None:
                 d.metrics.shadow_checks.labels("failed").inc()
                 return
-            await cache.store(ctx.req, ctx.tenant.id, ctx.decision.cache, answer, outcome.cache_key)
+            await cache.store(ctx.req, ctx.tenant.id, ctx.decision.cache, answer, outcome.cache_key,
+                              route=ctx.cache_route())
             d.metrics.shadow_checks.labels("checked").inc()
 
 

@@ -2,7 +2,7 @@
 
     .venv/bin/python -m bench.cache.calibrate [--pairs FILE] [--min-precision 0.90]
 
-Rule: with the guards on (all four by default: each targets a false-hit kind reported from the field, whether
+Rule: with the guards on (all five by default: each targets a false-hit kind reported from the field, whether
 or not these pairs contain many of them), take the lowest threshold on a 0.005 grid whose precision on the
 calibration half is at least --min-precision (the highest recall that keeps precision). `--search-guards`
 also tries every subset of guards. The held-out half is scored once, for the chosen settings only, so its

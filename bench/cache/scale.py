@@ -51,7 +51,7 @@ from tiergate.cache import CacheSettings, SemanticCache
 from tiergate.cache.batcher import EmbeddingBatcher, Vector
 from tiergate.cache.embedder import OnnxEmbedder
 from tiergate.cache.index import VectorIndex
-from tiergate.cache.keys import request_key
+from tiergate.cache.keys import Route, request_key
 from tiergate.cache.metrics import CacheMetrics
 from tiergate.cache.redis.codec import entry_fields
 from tiergate.cache.redis.store import RedisStore
@@ -64,11 +64,14 @@ from tiergate.core.types import CacheRule
 from tiergate.core.wire import ChatRequest, Message
 
 SNAPSHOTS = REPO / ".tiergate" / "bench" / "cache"
-FILL_VERSION = "f1"  # bump when the generator or the layout of a fill changes: old snapshots are not reused
+FILL_VERSION = "f2"  # bump when the generator or the layout of a fill changes: old snapshots are not reused
 SCALES = {"10k": 10_000, "100k": 100_000, "1m": 1_000_000}
 VERSIONS = ("redis7", "redis8")
 PREFIX = "tiergate:cache"
 TENANT, MODEL, KEY = "bench", "tiergate-edge", "tg-bench-scale-key"
+# The routing decision the gateway keys its lookups under (`cache.keys.Route`): the e2e policy's one tier and the
+# requests' max_tokens; the entries are filled, and `check` asks, under the same one.
+ROUTE = Route(("edge",), 64)
 DIM = 384
 QUERIES = 400
 PASSES = 3  # no-embedding passes over the queries
@@ -122,7 +125,7 @@ def _entry_id(tag: str, row: int) -> str:
 
 def _namespace() -> tuple[str, str]:
     """The namespace every synthetic entry is in, and the prefix of their ids (`<tag>-syn<row>`)."""
-    key = request_key(_chat("x"), TENANT)
+    key = request_key(_chat("x"), TENANT, ROUTE)
     return key.namespace, key.entry_id.split("-")[0]
 
 
@@ -197,7 +200,7 @@ def _real_entries() -> list[tuple[Any, np.ndarray]]:
     now = time.time()
     out = []
     for q, _ in REAL:
-        key = request_key(_chat(q), TENANT)
+        key = request_key(_chat(q), TENANT, ROUTE)
         v = emb.embed([key.text]).vectors[0]
         ans = CachedAnswer("chat", f"A stored answer to: {q}", "stop", MODEL, "edge", 12, 9, int(now))
         out.append((CacheEntry(key.entry_id, TENANT, key.namespace, key.text, ans, v.tobytes(), None, now,
@@ -331,7 +334,7 @@ async def child(version: str, n: int, url: str, queries: Path, only_no_embedding
         given.vectors[text] = q
         reqs.append(_chat(text))
     for r in reqs[:20]:
-        await cache.check(r, TENANT, rule)
+        await cache.check(r, TENANT, rule, route=ROUTE)
     no_embed, pass_p50, hits, bypassed = [], [], 0, 0
     redis_pid = int(os.environ.get("BENCH_REDIS_PID", "0"))
     cpu0 = cpu_seconds(redis_pid) if redis_pid else 0.0
@@ -339,7 +342,7 @@ async def child(version: str, n: int, url: str, queries: Path, only_no_embedding
         this_pass = []
         for r in reqs:
             t = time.perf_counter()
-            res = await cache.check(r, TENANT, rule)
+            res = await cache.check(r, TENANT, rule, route=ROUTE)
             elapsed = time.perf_counter() - t
             if res.status == "bypass":
                 bypassed += 1
@@ -360,11 +363,11 @@ async def child(version: str, n: int, url: str, queries: Path, only_no_embedding
     cache_e = SemanticCache(store, batcher, settings=settings, metrics=metrics, shared=RedisShared(store))
     prompts = [f"{PROMPT} (variant {k})" for k in range(QUERIES // 2)]
     for p in prompts[:10]:
-        await cache_e.check(_chat(p), TENANT, rule)
+        await cache_e.check(_chat(p), TENANT, rule, route=ROUTE)
     with_embed, statuses = [], {}
     for p in prompts:
         t = time.perf_counter()
-        res = await cache_e.check(_chat(p), TENANT, rule)
+        res = await cache_e.check(_chat(p), TENANT, rule, route=ROUTE)
         elapsed = time.perf_counter() - t
         statuses[res.status] = statuses.get(res.status, 0) + 1
         if res.status != "bypass":
@@ -420,7 +423,7 @@ def gateway(server: RedisProc, tmp: Path, up_port: int) -> dict[str, Any]:
                         "TIERGATE_REDIS_URL": server.url, "TIERGATE_DRAIN_DELAY_S": "0", "OMP_NUM_THREADS": "1"}
     log = (tmp / f"gateway-{server.version}.log").open("wb")
     url = f"http://127.0.0.1:{port}/v1/chat/completions"
-    body = {"model": MODEL, "temperature": 0, "max_tokens": 64}
+    body = {"model": MODEL, "temperature": 0, "max_tokens": ROUTE.max_tokens}
     spawned = time.perf_counter()
     proc = subprocess.Popen([str(Path(sys.executable).parent / "tiergate"), "serve", "--port", str(port)], env=env,
                             stdout=log, stderr=subprocess.STDOUT)

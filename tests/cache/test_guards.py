@@ -20,6 +20,26 @@ def judge(a: str, b: str) -> str | None:
         ("How is Messi better than Ronaldo?", "How is Ronaldo better than Messi?", "order"),
         ("convert a string to an integer in JS", "convert an integer to a string in JS", "order"),
         ("How do you convert kilometers to miles?", "How do you convert miles to kilometers?", "order"),
+        # issue 39: opposites the embedder puts at cosine 0.95-0.99
+        ("What is the maximum daily dose of acetaminophen for adults?",
+         "What is the minimum daily dose of acetaminophen for adults?", "opposites"),
+        ("Is it legal to drive barefoot in California?", "Is it illegal to drive barefoot in California?",
+         "opposites"),
+        ("Is it safe to eat raw cookie dough?", "Is it unsafe to eat raw cookie dough?", "opposites"),
+        ("Should I take ibuprofen before meals?", "Should I take ibuprofen after meals?", "opposites"),
+        ("How do I sort a list in ascending order?", "How do I sort a list in descending order?", "opposites"),
+        ("How can I increase my metabolism?", "How can I decrease my metabolism?", "opposites"),
+        ("Which foods increased his blood pressure?", "Which foods decreased his blood pressure?", "opposites"),
+        ("Is it possible to run Windows apps on a Mac?", "Is it impossible to run Windows apps on a Mac?",
+         "opposites"),
+        ("How do I install Docker on Ubuntu?", "How do I uninstall Docker on Ubuntu?", "opposites"),
+        ("Is a dishonest answer ever right?", "Is an honest answer ever right?", "opposites"),
+        ("Which is the highest mountain in Europe?", "Which is the lowest mountain in Europe?", "opposites"),
+        ("Is the max heap size set by -Xmx?", "Is the min heap size set by -Xmx?", "opposites"),
+        ("Are you allowed to drive over the speed limit?", "Are you allowed to drive under the speed limit?",
+         "opposites"),
+        ("Can I drink coffee with milk?", "Can I drink coffee without milk?", "negation"),
+        ("Can I drink coffee?", "I cannot drink coffee?", "negation"),
     ],
 )
 def test_known_false_hit_kinds_are_vetoed(a: str, b: str, guard: str) -> None:
@@ -36,6 +56,9 @@ def test_known_false_hit_kinds_are_vetoed(a: str, b: str, guard: str) -> None:
         ("How can I lose weight fast?", "What is the fastest way to lose weight?"),
         ("Is 2 + 2 equal to 4?", "Is 2+2 equal to 4?"),
         ("What is 1,000 times three?", "What is 1000 times 3?"),
+        ("Is it legal or illegal to own a fox?", "Is owning a fox illegal or legal?"),  # both words on both sides
+        ("How do I get a discount on flights?", "How do I count flights?"),  # a noun that only looks prefixed
+        ("How do I invest in stocks?", "How do I vest stocks?"),
     ],
 )
 def test_paraphrases_pass(a: str, b: str) -> None:
@@ -67,3 +90,15 @@ def test_overlap_is_the_share_of_content_words_in_common() -> None:
     assert overlap(a, signature("How do I spend my money?")) == pytest.approx(1 / 4)  # money of invest/money/wisely/spend
     assert overlap(signature("Is it?"), signature("Is it?")) == 1.0  # no content words on either side
     assert overlap(a, signature("What is it?")) == 0.0
+
+
+def test_opposites_come_from_wordnet_and_negating_prefixes() -> None:
+    from tiergate.cache.lexicon import lexicon
+
+    lex = lexicon()
+    assert "minimum" in lex.opposites("maximum") and "illegal" in lex.opposites("legal")  # WordNet's antonyms
+    assert "safe" in lex.opposites("unsafe")  # an adjective with a negating prefix (WordNet misses this one)
+    assert "install" in lex.opposites("uninstall")  # a word WordNet does not know: the prefix decides
+    assert "count" not in lex.opposites("discount")  # a noun WordNet knows: not a negation
+    assert "after" in lex.opposites("before")  # prepositions: not in WordNet, listed
+    assert {"decrease", "decreased"} <= lex.forms("decreased") and "high" in lex.forms("highest")

@@ -5,13 +5,16 @@ import pytest
 from tests.cache.helpers import RULE, answer, chat, completion
 from tiergate.cache.keys import (
     DEFAULT_TEMPERATURE,
+    Route,
     answer_fits,
+    asks_logprobs,
     effective_temperature,
     normalize_text,
     request_key,
     tenant_tag,
     uncacheable_reason,
 )
+from tiergate.core.types import Cascade, Decision
 from tiergate.core.wire import ChatRequest, ContentPart, Message
 
 
@@ -132,3 +135,62 @@ def test_normalize_text_handles_junk() -> None:
     assert normalize_text("\ud800x") == "\ufffdx"
     assert normalize_text("  a  \n\n") == "a"
     assert request_key(chat("\x00\ud800"), "\ud800").entry_id  # no exception
+
+
+# -- the routing decision, the asker's name, log-probabilities (issue 39, item 4) ------------------------------
+def test_the_decided_tiers_are_part_of_the_namespace() -> None:
+    edge, cloud = Route(("edge",), 32), Route(("cloud",), 32)
+    a, b = request_key(chat("Explain step by step"), "t", edge), request_key(chat("Explain step by step"), "t", cloud)
+    assert a.namespace != b.namespace and a.entry_id != b.entry_id
+    assert (a.tiers, b.tiers) == (("edge",), ("cloud",))
+    assert request_key(chat("Explain step by step"), "t", edge).entry_id == a.entry_id  # stable
+    assert request_key(chat("hi"), "t").tiers is None  # not routed: the cache used alone (CLI, benchmarks)
+
+
+def test_a_route_names_the_cascade_tier_too() -> None:
+    plain = Decision(rule="default", tier="edge")
+    cascade = Decision(rule="cascade", tier="edge", cascade=Cascade(escalate_to="cloud"))
+    assert Route.of(plain, 4) == Route(("edge",), 4)
+    assert Route.of(cascade, None) == Route(("edge", "cloud"), None)
+    assert request_key(chat("q"), "t", Route.of(plain, 4)).namespace != \
+        request_key(chat("q"), "t", Route.of(cascade, 4)).namespace
+
+
+def test_the_effective_budget_is_the_keys_budget() -> None:
+    """The client asked for 32, a cap made it 4: the answer is produced (and kept) under 4."""
+    capped = request_key(chat("Explain TCP", max_tokens=32), "t", Route(("edge",), 4))
+    uncapped = request_key(chat("Explain TCP", max_tokens=32), "t", Route(("edge",), 32))
+    assert capped.max_tokens == 4 and uncapped.max_tokens == 32
+    assert capped.entry_id == uncapped.entry_id  # one entry; `answer_fits` decides which budget it serves
+    cut = answer(finish_reason="length", completion_tokens=4)
+    assert answer_fits(cut, capped.max_tokens, capped.max_tokens)
+    assert not answer_fits(cut, capped.max_tokens, uncapped.max_tokens)
+
+
+def test_the_last_user_messages_name_is_part_of_the_namespace() -> None:
+    def asked_by(name: str | None) -> ChatRequest:
+        return ChatRequest(model="m", temperature=0, messages=[Message(role="user", content="What is my name?",
+                                                                       name=name)])
+
+    keys = {request_key(asked_by(n), "t").namespace for n in (None, "alice", "bob")}
+    assert len(keys) == 3
+
+
+@pytest.mark.parametrize(
+    "req",
+    [
+        completion("2+2=", logprobs=0),  # 0 still asks for the chosen tokens' log-probabilities
+        completion("2+2=", logprobs=3),
+        chat("hi", logprobs=True),
+        chat("hi", logprobs=True, top_logprobs=0),
+        chat("hi", top_logprobs=0),
+    ],
+)
+def test_log_probabilities_asked_for_in_any_form_bypass(req) -> None:
+    assert asks_logprobs(req)
+    assert uncacheable_reason(req, RULE) == "logprobs"
+
+
+@pytest.mark.parametrize("req", [completion("2+2="), chat("hi"), chat("hi", logprobs=False)])
+def test_no_log_probabilities_asked_for(req) -> None:
+    assert not asks_logprobs(req) and uncacheable_reason(req, RULE) is None

@@ -73,3 +73,28 @@ def test_the_known_noise_of_an_export_goes_to_its_log_and_nothing_else_does(tmp_
     assert "something new" not in text
     err = capsys.readouterr().err
     assert "Converting a tensor" not in err and "pre-processing" not in err
+
+
+# Issue 39: opposites the embedder puts above the default threshold (0.94), each a hit before the opposites guard.
+OPPOSITES = [
+    ("What is the maximum daily dose of acetaminophen for adults?",
+     "What is the minimum daily dose of acetaminophen for adults?"),  # 0.958
+    ("Is it legal to drive barefoot in California?", "Is it illegal to drive barefoot in California?"),  # 0.984
+    ("Is it safe to eat raw cookie dough?", "Is it unsafe to eat raw cookie dough?"),  # 0.982
+    ("Should I take ibuprofen before meals?", "Should I take ibuprofen after meals?"),  # 0.964
+    ("How do I sort a list in ascending order in Python?",
+     "How do I sort a list in descending order in Python?"),  # 0.956
+    ("Is it possible to run Windows apps on a Mac?", "Is it impossible to run Windows apps on a Mac?"),  # 0.962
+]
+
+
+def test_score_pairs_never_answers_a_question_with_its_opposite(embedder_dir) -> None:
+    lines = [json.dumps({"a": a, "b": b}) for a, b in OPPOSITES]
+    lines.append(json.dumps({"a": "How do I invest my money wisely?", "b": "How can I invest my money wisely?"}))
+    res = runner.invoke(cache_app, ["score-pairs", "-", "--embedder", str(embedder_dir)], input="\n".join(lines))
+    assert res.exit_code == 0, res.output
+    *opposites, paraphrase = [json.loads(line) for line in res.stdout.strip().splitlines()]
+    for (a, b), row in zip(OPPOSITES, opposites, strict=True):
+        assert row["similarity"] >= 0.94, (a, b, row)  # close enough to be a hit on the cosine alone
+        assert row["hit"] is False and row["reason"] == "opposites", (a, b, row)
+    assert paraphrase["hit"] is True

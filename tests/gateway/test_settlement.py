@@ -26,7 +26,7 @@ from tests.support.inprocess import in_process
 from tests.support.instant_upstream import make_app
 from tests.support.servers import aiohttp_server
 from tests.support.waiting import eventually
-from tiergate.cache import SemanticCache
+from tiergate.cache import Route, SemanticCache
 from tiergate.core import tracing
 from tiergate.core.errors import OpenAIError
 from tiergate.core.types import Decision, Features, Priority
@@ -75,8 +75,11 @@ class _Fakes:
         self.finished.append(done)
         self.accounted.append(("gone", done.prompt_tokens))
 
-    async def store(self, *args: Any) -> None:
+    routes: list[Any] = field(default_factory=list)  # the routing decision each store was keyed under
+
+    async def store(self, *args: Any, route: Any = None) -> None:
         self.stored.append(args[3])
+        self.routes.append(route)
 
     async def served(self, request_id: str, *args: Any) -> None:
         self.served_ids.append(request_id)
@@ -109,6 +112,9 @@ class _Ctx:
     def max_tokens(self) -> int:
         return 16
 
+    def cache_route(self) -> Route:
+        return Route.of(self.decision, self.max_tokens())
+
 
 @pytest.fixture(autouse=True)
 def _strict(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -123,6 +129,7 @@ def test_an_answer_is_counted_charged_stored_and_offered_once_and_a_second_settl
                                 distill=("text", "model")))
     assert fakes.charged == [7 + 4 + 5] and fakes.accounted == [("answered", ("edge", 200))]
     assert fakes.stored == ["answer"] and fakes.offered == [("text", "model")] and settle.settled == "answered"
+    assert fakes.routes == [Route(("edge",), 16)]  # keyed under the decision's tier and the effective budget
     with pytest.raises(AlreadySettled):
         asyncio.run(settle.answered(_Ctx(), Outcome(), "edge", 200, 0.001, 7, 4))
     assert fakes.charged == [16]

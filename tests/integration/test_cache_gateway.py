@@ -194,9 +194,12 @@ def test_a_shadow_check_serves_the_hit_and_sends_the_request_to_the_tier_too(tmp
     assert json.loads(seeded.stdout)["cutoffs"]["0.1"]["0.7"] is not None  # they share every content word
     with ExitStack() as es:
         cloud = es.enter_context(aiohttp_server(make_app(4, "ok", model="cloud-model", echo=True)))
+        # The rule sends to the cloud, the one tier with a backend here: an answer from a fallback tier stands for a
+        # tier the decision did not choose and is not stored (cache.keys.Route).
         policy = POLICY.format(cloud=cloud.url).replace(
             "max_temperature: 0.3}", "max_temperature: 0.3, max_false_hit_rate: 0.1, verify_rate: 1.0, "
-                                     "verify_mode: shadow}")
+                                     "verify_mode: shadow}").replace("tier: edge\n    fallbacks: [cloud]", "tier: cloud")
+        assert "tier: cloud\n" in policy
         (tmp_path / "policy.yaml").write_text(policy)
         (tmp_path / "keys.yaml").write_text(KEYS)
         gw = es.enter_context(serve(tmp_path, "gw", {

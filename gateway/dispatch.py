@@ -198,7 +198,8 @@ class Dispatcher:
         metrics = self._metrics
         metrics.child(metrics.queued, tier).inc()
         try:
-            admitted = await route.admission.acquire(call.features.priority, call.decision.timeouts.queue_s)
+            admitted = await route.admission.acquire(call.features.priority, call.decision.timeouts.queue_s,
+                                                     call.features.tenant)
         finally:
             metrics.child(metrics.queued, tier).dec()
         if not admitted:

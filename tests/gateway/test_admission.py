@@ -133,3 +133,64 @@ async def test_the_heap_stays_bounded_under_a_long_overload():
     adm.release()
     assert adm.inflight == 0 and adm.waiting == 0
     assert await adm.acquire(Priority.LOW, 0)
+
+
+# ---- tenants of one priority take turns ------------------------------------------------------------------------
+
+
+async def _queue(adm: Admission, tenant: str, order: list[str], prio: Priority = Priority.NORMAL) -> bool:
+    admitted = await adm.acquire(prio, 30, tenant)
+    if admitted:
+        order.append(tenant)
+    return admitted
+
+
+async def test_a_tenants_flood_does_not_make_another_tenant_wait_behind_all_of_it():
+    """Sixty of one tenant's requests wait; another tenant's one request, queued after them, is admitted second,
+    not sixty-first."""
+    adm = Admission(lambda: 1)
+    assert await adm.acquire(Priority.NORMAL, 0, "flood")
+    order: list[str] = []
+    floods = [asyncio.create_task(_queue(adm, "flood", order)) for _ in range(60)]
+    await eventually(lambda: adm.waiting == 60, "the flood queued")
+    peer = asyncio.create_task(_queue(adm, "peer", order))
+    await eventually(lambda: adm.waiting == 61, "the peer queued behind it")
+    for admitted in range(1, 4):
+        adm.release()
+        await eventually(lambda admitted=admitted: len(order) == admitted, "one more admitted")
+    assert order == ["flood", "peer", "flood"]
+    for _ in range(59):
+        adm.release()
+    await asyncio.gather(*floods, peer)
+    assert len(order) == 61 and adm.waiting == 0
+
+
+async def test_a_full_queue_is_one_tenants_alone_but_a_newcomer_pushes_out_the_biggest_holder():
+    adm = Admission(lambda: 1, max_waiting=4)
+    assert await adm.acquire(Priority.NORMAL, 0, "flood")
+    order: list[str] = []
+    floods = [asyncio.create_task(_queue(adm, "flood", order)) for _ in range(4)]
+    await eventually(lambda: adm.waiting == 4, "the queue full of one tenant's requests")
+    assert not await adm.acquire(Priority.NORMAL, 1, "flood")  # its own fifth: shed at once
+    peer = asyncio.create_task(_queue(adm, "peer", order))
+    await eventually(lambda: sum(t.done() for t in floods) == 1, "the flood's newest pushed out")
+    assert [t.result() for t in floods if t.done()] == [False] and adm.waiting == 4
+    for _ in range(5):
+        adm.release()
+        await asyncio.sleep(0)
+    await asyncio.gather(*floods, peer)
+    assert order[:2] == ["flood", "peer"] and order.count("flood") == 3
+
+
+async def test_a_newcomer_never_pushes_out_a_higher_priority_waiter():
+    adm = Admission(lambda: 1, max_waiting=2)
+    assert await adm.acquire(Priority.NORMAL, 0, "a")
+    order: list[str] = []
+    highs = [asyncio.create_task(_queue(adm, "a", order, Priority.HIGH)) for _ in range(2)]
+    await eventually(lambda: adm.waiting == 2, "two high-priority waiters")
+    assert not await adm.acquire(Priority.LOW, 1, "b")
+    assert adm.waiting == 2 and not any(t.done() for t in highs)
+    for _ in range(3):
+        adm.release()
+        await asyncio.sleep(0)
+    await asyncio.gather(*highs)

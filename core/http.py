@@ -7,6 +7,8 @@ as soon as it is known to be too large (declared, or counted while it arrives), 
 
 from __future__ import annotations
 
+import asyncio
+
 from starlette.requests import Request
 from starlette.responses import Response
 
@@ -22,19 +24,30 @@ def sse(payload: bytes) -> bytes:
     return b"data: " + payload + b"\n\n"
 
 
-async def read_body(request: Request, limit: int) -> bytes:
-    """The whole body, or a 413 `body_too_large` once its declared or counted size passes `limit` bytes.
+BODY_TIMEOUT_S = 30.0
+
+
+async def read_body(request: Request, limit: int, timeout_s: float = BODY_TIMEOUT_S) -> bytes:
+    """The whole body, or a 413 `body_too_large` once its declared or counted size passes `limit` bytes, or a 408
+    `body_timeout` when it has not all arrived within `timeout_s` (a client trickling its body would otherwise hold
+    its connection and its tenant's slot for as long as it likes).
 
     A client that leaves while sending raises Starlette's ClientDisconnect."""
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise OpenAIError(413, f"Request body is {declared} bytes; the limit is {limit}.", code="body_too_large")
     chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise OpenAIError(413, f"Request body exceeds the limit of {limit} bytes.", code="body_too_large")
-        chunks.append(chunk)
+    try:
+        async with asyncio.timeout(timeout_s):
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > limit:
+                    raise OpenAIError(413, f"Request body exceeds the limit of {limit} bytes.",
+                                      code="body_too_large")
+                chunks.append(chunk)
+    except TimeoutError:
+        raise OpenAIError(408, f"The request body did not arrive within {timeout_s:g} s.",
+                          code="body_timeout") from None
     return b"".join(chunks)
 
 

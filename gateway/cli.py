@@ -11,6 +11,7 @@ import uvicorn
 from pydantic import ValidationError
 
 from tiergate.complexity.cli import classifier_app
+from tiergate.core.serving import head_timeout_protocol
 from tiergate.gateway.cache_cli import cache_app
 from tiergate.gateway.demo import prepare as prepare_demo
 from tiergate.gateway.demo import run_demo
@@ -38,7 +39,7 @@ def serve(
     embedder: Annotated[Path | None, typer.Option(help="ONNX embedder dir (TIERGATE_EMBEDDER).")] = None,
     workers: Annotated[int | None, typer.Option(help="Worker processes, each a full gateway (TIERGATE_WORKERS).")] = None,
 ) -> None:
-    """Serve the gateway (uvicorn with uvloop and httptools)."""
+    """Serve the gateway (uvicorn with uvloop and httptools, each request's head and body on a deadline)."""
     for name, value in (("HOST", host), ("PORT", port), ("POLICY", policy), ("REDIS_URL", redis_url),
                         ("EMBEDDER", embedder), ("WORKERS", workers)):
         if value is not None:
@@ -49,14 +50,16 @@ def serve(
         _check_verifier(settings.cache_verifier)
     if settings.workers > 1:  # each worker is a full gateway; uvicorn's supervisor handles signals (no drain delay)
         uvicorn.run("tiergate.gateway.main:app", host=settings.host, port=settings.port, workers=settings.workers, loop="uvloop",
-                    http="httptools", log_level="warning", access_log=False,
+                    http=head_timeout_protocol(settings.header_timeout_s), log_level="warning", access_log=False,
+                    limit_concurrency=settings.max_connections,
                     timeout_graceful_shutdown=int(settings.graceful_shutdown_s))
         return
     from tiergate.gateway.app import create_app  # start-up time: the operator commands need none of the app
 
     app = create_app(settings)
-    config = uvicorn.Config(app, host=settings.host, port=settings.port, loop="uvloop", http="httptools",
-                            log_level="warning", access_log=False, lifespan="on")
+    config = uvicorn.Config(app, host=settings.host, port=settings.port, loop="uvloop",
+                            http=head_timeout_protocol(settings.header_timeout_s), log_level="warning",
+                            access_log=False, lifespan="on", limit_concurrency=settings.max_connections)
     DrainingServer(config, app.state.gateway, settings.drain_delay_s, settings.graceful_shutdown_s).run()
 
 

@@ -94,7 +94,7 @@ class Completions:
         active = held.routing.routing.active
         try:
             tenant = gw.keyring.authenticate(request.headers.get("authorization"))
-            body = await read_body(request, gw.settings.max_body_bytes)
+            body = await read_body(request, gw.settings.max_body_bytes, gw.settings.body_timeout_s)
             try:
                 req, plain = decode_request(body, kind)
                 raw = raw_fields(body)  # an unknown key that is not UTF-8 fails only here

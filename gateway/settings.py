@@ -56,6 +56,9 @@ class Settings(BaseSettings):
     cache_verifier: Path | None = None
     cache_shadow_concurrency: int = Field(default=4, ge=1)  # shadow checks of sampled hits running at once (gateway.shadow)
     max_body_bytes: int = 1 << 20
+    header_timeout_s: float = Field(default=10.0, gt=0)  # a request's line and headers, from the connection's start
+    body_timeout_s: float = Field(default=30.0, gt=0)  # its body, from its headers' end: else 408
+    max_connections: int | None = Field(default=None, ge=1)  # per process; past it new requests get 503 (uvicorn)
     max_prompt_chars: int = 400_000
     log_format: str = "json"  # json | console
     log_level: str = "info"

@@ -22,10 +22,14 @@ from tiergate.core.pool import Endpoint
 from tiergate.core.types import Timeouts
 from tiergate.core.wire import decode_json
 
-__all__ = ["FailureKind", "MAX_EVENT_BYTES", "UpstreamClient", "UpstreamFailure", "UpstreamResponse", "opens_answer"]
+__all__ = ["MAX_ANSWER_BYTES", "MAX_EVENT_BYTES", "FailureKind", "UpstreamClient", "UpstreamFailure", "UpstreamResponse",
+           "opens_answer"]
 
 # One SSE line longer than this is a broken backend, not a chunk of an answer: refuse it rather than buffer it.
 MAX_EVENT_BYTES = 8 * 1024 * 1024
+# A whole JSON answer: far above any real one (a 100k-token answer with logprobs is a few MB), far below what a
+# broken or hostile backend could make the gateway buffer.
+MAX_ANSWER_BYTES = 32 * 1024 * 1024
 
 
 class FailureKind(enum.StrEnum):
@@ -79,16 +83,29 @@ class UpstreamResponse:
         return self._resp.status
 
     async def read(self) -> bytes:
-        """The whole body, within what is left of the request's total time."""
+        """The whole body, within what is left of the request's total time and within `MAX_ANSWER_BYTES`."""
+        declared = self._resp.content_length
+        if declared is not None and declared > MAX_ANSWER_BYTES:
+            raise self._too_large()
         try:
             async with asyncio.timeout_at(self.deadline or None):
-                return await self._resp.read()
+                chunks, size = [], 0
+                async for chunk in self._resp.content.iter_any():
+                    size += len(chunk)
+                    if size > MAX_ANSWER_BYTES:
+                        raise self._too_large()
+                    chunks.append(chunk)
+                return b"".join(chunks)
         except TimeoutError:
             raise UpstreamFailure(f"{self.endpoint.id} did not finish its answer within {self._timeouts.total_s:g}s",
                                   kind=FailureKind.TIMEOUT, status=504, retryable=False) from None
         except aiohttp.ClientError as exc:
             raise UpstreamFailure(f"{self.endpoint.id} broke off the answer: {exc}",
                                   kind=FailureKind.PROTOCOL) from None
+
+    def _too_large(self) -> UpstreamFailure:
+        return UpstreamFailure(f"{self.endpoint.id} sent an answer larger than {MAX_ANSWER_BYTES} bytes",
+                               kind=FailureKind.PROTOCOL, retryable=False)
 
     async def events(self) -> AsyncIterator[list[bytes]]:
         """Yield the SSE `data:` payloads (without the prefix) in batches: every complete event received so far.

@@ -138,3 +138,42 @@ def test_an_error_event_before_the_first_token_is_a_retryable_failure_after_it_a
 ])
 def test_what_opens_an_answer(payload, opens):
     assert upstream.opens_answer(payload) is opens
+
+
+async def _whole(url: str) -> bytes:
+    client = UpstreamClient()
+    await client.start()
+    try:
+        resp = await client.post(Endpoint("e", url, "m", "edge"), "/v1/chat/completions", b"{}", _TIMEOUTS, "rid",
+                                 stream=False)
+        try:
+            return await resp.read()
+        finally:
+            resp.close()
+    finally:
+        await client.close()
+
+
+def test_a_json_answer_past_the_size_limit_is_refused_not_buffered(monkeypatch):
+    """Declared (content-length) or not (chunked), an answer past the limit fails as the backend's fault."""
+    monkeypatch.setattr(upstream, "MAX_ANSWER_BYTES", 1000)
+    body = b'{"choices": [], "pad": "' + b"x" * 2000 + b'"}'
+    with aiohttp_server(_server([body])) as chunked, pytest.raises(UpstreamFailure) as info:
+        asyncio.run(_whole(chunked.url))
+    assert info.value.kind == "protocol" and "larger than 1000 bytes" in str(info.value)
+    assert not info.value.retryable
+
+    def declared() -> web.Application:
+        async def answer(request: web.Request) -> web.Response:
+            return web.Response(body=body, content_type="application/json")
+
+        app = web.Application()
+        app.router.add_post("/v1/chat/completions", answer)
+        return app
+
+    with aiohttp_server(declared()) as srv, pytest.raises(UpstreamFailure) as info:
+        asyncio.run(_whole(srv.url))
+    assert "larger than 1000 bytes" in str(info.value)
+    monkeypatch.setattr(upstream, "MAX_ANSWER_BYTES", 10_000)
+    with aiohttp_server(declared()) as srv:
+        assert asyncio.run(_whole(srv.url)) == body  # under the limit: whole

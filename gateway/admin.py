@@ -1,6 +1,7 @@
 """The operator's endpoints and the edge nodes' endpoints, and the two keys that guard them.
 
-- `/admin/policy/reload`, `/admin/cache/invalidate` (and the status page, `gateway.status`) need the admin key
+- `/admin/policy/reload`, `/admin/cache/invalidate`, `/admin/keys/{reload,revoke,unrevoke}` (and the status page,
+  `gateway.status`) need the admin key
   (`TIERGATE_ADMIN_KEY`), checked by one `AdminKey`;
 - `/edge/v1/heartbeat`, `/edge/v1/deregister` need the edge token (`TIERGATE_EDGE_TOKEN`), or, without one,
   a node on this machine.
@@ -22,6 +23,8 @@ from tiergate.cache.store import StoreUnavailable
 from tiergate.core.errors import OpenAIError, bad_request, unauthorized
 from tiergate.core.http import read_body
 from tiergate.core.wire import decode_json
+from tiergate.gateway.auth import hash_key
+from tiergate.gateway.keys import Keys
 from tiergate.gateway.pools.edge import HeartbeatError, parse_heartbeat
 from tiergate.gateway.tiers import Tiers
 from tiergate.policies.store import PolicyStore
@@ -66,12 +69,32 @@ class AdminKey:
 
 
 class AdminEndpoints:
-    """Policy reload and cache invalidation, for operators."""
+    """Policy reload, cache invalidation and the tenants' keys (reload, revoke), for operators."""
 
-    def __init__(self, key: AdminKey, policy_store: PolicyStore, cache: Callable[[], SemanticCache | None]) -> None:
+    def __init__(self, key: AdminKey, policy_store: PolicyStore, cache: Callable[[], SemanticCache | None],
+                 keys: Keys) -> None:
         self._key = key
         self._policy_store = policy_store
         self._cache = cache  # built at start-up, when enabled
+        self._keys = keys
+
+    async def reload_keys(self, request: Request) -> Response:
+        self._key.require(request)
+        error = await self._keys.reload()
+        if error is not None:
+            raise OpenAIError(422, error, code="keys_invalid")
+        return JSONResponse({"ok": True, "keys": len(self._keys.ring), "tenants": len(self._keys.ring.tenants())})
+
+    async def revoke_key(self, request: Request) -> Response:
+        """`{"key": "..."}` or `{"sha256": "..."}`: refused from now on, on every replica within seconds."""
+        self._key.require(request)
+        await self._keys.revoke(await _key_digest(request))
+        return JSONResponse({"ok": True})
+
+    async def unrevoke_key(self, request: Request) -> Response:
+        self._key.require(request)
+        await self._keys.unrevoke(await _key_digest(request))
+        return JSONResponse({"ok": True})
 
     async def reload(self, request: Request) -> Response:
         self._key.require(request)
@@ -102,6 +125,23 @@ class AdminEndpoints:
             raise OpenAIError(503, f"The cache store is unreachable: {exc}", type="server_error",
                               code="cache_unavailable") from None
         return JSONResponse({"ok": True, "removed": n})
+
+
+_key_request = msgspec.json.Decoder(dict[str, str])
+
+
+async def _key_digest(request: Request) -> str:
+    """The SHA-256 digest a key request names: `{"sha256": HEX}`, or `{"key": KEY}` (hashed here, never logged)."""
+    try:
+        body = decode_json(_key_request, await read_body(request, 4096))
+    except (msgspec.ValidationError, msgspec.DecodeError):
+        raise bad_request('Send {"key": "..."} or {"sha256": "<64 hex digits>"}.') from None
+    if "key" in body and body["key"].strip():
+        return hash_key(body["key"].strip())
+    digest = body.get("sha256", "").lower()
+    if len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest):
+        raise bad_request('Send {"key": "..."} or {"sha256": "<64 hex digits>"}.', param="sha256")
+    return digest
 
 
 class EdgeEndpoints:

@@ -54,14 +54,14 @@ def create_app(settings: Settings | None = None, *, keyring: KeyRing | None = No
     traced = tracing.configure("tiergate-gateway")  # off unless the environment says where spans go
     gw = Gateway(settings, keyring=keyring)
     completions = Completions(PipelineParts(
-        settings=gw.settings, keyring=gw.keyring, routing=gw.tiers, classifier=gw.classifier,
+        settings=gw.settings, keyring=gw.keys, routing=gw.tiers, classifier=gw.classifier,
         limiter=gw.limiter, metrics=gw.metrics, cache=gw.shared_cache, dispatcher=gw.dispatcher, relay=gw.relay,
         settlements=gw.settlements))
-    admin = AdminEndpoints(gw.admin, gw.policy_store, gw.shared_cache)
+    admin = AdminEndpoints(gw.admin, gw.policy_store, gw.shared_cache, gw.keys)
     edge = EdgeEndpoints(gw.settings.edge_token, gw.settings.max_body_bytes, gw.tiers)
     status = StatusPage(StatusSource(admin=gw.admin, started_at=gw.started_at, stats=gw.stats, tiers=gw.tiers,
                                      policy_store=gw.policy_store, draining=gw.is_draining, ready=gw.ready))
-    feedback = CacheFeedback(gw.keyring, gw.shared_cache)
+    feedback = CacheFeedback(gw.keys, gw.shared_cache)
 
     async def chat(request: Request) -> Response:
         return await completions.handle(request, "chat")
@@ -70,7 +70,7 @@ def create_app(settings: Settings | None = None, *, keyring: KeyRing | None = No
         return await completions.handle(request, "text")
 
     async def models(request: Request) -> Response:
-        gw.keyring.authenticate(request.headers.get("authorization"))
+        gw.keys.authenticate(request.headers.get("authorization"))
         now = int(gw.started_at)
         data: list[dict[str, object]] = [{"id": "auto", "object": "model", "created": now, "owned_by": "tiergate",
                                           "description": "Let the routing policy choose the tier."}]
@@ -125,6 +125,9 @@ def create_app(settings: Settings | None = None, *, keyring: KeyRing | None = No
         Route("/edge/v1/deregister", _guarded(edge.deregister), methods=["POST"]),
         Route("/admin/policy/reload", _guarded(admin.reload), methods=["POST"]),
         Route("/admin/cache/invalidate", _guarded(admin.invalidate_cache), methods=["POST"]),
+        Route("/admin/keys/reload", _guarded(admin.reload_keys), methods=["POST"]),
+        Route("/admin/keys/revoke", _guarded(admin.revoke_key), methods=["POST"]),
+        Route("/admin/keys/unrevoke", _guarded(admin.unrevoke_key), methods=["POST"]),
         *status.routes(),
     ]
     middleware = [Middleware(TracingMiddleware, paths=TRACED)] if traced else []  # none at all when off

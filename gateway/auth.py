@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from ruamel.yaml import YAML
@@ -18,7 +19,7 @@ from tiergate.core import tracing
 from tiergate.core.errors import unauthorized
 from tiergate.core.types import Priority
 
-__all__ = ["DEMO_KEY", "KeyFileError", "KeyRing", "Tenant", "hash_key"]
+__all__ = ["DEMO_KEY", "Authenticator", "KeyFileError", "KeyRing", "Tenant", "hash_key"]
 
 DEMO_KEY = "tg-demo-key"
 
@@ -94,6 +95,12 @@ def _line_of(doc: object, loc: tuple[object, ...]) -> str:
     return f"line {line}" if line else "?"
 
 
+class Authenticator(Protocol):
+    """What a route needs of the keys: a tenant for a bearer header, or a 401 (`KeyRing`, `gateway.keys.Keys`)."""
+
+    def authenticate(self, authorization: str | None) -> Tenant: ...
+
+
 class KeyRing:
     """Resolves a bearer key to its tenant in O(1); immutable once built."""
 
@@ -106,21 +113,27 @@ class KeyRing:
     def tenants(self) -> list[Tenant]:
         return sorted({t.id: t for t in self._by_hash.values()}.values(), key=lambda t: t.id)
 
+    def digests(self) -> frozenset[str]:
+        """The SHA-256 digests of the keys it knows."""
+        return frozenset(self._by_hash)
+
     def authenticate(self, authorization: str | None) -> Tenant:
         """Return the tenant for an `Authorization: Bearer KEY` header, or raise a 401 OpenAIError."""
         with tracing.span("auth"):
-            return self._authenticate(authorization)
+            return self.resolve(authorization)[0]
 
-    def _authenticate(self, authorization: str | None) -> Tenant:
+    def resolve(self, authorization: str | None) -> tuple[Tenant, str]:
+        """The tenant for an `Authorization: Bearer KEY` header and the key's digest, or a 401 OpenAIError."""
         if not authorization:
             raise unauthorized("Missing API key: send `Authorization: Bearer <key>`.")
         scheme, _, key = authorization.partition(" ")
         if scheme.lower() != "bearer" or not key.strip():
             raise unauthorized("Malformed Authorization header: expected `Bearer <key>`.")
-        tenant = self._by_hash.get(hash_key(key.strip()))
+        digest = hash_key(key.strip())
+        tenant = self._by_hash.get(digest)
         if tenant is None:
             raise unauthorized("Invalid API key.")
-        return tenant
+        return tenant, digest
 
     @classmethod
     def demo(cls) -> KeyRing:

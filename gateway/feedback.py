@@ -26,7 +26,7 @@ from tiergate.cache import SemanticCache
 from tiergate.cache.store import StoreUnavailable
 from tiergate.core.errors import OpenAIError, bad_request, not_found
 from tiergate.core.http import read_body
-from tiergate.gateway.auth import KeyRing
+from tiergate.gateway.auth import Authenticator
 
 __all__ = ["CacheFeedback"]
 
@@ -38,7 +38,7 @@ class _Body(msgspec.Struct, forbid_unknown_fields=False):
 
 
 class CacheFeedback:
-    def __init__(self, keyring: KeyRing, cache: Callable[[], SemanticCache | None]) -> None:
+    def __init__(self, keyring: Authenticator, cache: Callable[[], SemanticCache | None]) -> None:
         self._keyring = keyring
         self._cache = cache  # built at start-up, when enabled
 

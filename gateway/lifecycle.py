@@ -26,6 +26,7 @@ from tiergate.gateway.admin import AdminKey
 from tiergate.gateway.auth import KeyRing
 from tiergate.gateway.dispatch import Dispatcher
 from tiergate.gateway.distill import Distiller, JsonlRecords, RedisRecords
+from tiergate.gateway.keys import Keys
 from tiergate.gateway.limits import Limiter
 from tiergate.gateway.metrics import GatewayMetrics
 from tiergate.gateway.pools.metrics import CloudMetrics
@@ -51,20 +52,22 @@ class Gateway:
     def __init__(self, settings: Settings, *, keyring: KeyRing | None = None,
                  registry: CollectorRegistry | None = None) -> None:
         self.settings = settings
-        self.keyring = keyring or _keyring_from(settings)
+        # Shared state across replicas (edge registry, rate limits, key revocations); the client connects on first
+        # use. No retries: a heartbeat or a rate-limit check must not take seconds while a node hangs (the limiter
+        # fails open; an edge node sends its next heartbeat anyway).
+        self.redis: AnyRedis | None = None
+        if settings.redis_url:
+            self.redis = open_redis(settings.redis_url, socket_timeout=0.5, socket_connect_timeout=0.5,
+                                    health_check_interval=10, retry=Retry(NoBackoff(), 0))
+        # The tenants' keys: the key file hot-reloaded (unless the caller passed its own ring), revocations shared.
+        self.keys = Keys(keyring or _keyring_from(settings), redis=self.redis,
+                         path=settings.api_keys_file if keyring is None else None)
         self.admin = AdminKey(settings.admin_key)
         self.registry = registry if registry is not None else _process_registry()
         self.metrics = GatewayMetrics(self.registry)
         self.policy_store = PolicyStore(settings.policy, metrics=PolicyMetrics(self.registry))
         self.classifier = Classifier(self.policy_store)
         self.upstream = UpstreamClient()
-        # Shared state across replicas (edge registry, rate limits); the client connects on first use. No retries:
-        # a heartbeat or a rate-limit check must not take seconds while a node hangs (the limiter fails open; an
-        # edge node sends its next heartbeat anyway).
-        self.redis: AnyRedis | None = None
-        if settings.redis_url:
-            self.redis = open_redis(settings.redis_url, socket_timeout=0.5, socket_connect_timeout=0.5,
-                                    health_check_interval=10, retry=Retry(NoBackoff(), 0))
         self.shared_cache = SharedCache()  # what collaborators read the cache through; start-up fills it
         self.tiers = Tiers(self.redis, CloudMetrics(self.registry))
         self.quarantine = Quarantine(self.redis)  # requests that broke two backends, refused on every replica
@@ -96,6 +99,7 @@ class Gateway:
         self.policy_store.on_change(self._sync_tiers)
         await self._sync_tiers()
         await self.quarantine.start()
+        await self.keys.start()
         if self.settings.cache:
             s = self.settings
             judge = HttpJudge(s.cache_judge_url, s.cache_judge_model or "auto", s.cache_judge_key) \
@@ -117,6 +121,7 @@ class Gateway:
         await self.shadow.stop()
         await self.policy_store.stop()
         await self.quarantine.stop()
+        await self.keys.stop()
         await self.tiers.stop()
         if (cache := self.shared_cache.current) is not None:
             await cache.stop()

@@ -189,6 +189,11 @@ def _error(description: str, **extra: Any) -> Schema:
     return _json(description, _ref("Error"), **extra)
 
 
+_KEY_REF = {"type": "object", "description": "The key itself (hashed by the gateway, never logged) or its SHA-256.",
+            "properties": {"key": {"type": "string", "minLength": 1},
+                           "sha256": {"type": "string", "pattern": "^[0-9a-fA-F]{64}$"}}}
+
+
 def _op(summary: str, responses: dict[str, Schema], security: list[str] | None = None, **extra: Any) -> Schema:
     """One operation; `security` lists alternative schemes, any one of which suffices ("": none, an optional key)."""
     op: Schema = {"summary": summary, **extra, "responses": responses}
@@ -286,6 +291,17 @@ def _paths() -> dict[str, Schema]:
                        "400": _error("None of `entry`, `tenant`, `all=true` given."), **_ADMIN_ERRORS,
                        "409": _error("The cache is disabled (`cache_disabled`)."),
                        "503": _error("The cache store is unreachable (`cache_unavailable`).")})},
+        "/admin/keys/reload": {"post": _op(
+            "Re-read the tenants' key file now (it is also watched).", security=["adminKey"], responses={
+                "200": _json("Adopted.", _obj(["ok", "keys", "tenants"], **ok, keys=_INT, tenants=_INT)),
+                "422": _error("Rejected (`keys_invalid`, naming the file, line and field); the previous keys keep "
+                              "serving."), **_ADMIN_ERRORS})},
+        **{f"/admin/keys/{verb}": {"post": _op(
+            f"{what} a tenant's key, on every replica within seconds (Redis).", security=["adminKey"],
+            requestBody=_body(_KEY_REF), responses={
+                "200": _json("Done.", _obj(["ok"], **ok)),
+                "400": _error("Neither a `key` nor a 64-hex-digit `sha256`."), **_ADMIN_ERRORS})}
+           for verb, what in (("revoke", "Refuse"), ("unrevoke", "Accept again"))},
         "/dashboard": {"get": _op("The live status page, for people.",
                                   security=["adminKey", "dashboardCookie", "dashboardKey"], responses={
             "200": {"description": "The page.", "content": _HTML},

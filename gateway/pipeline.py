@@ -24,7 +24,7 @@ from tiergate.core.errors import OpenAIError, bad_request, from_validation
 from tiergate.core.http import read_body
 from tiergate.core.types import Decision, Features
 from tiergate.core.wire import ChatRequest, decode_request, raw_fields, refused_field, unknown_names
-from tiergate.gateway.auth import KeyRing, Tenant
+from tiergate.gateway.auth import Authenticator, Tenant
 from tiergate.gateway.cascade import CascadeRunner, applies
 from tiergate.gateway.context import Arrival, Held, Outcome, RequestContext, UpstreamBody
 from tiergate.gateway.disconnect import DisconnectWatch
@@ -52,7 +52,7 @@ class PipelineParts:
     start-up builds it)."""
 
     settings: Settings
-    keyring: KeyRing
+    keyring: Authenticator
     routing: Tiers  # the request's routing version (policy and tiers) comes from here, once
     classifier: Classifier
     limiter: Limiter

@@ -22,6 +22,7 @@ from pathlib import Path
 import structlog
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Info
 
+from tiergate.core.filewatch import poll_file, watch_file
 from tiergate.policies.engine import PolicyEngine
 from tiergate.policies.loader import PolicyError, Problem, parse_policy
 from tiergate.policies.model import Policy
@@ -200,33 +201,11 @@ class PolicyStore:
                 await task
 
     async def _watch(self) -> None:
-        from watchfiles import awatch  # start-up time: only a store that watches its file needs it
-
-        directory = self.path.resolve().parent
-        # The path as given may be a symlink (ConfigMap): watch both the link's and the target's directory.
-        link_dir = self.path.absolute().parent
-        watched = {directory, link_dir}
-        while True:
-            try:
-                async for changes in awatch(*watched, debounce=200, step=50, recursive=False):
-                    names = {Path(p).name for _, p in changes}
-                    if self.path.name in names or self.path.resolve().name in names or \
-                            any(n.startswith("..") for n in names):
-                        await self.reload()
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                log.exception("policy_watch_failed", retry_in_s=2)
-                await asyncio.sleep(2)
+        await watch_file(self.path, self.reload, what="policy")
 
     async def _poll(self, interval: float) -> None:
         """A safety net for filesystems that deliver no change events (some network and overlay mounts)."""
-        while True:
-            await asyncio.sleep(interval)
-            try:
-                await self.reload()
-            except Exception:
-                log.exception("policy_poll_failed")
+        await poll_file(self.reload, interval, what="policy")
 
 
 def _unreadable(path: Path, exc: Exception) -> PolicyError:

@@ -110,7 +110,7 @@ def test_a_client_leaving_before_its_json_answer_is_charged_what_the_backend_was
         gw, url = s["gw"].gateway, s["gw"].url + "/v1/chat/completions"
         admission = gw.tiers["edge"].admission
 
-        metered = gw.keyring.authenticate("Bearer metered-key-1")
+        metered = gw.keys.authenticate("Bearer metered-key-1")
 
         def charged() -> float:
             return asyncio.run(gw.limiter.tokens_used(metered)) or 0.0

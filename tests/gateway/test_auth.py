@@ -64,7 +64,7 @@ def test_inline_keys():
 ])
 def test_the_gateway_accepts_the_demo_key_only_when_allowed_and_no_keys_are_configured(settings, demo_accepted):
     base = {"api_keys_file": None, "api_keys": None, "embedder": None, "redis_url": None}
-    keyring = create_app(Settings(**(base | settings))).state.gateway.keyring
+    keyring = create_app(Settings(**(base | settings))).state.gateway.keys
     if demo_accepted:
         assert keyring.authenticate(f"Bearer {DEMO_KEY}").id == "demo"
     else:

@@ -94,7 +94,7 @@ def test_the_keys_come_from_the_file_else_inline_else_the_demo_key_if_allowed(
     keys.write_text("tenants:\n  acme: {priority: normal}\nkeys:\n  - {tenant: acme, key: file-key-1}\n")
     settings = {k: keys if v == "FILE" else v for k, v in settings.items()}
     policy = write_policy(tmp_path / "p.yaml", [DEAD], [DEAD])
-    ring = Gateway(Settings(**(BASE | {"policy": policy} | settings)), registry=CollectorRegistry()).keyring
+    ring = Gateway(Settings(**(BASE | {"policy": policy} | settings)), registry=CollectorRegistry()).keys.ring
     if accepts is not None:
         ring.authenticate(f"Bearer {accepts}")
     with pytest.raises(OpenAIError) as refused:

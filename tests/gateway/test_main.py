@@ -24,4 +24,4 @@ def test_importing_it_builds_the_app_from_the_environment(tmp_path: Path, monkey
     monkeypatch.delitem(sys.modules, "tiergate.gateway.main")  # the next import builds its own
     gw = main.app.state.gateway
     assert isinstance(main.app, Starlette) and gw.settings.policy == policy
-    assert gw.keyring.authenticate("Bearer env-key-1").id == "alpha"
+    assert gw.keys.authenticate("Bearer env-key-1").id == "alpha"

@@ -124,11 +124,13 @@ class CascadeRunner:
             return self._relay.answer(ctx, outcome, first.tier or "", transform(answer) if transform else answer,
                                       upstream_s, settle)
         _drop(attempt)
+        edge_prompt = (read.prompt_tokens if read.prompt_tokens + read.completion_tokens
+                       else ctx.features.prompt_tokens if attempt is not None else 0)
         edge_tokens = read.prompt_tokens + read.completion_tokens or (
             ctx.features.prompt_tokens + len(read.scores) if attempt is not None else 0)
         m.cascade_edge_tokens.labels(rule).inc(edge_tokens)
         m.cascade_edge_seconds.labels(rule).inc(spent)
-        settle.add_spent(edge_tokens)
+        settle.add_spent(edge_tokens, ctx=ctx, tier=first.tier or "", prompt_tokens=edge_prompt)
         log.info("cascade_escalated", request_id=ctx.request_id, rule=rule, reason=judged.reason,
                  confidence=judged.confidence.as_dict(), edge_s=round(spent, 3), edge_tokens=edge_tokens)
         second = dataclasses.replace(ctx.decision, tier=cascade.escalate_to, cascade=None,

@@ -96,6 +96,17 @@ class GatewayMetrics:
                               "Requests that broke a backend before their answer began, by outcome: retried (on one "
                               "other backend), quarantined (broke a second), refused (already quarantined).",
                               ["outcome"], registry=r)
+        self.spend = Counter("tiergate_spend_total",
+                             "What requests cost, in the policy's currency (costs.currency), by tenant, the tier that "
+                             "did the work, rule and kind: answer (an answer's own tokens; a cache hit's are 0), "
+                             "escalated (a cascade's thrown-away first attempt), gone (a client that left before its "
+                             "answer: its prompt), shadow (a cache hit's shadow check).",
+                             [TENANT_LABEL, "tier", "rule", "kind", "currency"], registry=r)
+        self.spend_reference = Counter("tiergate_spend_reference_total",
+                                       "What the same answers would have cost on the policy's reference tier "
+                                       "(costs.reference_tier), by tenant, the tier that answered (cache for a hit) "
+                                       "and rule: the saving is this minus tiergate_spend_total.",
+                                       [TENANT_LABEL, "tier", "rule", "currency"], registry=r)
         self.distill = Counter("tiergate_distill_records_total",
                                "Distillation records, by result (recorded, failed).", ["result"], registry=r)
         self._children: dict[tuple[MetricWrapperBase, tuple[str, ...]], MetricWrapperBase] = {}

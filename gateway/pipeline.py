@@ -179,7 +179,7 @@ class Completions:
             watch.close()
         # Gone before its answer began: charged only if a backend may have worked for it (`Settlement.gone`).
         return await settle.gone(tenant=ctx.tenant, decision=ctx.decision, features=ctx.features, outcome=outcome,
-                                 stream=bool(ctx.req.stream))
+                                 stream=bool(ctx.req.stream), ctx=ctx)
 
     async def _dispatch(self, ctx: RequestContext, outcome: Outcome, settle: Settlement) -> Response:
         req = ctx.req

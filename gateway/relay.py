@@ -36,6 +36,7 @@ from tiergate.gateway.render import (
 )
 from tiergate.gateway.settlement import Settlement
 from tiergate.gateway.upstream import FailureKind, UpstreamFailure
+from tiergate.policies.costs import format_cost
 
 __all__ = ["Relay", "ShadowStarter", "read_whole"]
 
@@ -69,6 +70,8 @@ class Relay:
         if outcome.shadow_check:  # sampled for verification: the request goes to a tier too (gateway.shadow)
             task.add_task(self._shadow.start, ctx, outcome)
         self._metrics.tokens.labels("cache", "completion").inc(hit.answer.completion_tokens)
+        if not ctx.req.stream and (cost := settle.quote(ctx, "cache", 0, 0)) is not None:
+            headers["x-tiergate-cost"] = format_cost(cost)
         if ctx.req.stream:
             include_usage = bool(ctx.req.stream_options and ctx.req.stream_options.include_usage)
             events = render_sse(hit.answer, include_usage)
@@ -97,11 +100,15 @@ class Relay:
         headers = answer_headers(ctx, outcome, tier, overhead)
         if fallback_from:
             headers["x-tiergate-fallback-from"] = fallback_from
+        cost = settle.quote(ctx, tier, summary.prompt_tokens, summary.completion_tokens, summary.cached_tokens)
+        if cost is not None:  # the request's cost under its policy: the answer plus a cascade's thrown-away attempt
+            headers["x-tiergate-cost"] = format_cost(cost)
         store = cacheable(summary, ctx.req.kind, tier) if outcome.cache == "miss" else None
         whole = summary.finish_reason in ("stop", "length") and not summary.multi_choice
         task = BackgroundTask(settle.answered, ctx, outcome, tier, 200, overhead, summary.prompt_tokens,
                               summary.completion_tokens, elapsed=time.perf_counter() - ctx.arrival.started,
-                              store=store, distill=(summary.text, summary.model) if whole else None)
+                              store=store, distill=(summary.text, summary.model) if whole else None,
+                              cached_tokens=summary.cached_tokens)
         return Response(body, media_type=_JSON, headers=headers, background=task)
 
     # ---- a backend's stream -------------------------------------------------------------------------------------
@@ -139,7 +146,8 @@ class Relay:
             store = cacheable(acc, req.kind, attempt.tier) if done and outcome.cache == "miss" else None
             whole = done and acc.finish_reason in ("stop", "length") and not acc.multi_choice
             await settle.answered(ctx, outcome, attempt.tier, relay.status, overhead, prompt_tokens,
-                                  completion_tokens, store=store, distill=(acc.text, acc.model) if whole else None)
+                                  completion_tokens, store=store, distill=(acc.text, acc.model) if whole else None,
+                                  cached_tokens=acc.cached_tokens)
 
         return _Stream(self._events(ctx, attempt, relay, client_wants_usage, transform), on_close, media_type=_SSE,
                        headers=headers)

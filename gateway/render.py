@@ -26,9 +26,20 @@ __all__ = ["AnswerSummary", "StreamAccumulator", "cacheable", "error_text", "ren
 _CACHEABLE_FINISH = frozenset({"stop", "length"})
 
 
+class _PromptDetails(msgspec.Struct):
+    cached_tokens: int | None = 0
+
+
 class _Usage(msgspec.Struct):
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    prompt_tokens_details: _PromptDetails | None = None
+
+    @property
+    def cached_tokens(self) -> int:
+        """The prompt tokens the backend served from its prefix cache (priced apart: `policies.costs`)."""
+        d = self.prompt_tokens_details
+        return (d.cached_tokens or 0) if d is not None else 0
 
 
 class _Message(msgspec.Struct):
@@ -66,6 +77,7 @@ class AnswerSummary:
     completion_tokens: int
     multi_choice: bool
     error: str | None = None  # the backend answered 200 with an error object: an error, never an answer
+    cached_tokens: int = 0  # of the prompt, served from the backend's prefix cache
 
 
 def summarize(body: bytes) -> AnswerSummary:
@@ -75,7 +87,7 @@ def summarize(body: bytes) -> AnswerSummary:
     text = (first.message.content if first.message else first.text) or ""
     u = a.usage or _Usage()
     return AnswerSummary(text, first.finish_reason, a.model, u.prompt_tokens, u.completion_tokens,
-                         len(a.choices) > 1, error_text(a.error))
+                         len(a.choices) > 1, error_text(a.error), u.cached_tokens)
 
 
 def error_text(raw: msgspec.Raw) -> str | None:
@@ -101,6 +113,7 @@ class StreamAccumulator:
     model: str = ""
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    cached_tokens: int = 0
     multi_choice: bool = False
     error: str | None = None  # an error frame came: whatever follows, the stream is not a whole answer
 
@@ -114,6 +127,7 @@ class StreamAccumulator:
         if a.usage is not None:
             self.prompt_tokens = a.usage.prompt_tokens
             self.completion_tokens = a.usage.completion_tokens
+            self.cached_tokens = a.usage.cached_tokens
         if not a.choices:
             return a.usage is not None
         for c in a.choices:

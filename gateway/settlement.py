@@ -1,11 +1,17 @@
-"""Everything a request owes once its answer is over, in one place: usage, the tenant's token charge, the cache
-store, accounting (metrics, log line, status-page sample), the distillation offer.
+"""Everything a request owes once its answer is over, in one place: usage, the tenant's token charge, its cost,
+the cache store, accounting (metrics, log line, status-page sample), the distillation offer.
 
 Each request gets one `Settlement` when it arrives (`Settlements.open`), and whichever way it ends settles it
 exactly once: a backend's answer (JSON, or a stream however it ended), a cache hit, a refusal, a client gone
 before its answer, or, on its own settlement, a shadow check. The relay, the cascade and the pipeline only say
 how the request ended; what that costs and what is recorded is decided here, so no path can charge twice or
 forget the cache. A second settlement is a bug: it is logged and ignored (raised under `strict`, as in tests).
+
+Cost: priced with the `costs` of the request's own policy version (`ctx.policy`, never the current one), once, on
+settling: `tiergate_spend_total` (what the work cost, by tenant, tier, rule and kind) and
+`tiergate_spend_reference_total` (what the same answer would have cost on the reference tier; the saving is the
+difference). A JSON answer's `x-tiergate-cost` header is the same figure, quoted by the relay before the answer
+goes out (`quote`) and recorded as quoted. A policy without `costs` counts no spend.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ from tiergate.gateway.context import Arrival, Finished, Outcome, RequestContext
 from tiergate.gateway.distill import Distiller
 from tiergate.gateway.limits import Limiter, Reservation
 from tiergate.gateway.metrics import GatewayMetrics
+from tiergate.policies.costs import CostsConfig
 
 __all__ = ["AlreadySettled", "CacheProvider", "Settlement", "Settlements", "SharedCache"]
 
@@ -70,12 +77,15 @@ class Settlement:
 
     strict: ClassVar[bool] = False  # tests turn a second settlement into an exception
 
-    __slots__ = ("_deps", "_extra_tokens", "_reservation", "arrival", "settled")
+    __slots__ = ("_deps", "_extra_tokens", "_quote", "_reservation", "_thrown", "_thrown_ctx", "arrival", "settled")
 
     def __init__(self, deps: Settlements, arrival: Arrival) -> None:
         self._deps = deps
         self.arrival = arrival
         self._extra_tokens = 0
+        self._thrown: list[tuple[str, int, int]] = []  # work that is not the answer's: (tier, prompt, completion)
+        self._thrown_ctx: RequestContext | None = None  # the request it was done for (its policy prices it)
+        self._quote: tuple[tuple[str, int, int, int], float] | None = None  # the answer's cost, once priced
         self._reservation: Reservation | None = None
         self.settled: str | None = None
 
@@ -85,10 +95,50 @@ class Settlement:
         self._reservation = await self._deps.limiter.reserve(tenant, tokens)
         return self._reservation
 
-    def add_spent(self, tokens: int) -> None:
+    def add_spent(self, tokens: int, *, ctx: RequestContext | None = None, tier: str | None = None,
+                  prompt_tokens: int = 0) -> None:
         """Work a backend did that is not the answer's (a cascade's thrown-away first attempt): charged on settling
-        whichever way the request then ends."""
+        whichever way the request then ends, and, given the request and the `tier` that did it (`prompt_tokens`
+        of `tokens` were prompt), priced then as spend of kind `escalated`."""
         self._extra_tokens += tokens
+        if ctx is not None and tier is not None:
+            prompt = min(max(prompt_tokens, 0), tokens)
+            self._thrown.append((tier, prompt, tokens - prompt))
+            self._thrown_ctx = ctx
+
+    def quote(self, ctx: RequestContext, tier: str, prompt_tokens: int, completion_tokens: int,
+              cached_tokens: int = 0) -> float | None:
+        """The request's cost, for its answer's `x-tiergate-cost` header: the answer's tokens on `tier` plus any
+        thrown-away work, under the request's own policy; None when that policy has no `costs`. Settling the same
+        answer records exactly this figure."""
+        costs = ctx.policy.costs
+        if costs is None:
+            return None
+        return self._answer_cost(costs, tier, prompt_tokens, completion_tokens, cached_tokens) + sum(
+            costs.cost(t, p, c) for t, p, c in self._thrown)
+
+    def _answer_cost(self, costs: CostsConfig, tier: str, prompt: int, completion: int, cached: int) -> float:
+        key = (tier, prompt, completion, cached)
+        if self._quote is None or self._quote[0] != key:
+            self._quote = (key, costs.cost(tier, prompt, completion, cached))
+        return self._quote[1]
+
+    def _spend(self, ctx: RequestContext | None, tier: str, prompt: int, completion: int, cached: int = 0, *,
+               kind: str = "answer", reference: bool = True) -> None:
+        """Record what this request cost under its own policy (and what the same answer would have cost on the
+        reference tier), plus the thrown-away work it carries: called once, by whichever way it was settled."""
+        ctx = ctx if ctx is not None else self._thrown_ctx
+        costs = ctx.policy.costs if ctx is not None else None
+        if ctx is None or costs is None:
+            return
+        m, tenant, rule, currency = self._deps.metrics, ctx.tenant.id, ctx.decision.rule, costs.currency
+        if kind:
+            m.child(m.spend, tenant, tier, rule, kind, currency).inc(
+                self._answer_cost(costs, tier, prompt, completion, cached))
+        if reference:
+            m.child(m.spend_reference, tenant, tier, rule, currency).inc(costs.reference(prompt, completion, cached))
+        for t, p, c in self._thrown:
+            m.child(m.spend, tenant, t, rule, "escalated", currency).inc(costs.cost(t, p, c))
 
     def _elapsed(self) -> float:
         return time.perf_counter() - self.arrival.started
@@ -109,9 +159,11 @@ class Settlement:
 
     async def answered(self, ctx: RequestContext, outcome: Outcome, tier: str, status: int, overhead: float,
                        prompt_tokens: int, completion_tokens: int, *, elapsed: float | None = None,
-                       store: CachedAnswer | None = None, distill: tuple[str, str] | None = None) -> None:
+                       store: CachedAnswer | None = None, distill: tuple[str, str] | None = None,
+                       cached_tokens: int = 0) -> None:
         """A backend's answer, however it ended (`status`: 200, or 499/502/503 for a stream cut short): count it,
-        charge its tokens, store `store` in the cache, offer `distill` (text, model) for distillation."""
+        charge and price its tokens (`cached_tokens` of the prompt came from the backend's prefix cache), store
+        `store` in the cache, offer `distill` (text, model) for distillation."""
         if not self._once("answered"):
             return
         d = self._deps
@@ -121,6 +173,7 @@ class Settlement:
             d.accounting.record(Finished(ctx.arrival, tier, status, overhead, elapsed, ctx.tenant, ctx.decision,
                                          ctx.features, outcome.cache, prompt_tokens, completion_tokens))
             await self._charge(prompt_tokens + completion_tokens)
+            self._spend(ctx, tier, prompt_tokens, completion_tokens, cached_tokens)
             cache = d.cache()
             if store is not None and cache is not None:
                 await cache.store(ctx.req, ctx.tenant.id, ctx.decision.cache, store, outcome.cache_key,
@@ -129,7 +182,8 @@ class Settlement:
                 await d.distill.offer(ctx, outcome, tier, *distill)
 
     async def hit(self, ctx: RequestContext, outcome: Outcome, hit: CacheHit, overhead: float) -> None:
-        """A cached answer: counted (tier `cache`, nothing charged: its reservation given back) and recorded as
+        """A cached answer: counted (tier `cache`, nothing charged: its reservation given back; costing nothing, and
+        saving what its prompt and the cached completion would have cost on the reference tier) and recorded as
         served, for feedback."""
         if not self._once("hit"):
             return
@@ -137,6 +191,8 @@ class Settlement:
             self._deps.accounting.record(Finished(ctx.arrival, "cache", 200, overhead, overhead, ctx.tenant,
                                                   ctx.decision, ctx.features, outcome.cache))
             await self._charge(0)
+            if ctx.policy.costs is not None:
+                self._spend(ctx, "cache", ctx.features.prompt_tokens, hit.answer.completion_tokens)
             cache = self._deps.cache()
             if cache is not None:
                 await cache.served(ctx.request_id, ctx.tenant.id, hit)
@@ -151,14 +207,18 @@ class Settlement:
             with _settle_span("refused"):
                 self._deps.accounting.refused(done, exc)
                 await self._charge(0)
+                self._spend(None, "none", 0, 0, kind="", reference=False)  # a cascade's thrown-away attempt
         headers = {"x-request-id": self.arrival.request_id, **exc.headers}
         if decision is not None:
             headers["x-tiergate-rule"] = decision.rule
         return Response(exc.to_json(), status_code=exc.status, media_type=_JSON, headers=headers)
 
     async def gone(self, *, tenant: Tenant | None, decision: Decision | None, features: Features | None,
-                   outcome: Outcome, stream: bool = False) -> Response:
+                   outcome: Outcome, stream: bool = False, ctx: RequestContext | None = None) -> Response:
         """A client gone before its answer began: charged only once a backend may have worked for it.
+
+        Priced (given its `ctx`, for the policy) as spend of kind `gone`: the prompt on the decided tier, the part
+        known to be done (not the max_tokens charged against the tenant's limit), with no reference: no answer.
 
         As for a stream whose client leaves (charged the prompt and what was relayed), the prompt was processed.
         A JSON answer shows nothing of its progress before it is whole, so it is charged the max_tokens the
@@ -179,15 +239,20 @@ class Settlement:
             with _settle_span("gone"):
                 self._deps.accounting.gone(done)
                 await self._charge(spent)
+                self._spend(ctx, tier, prompt_tokens, 0, kind="gone" if prompt_tokens else "", reference=False)
         return Response(status_code=499, headers={"x-request-id": self.arrival.request_id})  # seen by nobody
 
     async def shadow(self, ctx: RequestContext, outcome: Outcome, answer: CachedAnswer | None) -> None:
-        """A shadow check's result (the operator's cost: nothing charged, nothing accounted): the tier's answer goes
-        to the cache, which compares it with the one it served; no answer to compare counts as failed."""
+        """A shadow check's result (the operator's cost: nothing charged, nothing accounted, priced as spend of kind
+        `shadow` on the tier that answered): the tier's answer goes to the cache, which compares it with the one it
+        served; no answer to compare counts as failed (and unpriced: its tokens are unknown)."""
         if not self._once("shadow"):
             return
         d, cache = self._deps, self._deps.cache()
         with _settle_span("shadow"):
+            if answer is not None and ctx.policy.costs is not None:
+                self._spend(ctx, answer.tier, answer.prompt_tokens, answer.completion_tokens, kind="shadow",
+                            reference=False)
             if answer is None or cache is None:
                 d.metrics.shadow_checks.labels("failed").inc()
                 return

@@ -83,6 +83,25 @@ def _cascade_issues(policy: Policy, i: int) -> list[Issue]:
     return out
 
 
+def _cost_issues(policy: Policy) -> list[Issue]:
+    """Prices for tiers that exist, a reference tier that exists; a tier without prices is a warning (it costs 0)."""
+    costs = policy.costs
+    if costs is None:
+        return []
+    allowed = ", ".join(sorted(policy.tiers))
+    out = []
+    if costs.reference_tier not in policy.tiers:
+        out.append(Issue(("costs", "reference_tier"), f"unknown tier {costs.reference_tier!r}; tiers defined: {allowed}"))
+    for name in costs.prices:
+        if name not in policy.tiers:
+            out.append(Issue(("costs", "prices", name), f"unknown tier {name!r}; tiers defined: {allowed}"))
+    for name in policy.tiers:
+        if name not in costs.prices:
+            out.append(Issue(("costs", "prices"), f"tier {name!r} has no prices: its tokens count as costing 0 "
+                                                  f"{costs.currency}", "warning"))
+    return out
+
+
 def hook_problem(spec: str) -> str | None:
     """Why `module:function` cannot serve as a redaction hook, or None."""
     module, _, name = spec.partition(":")
@@ -166,6 +185,8 @@ def semantic_issues(policy: Policy, check_files: bool = True) -> list[Issue]:
             problem = hook_problem(policy.distill.redact.hook)
             if problem:
                 issues.append(Issue(("distill", "redact", "hook"), problem))
+
+    issues.extend(_cost_issues(policy))
 
     if catch_all_at is None and policy.default_tier is None:
         issues.append(Issue(("rules",), "no rule matches every request: end the rules with a catch-all rule "

@@ -196,7 +196,8 @@ def check(
                                "servers": [{"tier": c.tier, "endpoint": c.endpoint, "max_context": c.max_context,
                                             "context": c.context, "error": c.error, "too_small": c.too_small}
                                            for c in contexts],
-                               "complexity_model": model}))
+                               "complexity_model": model,
+                               "costs": policy.costs.model_dump() if policy is not None and policy.costs else None}))
         raise typer.Exit(0 if policy is not None else 2)
     for p in problems:
         typer.echo(str(p), err=p.severity == "error")
@@ -210,6 +211,26 @@ def check(
     if model is not None:
         for line in _describe_model(model):
             typer.echo(line)
+    for line in _describe_costs(policy):
+        typer.echo(line)
+
+
+def _describe_costs(policy: Policy) -> list[str]:
+    """The cost model as `policy check` shows it: each tier's prices per 1,000 tokens and the reference tier."""
+    c = policy.costs
+    if c is None:
+        return ["costs: none (no `costs` section: spend and savings are not counted)"]
+    out = [f"costs: {c.currency} per 1,000 tokens (prompt / cached prompt / completion); savings against "
+           f"{c.reference_tier!r}"]
+    for name in policy.tiers:
+        p = c.tier_price(name)
+        out.append(f"  {name}: " + (f"{_price(p.prompt_per_1k)} / {_price(p.cached_prompt)} / "
+                                     f"{_price(p.completion_per_1k)}" if p is not None else "no prices (counted as 0)"))
+    return out
+
+
+def _price(v: float) -> str:
+    return f"{v:.10f}".rstrip("0").rstrip(".") or "0"
 
 
 def _model_provenance(policy: Policy) -> dict[str, Any]:

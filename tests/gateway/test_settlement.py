@@ -15,11 +15,13 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import httpx
 import pytest
 from prometheus_client import CollectorRegistry
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.gateway.conftest import write_policy
 from tests.support.inprocess import in_process
@@ -27,6 +29,7 @@ from tests.support.instant_upstream import make_app
 from tests.support.servers import aiohttp_server
 from tests.support.waiting import eventually
 from tiergate.cache import Route, SemanticCache
+from tiergate.cache.types import CachedAnswer, CacheHit
 from tiergate.core import tracing
 from tiergate.core.errors import OpenAIError
 from tiergate.core.types import Decision, Features, Priority
@@ -36,6 +39,7 @@ from tiergate.gateway.limits import Limiter, Reservation
 from tiergate.gateway.metrics import GatewayMetrics
 from tiergate.gateway.settings import Settings
 from tiergate.gateway.settlement import AlreadySettled, Settlement, Settlements
+from tiergate.policies.costs import CostsConfig, TierPrice
 
 # A token limit far above what the tests use: every request reserves its budget and settles it.
 TENANT = Tenant("alpha", Priority.NORMAL, tokens_per_minute=10**9)
@@ -108,6 +112,7 @@ class _Ctx:
     decision: Decision = field(default_factory=lambda: Decision(rule="default", tier="edge"))
     req: Any = None
     raw: dict = field(default_factory=dict)
+    policy: Any = field(default_factory=lambda: SimpleNamespace(costs=None))  # its policy version (no costs)
 
     def max_tokens(self) -> int:
         return 16
@@ -463,3 +468,177 @@ def test_a_shadow_check_settles_once_on_its_own_and_charges_nothing(tmp_path: Pa
     assert watch.settled == list(zip(ids, ["answered", "hit", "shadow"], strict=True))
     usage = miss.json()["usage"]
     assert watch.charged == [usage["prompt_tokens"] + usage["completion_tokens"], 0]  # the hit: nothing
+
+
+# ---- cost: priced once, on settling, under the request's own policy ----------------------------------------------
+
+EDGE_PRICE, CLOUD_PRICE = TierPrice(prompt_per_1k=0.01, completion_per_1k=0.03), TierPrice(
+    prompt_per_1k=0.6, cached_prompt_per_1k=0.15, completion_per_1k=2.4)
+COSTS = CostsConfig(currency="USD", reference_tier="cloud", prices={"edge": EDGE_PRICE, "cloud": CLOUD_PRICE})
+
+
+def _priced_ctx(**kw: Any) -> _Ctx:
+    return _Ctx(policy=SimpleNamespace(costs=COSTS), **kw)
+
+
+def _samples(metrics: GatewayMetrics) -> dict[tuple[str, ...], float]:
+    """The spend series as {(name, tenant, tier, rule, kind?, currency): value}."""
+    out = {}
+    for metric in (metrics.spend, metrics.spend_reference):
+        for fam in metric.collect():
+            for s in fam.samples:
+                if s.name.endswith("_total"):
+                    out[(s.name, *s.labels.values())] = s.value
+    return out
+
+
+def test_an_answer_records_its_cost_and_reference_once_with_the_thrown_away_attempt() -> None:
+    fakes = _Fakes()
+    settle, metrics = fakes.settlement()
+    ctx = _priced_ctx(decision=Decision(rule="cascade", tier="edge"))
+    settle.add_spent(12, ctx=ctx, tier="edge", prompt_tokens=7)  # the edge's 7 prompt and 5 completion tokens
+    quoted = settle.quote(ctx, "cloud", 7, 4, 2)  # type: ignore[arg-type]
+    asyncio.run(settle.answered(ctx, Outcome(cache="miss"), "cloud", 200, 0.001, 7, 4, cached_tokens=2))
+    answer = (5 * 0.6 + 2 * 0.15 + 4 * 2.4) / 1000
+    thrown = (7 * 0.01 + 5 * 0.03) / 1000
+    assert quoted == pytest.approx(answer + thrown)
+    assert _samples(metrics) == pytest.approx({
+        ("tiergate_spend_total", "alpha", "cloud", "cascade", "answer", "USD"): answer,
+        ("tiergate_spend_total", "alpha", "edge", "cascade", "escalated", "USD"): thrown,
+        ("tiergate_spend_reference_total", "alpha", "cloud", "cascade", "USD"): answer,
+    })
+    assert fakes.charged == [7 + 4 + 12]
+
+
+def test_an_edge_answer_saves_the_difference_and_a_hit_the_whole_reference_price() -> None:
+    fakes = _Fakes()
+    settle, metrics = fakes.settlement()
+    asyncio.run(settle.answered(_priced_ctx(), Outcome(cache="miss"), "edge", 200, 0.001, 1000, 1000))
+    spent = _samples(metrics)
+    assert spent[("tiergate_spend_total", "alpha", "edge", "default", "answer", "USD")] == pytest.approx(0.04)
+    assert spent[("tiergate_spend_reference_total", "alpha", "edge", "default", "USD")] == pytest.approx(3.0)
+
+    hit_settle, metrics = fakes.settlement()
+    hit = CacheHit(CachedAnswer("chat", "hi", "stop", "m", "edge", prompt_tokens=99, completion_tokens=1000),
+                   "hit-exact")
+    asyncio.run(hit_settle.hit(_priced_ctx(), Outcome(cache="hit-exact"), hit, 0.001))
+    assert _samples(metrics) == pytest.approx({  # prompt: this request's own count (FEATURES: 7)
+        ("tiergate_spend_total", "alpha", "cache", "default", "answer", "USD"): 0.0,
+        ("tiergate_spend_reference_total", "alpha", "cache", "default", "USD"): (7 * 0.6 + 1000 * 2.4) / 1000,
+    })
+
+
+def test_refused_gone_and_shadow_record_only_the_work_done_and_no_reference() -> None:
+    fakes = _Fakes()
+    ctx = _priced_ctx(decision=Decision(rule="cascade", tier="edge"))
+    refused, metrics = fakes.settlement()
+    refused.add_spent(10, ctx=ctx, tier="edge", prompt_tokens=10)  # type: ignore[arg-type]
+    exc = OpenAIError(502, "Tier `cloud`: down", code="upstream_down")
+    asyncio.run(refused.refused(exc, tenant=TENANT, decision=ctx.decision, features=None, cache="miss"))
+    assert _samples(metrics) == pytest.approx({
+        ("tiergate_spend_total", "alpha", "edge", "cascade", "escalated", "USD"): 10 * 0.01 / 1000})
+
+    gone, metrics = fakes.settlement()
+    asyncio.run(gone.gone(tenant=TENANT, decision=ctx.decision, features=FEATURES, ctx=ctx,  # type: ignore[arg-type]
+                          outcome=Outcome(cache="miss", body=_body(True))))
+    assert _samples(metrics) == pytest.approx({  # the prompt on the decided tier, not the max_tokens charged
+        ("tiergate_spend_total", "alpha", "edge", "cascade", "gone", "USD"): 7 * 0.01 / 1000})
+    never_sent, metrics = fakes.settlement()
+    asyncio.run(never_sent.gone(tenant=TENANT, decision=ctx.decision, features=FEATURES, ctx=ctx,  # type: ignore[arg-type]
+                                outcome=Outcome(cache="miss", body=_body(False))))
+    assert _samples(metrics) == {}
+
+    shadow, metrics = fakes.settlement()
+    answer = CachedAnswer("chat", "hi", "stop", "m", "cloud", prompt_tokens=7, completion_tokens=3)
+    asyncio.run(shadow.shadow(ctx, Outcome(), answer))  # type: ignore[arg-type]
+    assert _samples(metrics) == pytest.approx({
+        ("tiergate_spend_total", "alpha", "cloud", "cascade", "shadow", "USD"): (7 * 0.6 + 3 * 2.4) / 1000})
+
+
+def test_a_policy_without_costs_records_no_spend_and_quotes_none() -> None:
+    fakes = _Fakes()
+    settle, metrics = fakes.settlement()
+    assert settle.quote(_Ctx(), "edge", 7, 4) is None  # type: ignore[arg-type]
+    asyncio.run(settle.answered(_Ctx(), Outcome(cache="miss"), "edge", 200, 0.001, 7, 4))
+    assert _samples(metrics) == {}
+
+
+def _priced_policy(path: Path, edge: str, cloud: str, *, cascade: bool = False) -> Path:
+    if cascade:
+        _cascade_policy(path, edge, cloud)
+    else:
+        write_policy(path, [edge], [cloud], fallback=False)
+    text = path.read_text()
+    path.write_text(text.replace("rules:\n", """\
+costs:
+  currency: USD
+  reference_tier: cloud
+  prices:
+    edge: {prompt_per_1k: 0.01, completion_per_1k: 0.03}
+    cloud: {prompt_per_1k: 0.6, cached_prompt_per_1k: 0.15, completion_per_1k: 2.4}
+rules:
+""", 1))
+    return path
+
+
+def _spend_series(text: str) -> dict[tuple[str, ...], float]:
+    out = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            if s.name in ("tiergate_spend_total", "tiergate_spend_reference_total"):
+                out[(s.name, *(s.labels[k] for k in ("tier", "rule", "kind") if k in s.labels))] = s.value
+    return out
+
+
+def test_each_path_records_its_cost_once_and_json_answers_say_it(tmp_path: Path, watch: Watch) -> None:
+    """Through a gateway in process: a JSON edge answer's x-tiergate-cost is prompt/1000 · price + completion/1000
+    · price, and is what the spend counter got; its cache hit costs 0 and saves the reference tier's price; a
+    stream is priced on settling (no header: its cost is known only at its end)."""
+    with aiohttp_server(make_app(4, model="edge-model")) as edge, \
+            aiohttp_server(make_app(4, model="cloud-model")) as cloud:
+        policy = _priced_policy(tmp_path / "p.yaml", edge.url, cloud.url)
+
+        async def run() -> tuple[list[Any], str]:
+            async with in_process(Settings(policy=policy, embedder=None, redis_url=None), KEYS) as c:
+                miss = await c.post("/v1/chat/completions", json=CHAT, headers=AUTH)
+                hit = await c.post("/v1/chat/completions", json=CHAT, headers=AUTH)
+                stream = await c.post("/v1/chat/completions", headers=AUTH,
+                                      json={**CHAT, "temperature": 1, "stream": True})
+                await eventually(lambda: len(watch.settled) == 3, "three settlements")
+                return [miss, hit, stream], (await c.get("/metrics")).text
+
+        (miss, hit, stream), metrics = asyncio.run(run())
+    assert [p for _, p in watch.settled] == ["answered", "hit", "answered"]
+    usage = miss.json()["usage"]
+    edge_cost = usage["prompt_tokens"] / 1000 * 0.01 + usage["completion_tokens"] / 1000 * 0.03
+    assert float(miss.headers["x-tiergate-cost"]) == pytest.approx(edge_cost, abs=1e-10)
+    assert hit.headers["x-tiergate-cache"] == "hit-exact" and hit.headers["x-tiergate-cost"] == "0.0000000000"
+    assert "x-tiergate-cost" not in stream.headers
+    series = _spend_series(metrics)
+    assert series[("tiergate_spend_total", "edge", "default", "answer")] == pytest.approx(2 * edge_cost)  # + stream
+    assert series[("tiergate_spend_total", "cache", "default", "answer")] == 0
+    assert series[("tiergate_spend_reference_total", "cache", "default")] > 0  # the hit's saving: all of it
+    assert series[("tiergate_spend_reference_total", "edge", "default")] == pytest.approx(
+        2 * (usage["prompt_tokens"] / 1000 * 0.6 + usage["completion_tokens"] / 1000 * 2.4))
+
+
+def test_a_cascade_escalation_costs_both_tiers_in_its_header_and_counters(tmp_path: Path, watch: Watch) -> None:
+    with aiohttp_server(make_app(4, model="edge-model")) as edge, \
+            aiohttp_server(make_app(4, model="cloud-model")) as cloud:
+        policy = _priced_policy(tmp_path / "p.yaml", edge.url, cloud.url, cascade=True)
+
+        async def run() -> tuple[Any, str]:
+            async with in_process(Settings(policy=policy, embedder=None, redis_url=None), KEYS) as c:
+                r = await c.post("/v1/chat/completions", json=CHAT, headers=AUTH)
+                await eventually(lambda: len(watch.settled) == 1, "one settlement")
+                return r, (await c.get("/metrics")).text
+
+        r, metrics = asyncio.run(run())
+    assert r.headers["x-tiergate-cascade"] == "escalated"
+    usage = r.json()["usage"]
+    cloud_cost = usage["prompt_tokens"] / 1000 * 0.6 + usage["completion_tokens"] / 1000 * 2.4
+    series = _spend_series(metrics)
+    thrown = series[("tiergate_spend_total", "edge", "cascade", "escalated")]
+    assert thrown > 0 and series[("tiergate_spend_total", "cloud", "cascade", "answer")] == pytest.approx(cloud_cost)
+    assert float(r.headers["x-tiergate-cost"]) == pytest.approx(cloud_cost + thrown, abs=1e-10)
+    assert series[("tiergate_spend_reference_total", "cloud", "cascade")] == pytest.approx(cloud_cost)

@@ -80,6 +80,9 @@ class AdminEndpoints:
 
     async def reload_keys(self, request: Request) -> Response:
         self._key.require(request)
+        if not self._keys.reloadable:
+            raise OpenAIError(409, "No key file is configured (TIERGATE_API_KEYS_FILE): nothing to reload.",
+                              code="no_key_file")
         error = await self._keys.reload()
         if error is not None:
             raise OpenAIError(422, error, code="keys_invalid")
@@ -132,15 +135,18 @@ _key_request = msgspec.json.Decoder(dict[str, str])
 
 async def _key_digest(request: Request) -> str:
     """The SHA-256 digest a key request names: `{"sha256": HEX}`, or `{"key": KEY}` (hashed here, never logged)."""
+    usage = 'Send exactly one of {"key": "..."} or {"sha256": "<64 hex digits>"}.'
     try:
         body = decode_json(_key_request, await read_body(request, 4096))
     except (msgspec.ValidationError, msgspec.DecodeError):
-        raise bad_request('Send {"key": "..."} or {"sha256": "<64 hex digits>"}.') from None
-    if "key" in body and body["key"].strip():
+        raise bad_request(usage) from None
+    if set(body) == {"key"} and body["key"].strip():
         return hash_key(body["key"].strip())
-    digest = body.get("sha256", "").lower()
+    if set(body) != {"sha256"}:
+        raise bad_request(usage)
+    digest = body["sha256"].lower()
     if len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest):
-        raise bad_request('Send {"key": "..."} or {"sha256": "<64 hex digits>"}.', param="sha256")
+        raise bad_request(usage, param="sha256")
     return digest
 
 

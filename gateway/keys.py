@@ -51,6 +51,11 @@ class Keys:
     def ring(self) -> KeyRing:
         return self._ring
 
+    @property
+    def reloadable(self) -> bool:
+        """Whether the keys come from a file (inline and demo keys cannot change while the gateway runs)."""
+        return self._path is not None
+
     def authenticate(self, authorization: str | None) -> Tenant:
         """The tenant for `Authorization: Bearer KEY`, or a 401: missing, malformed, unknown or revoked."""
         with tracing.span("auth"):

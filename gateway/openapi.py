@@ -189,9 +189,11 @@ def _error(description: str, **extra: Any) -> Schema:
     return _json(description, _ref("Error"), **extra)
 
 
-_KEY_REF = {"type": "object", "description": "The key itself (hashed by the gateway, never logged) or its SHA-256.",
-            "properties": {"key": {"type": "string", "minLength": 1},
-                           "sha256": {"type": "string", "pattern": "^[0-9a-fA-F]{64}$"}}}
+_KEY_REF = {"description": "The key itself (hashed by the gateway, never logged) or its SHA-256: exactly one.",
+            "oneOf": [{"type": "object", "required": ["key"], "additionalProperties": False,
+                       "properties": {"key": {"type": "string", "pattern": "\\S"}}},
+                      {"type": "object", "required": ["sha256"], "additionalProperties": False,
+                       "properties": {"sha256": {"type": "string", "pattern": "^[0-9a-fA-F]{64}$"}}}]}
 
 
 def _op(summary: str, responses: dict[str, Schema], security: list[str] | None = None, **extra: Any) -> Schema:
@@ -294,6 +296,7 @@ def _paths() -> dict[str, Schema]:
         "/admin/keys/reload": {"post": _op(
             "Re-read the tenants' key file now (it is also watched).", security=["adminKey"], responses={
                 "200": _json("Adopted.", _obj(["ok", "keys", "tenants"], **ok, keys=_INT, tenants=_INT)),
+                "409": _error("The keys do not come from a file (`no_key_file`)."),
                 "422": _error("Rejected (`keys_invalid`, naming the file, line and field); the previous keys keep "
                               "serving."), **_ADMIN_ERRORS})},
         **{f"/admin/keys/{verb}": {"post": _op(

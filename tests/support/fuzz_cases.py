@@ -56,6 +56,20 @@ class _Seed:
     headers: dict[str, str] = field(default_factory=dict)
 
 
+def _sampling(rng: random.Random) -> dict[str, object]:
+    """Sampling parameters as a hostile tenant sends them: in range, at the edges, far out of range; the mutators
+    then turn some into huge numbers, NaN, Infinity or the wrong type. One request of this kind once killed every
+    node it reached (logit_bias 1e39 under a json_object grammar)."""
+    edge = [-1e39, -101, -100, -2.5, -0.0, 0, 1e-9, 0.5, 1, 2, 2.0001, 100, 101, 1e39]
+    fields = {"temperature": edge, "top_p": edge, "presence_penalty": edge, "frequency_penalty": edge,
+              "min_p": edge, "repetition_penalty": edge, "top_k": [-1, 0, 1, 40, 1 << 31, 1 << 63],
+              "seed": [-1, 0, 7, 1 << 63], "top_logprobs": [-1, 0, 5, 20, 21],
+              "logit_bias": [{"0": 1e39, "1": 1e39}, {"0": 100, "1": -100}, {"999999999": 5}, {"x": 1}, {"0": 101}],
+              "response_format": [{"type": "json_object"}, {"type": "text"}, {"type": "nope"}]}
+    picked = rng.sample(sorted(fields), rng.randint(1, 4))
+    return {name: rng.choice(fields[name]) for name in picked}
+
+
 def _seeds(surface: str, t: Target, rng: random.Random) -> list[_Seed]:
     words = ["hello", "river", "stone", "prove", "step by step", "é", "🙂", "日本"]
     text = " ".join(rng.choice(words) for _ in range(rng.randint(1, 12)))
@@ -67,6 +81,8 @@ def _seeds(surface: str, t: Target, rng: random.Random) -> list[_Seed]:
             chat |= {"stream": True, "stream_options": {"include_usage": rng.random() < 0.5}}
         if rng.random() < 0.2:
             chat["tools"] = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+        if rng.random() < 0.3:
+            chat |= _sampling(rng)
         comp = {"model": "auto", "prompt": text, "max_tokens": rng.randint(1, 8), "stream": rng.random() < 0.5}
         return [_Seed("POST", "/v1/chat/completions", chat, "api"), _Seed("POST", "/v1/completions", comp, "api"),
                 _Seed("GET", "/v1/models", None, "api")]
@@ -75,7 +91,9 @@ def _seeds(surface: str, t: Target, rng: random.Random) -> list[_Seed]:
                 _Seed("POST", rng.choice(["/admin/cache/invalidate?all=true", "/admin/cache/invalidate?tenant=t",
                                           "/admin/cache/invalidate?entry=e1"]), None, "admin"),
                 _Seed("GET", "/dashboard/data", None, "admin"), _Seed("GET", "/readyz", None, "none"),
-                _Seed("GET", "/metrics", None, "none")]
+                _Seed("GET", "/metrics", None, "none"),
+                _Seed("POST", rng.choice(["/admin/keys/revoke", "/admin/keys/unrevoke"]),
+                      rng.choice([{"sha256": "0" * 64}, {"key": "not-a-tenant-key"}, {"sha256": "xyz"}]), "admin")]
     if surface == "edge-registration":
         node = f"fuzz-{rng.randrange(1 << 30):x}"
         beat = {"node_id": node, "url": t.node_url, "model": "fuzz-model", "slots": rng.randint(1, 8),
@@ -85,6 +103,8 @@ def _seeds(surface: str, t: Target, rng: random.Random) -> list[_Seed]:
     if surface == "edge-node":
         chat = {"model": "m", "messages": [{"role": "user", "content": text}], "max_tokens": rng.randint(1, 6),
                 "temperature": rng.choice([0, 0.8]), "stream": rng.random() < 0.5}
+        if rng.random() < 0.3:
+            chat |= _sampling(rng)
         comp = {"model": "m", "prompt": text, "max_tokens": rng.randint(1, 6), "stream": rng.random() < 0.5}
         return [_Seed("POST", "/v1/chat/completions", chat, "none"), _Seed("POST", "/v1/completions", comp, "none"),
                 _Seed("GET", "/v1/models", None, "none"), _Seed("GET", "/health", None, "none")]

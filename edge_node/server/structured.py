@@ -9,6 +9,12 @@ in OpenAI's `tool_calls` shape. The edge node calls a tool only when told to (`t
 named function): deciding by itself whether to call one is beyond a small edge model, so `tool_choice: "auto"`
 (the default when tools are given) is refused with 400 `unsupported_value`, which a gateway reads as "send it
 to the next tier". `tool_choice: "none"` answers in text. Bad definitions are 400s naming the field.
+
+A tool's parameters are nested one level down in the call's schema, so their local `$ref`s (`#/$defs/Unit`, as
+pydantic writes for every enum and nested model) are resolved against the tool's own parameters and inlined
+before the grammar is built. A cyclic `$ref` (a recursive model) is refused with 400 `unsupported_value`
+naming the tool, which a gateway reads as "another tier may serve it"; a `$ref` that points nowhere or outside
+the tool is the request's fault (`invalid_schema`).
 """
 
 from __future__ import annotations
@@ -18,14 +24,16 @@ import re
 import uuid
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import unquote
 
 from llama_cpp.llama_grammar import JSON_GBNF, json_schema_to_gbnf
 
 from tiergate.core.errors import OpenAIError, bad_request
 
-__all__ = ["Structured", "ToolCallOutput", "plan", "read_tool_call"]
+__all__ = ["Structured", "ToolCallOutput", "inline_refs", "plan", "read_tool_call"]
 
 _TOOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+_MAX_INLINED_NODES = 20_000  # a schema whose refs unfold past this is refused, not expanded without bound
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +70,63 @@ def _unsupported(message: str, param: str) -> OpenAIError:
     return bad_request(message, code="unsupported_value", param=param)
 
 
+def _pointer(root: dict[str, Any], ref: str, tool: str, param: str) -> Any:
+    """The part of a tool's parameters that a local `$ref` (`#`, `#/$defs/X`, any JSON pointer) names."""
+    if ref == "#":
+        return root
+    if not ref.startswith("#/"):
+        raise bad_request(f"`{param}`: tool {tool!r} has `$ref` {ref!r}; only references inside the tool's own "
+                          "parameters (`#/$defs/...`) are supported.", code="invalid_schema", param=param)
+    target: Any = root
+    for raw in ref[2:].split("/"):
+        part = unquote(raw).replace("~1", "/").replace("~0", "~")
+        if isinstance(target, dict) and part in target:
+            target = target[part]
+        elif isinstance(target, list) and part.isdigit() and int(part) < len(target):
+            target = target[int(part)]
+        else:
+            raise bad_request(f"`{param}`: tool {tool!r} has `$ref` {ref!r}, which points nowhere in its "
+                              "parameters.", code="invalid_schema", param=param)
+    return target
+
+
+def inline_refs(schema: dict[str, Any], tool: str, param: str) -> dict[str, Any]:
+    """The tool's parameters with every local `$ref` replaced by what it points to (its `$defs` dropped).
+
+    Keywords beside a `$ref` (pydantic puts `description` or `default` there) are kept over the target's.
+    A `$ref` met again inside its own expansion is a cycle: 400 `unsupported_value` naming the tool."""
+    seen = 0
+
+    def walk(node: Any, expanding: tuple[str, ...]) -> Any:
+        nonlocal seen
+        seen += 1
+        if seen > _MAX_INLINED_NODES:
+            raise bad_request(f"`{param}`: tool {tool!r} has parameters whose `$ref`s unfold past "
+                              f"{_MAX_INLINED_NODES} schema nodes.", code="invalid_schema", param=param)
+        if isinstance(node, list):
+            return [walk(x, expanding) for x in node]
+        if not isinstance(node, dict):
+            return node
+        ref = node.get("$ref")
+        if not isinstance(ref, str):
+            return {k: walk(v, expanding) for k, v in node.items() if k != "$defs"}
+        if ref in expanding:
+            chain = " -> ".join((*expanding[expanding.index(ref):], ref))
+            raise bad_request(f"`{param}`: tool {tool!r} has a cyclic `$ref` ({chain}); recursive schemas are not "
+                              "supported by the edge node.", code="unsupported_value", param=param)
+        target = walk(_pointer(schema, ref, tool, param), (*expanding, ref))
+        siblings = {k: walk(v, expanding) for k, v in node.items() if k not in ("$ref", "$defs")}
+        if not siblings:
+            return target
+        if isinstance(target, dict):
+            return {**target, **siblings}
+        return {"allOf": [target, siblings]}
+
+    out: dict[str, Any] = walk(schema, ())
+    out.pop("definitions", None)  # the draft-07 home of definitions, at the top only: a property may be so named
+    return out
+
+
 def _tools(tools: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """name → parameters schema, validated."""
     out: dict[str, dict[str, Any]] = {}
@@ -82,7 +147,7 @@ def _tools(tools: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
         if not isinstance(params, dict):
             raise bad_request(f"`{where}.function.parameters` must be a JSON Schema object.",
                               param=f"{where}.function.parameters")
-        out[name] = params
+        out[name] = inline_refs(params, name, f"{where}.function.parameters")
     return out
 
 

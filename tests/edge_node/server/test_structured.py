@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import enum
 import json
 
+import openai
 import pytest
+from pydantic import BaseModel
 
 from tiergate.core.errors import OpenAIError
-from tiergate.edge_node.server.structured import plan, read_tool_call
+from tiergate.edge_node.server.structured import inline_refs, plan, read_tool_call
 
 TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "object",
                                                                     "properties": {"x": {"type": "integer"}}}}}
@@ -51,3 +54,61 @@ def test_a_tool_call_is_read_back_in_openai_shape():
     cut = read_tool_call('{"name": "f", "arguments": {"x": ')  # cut at max_tokens: raw text kept, name found
     assert (cut.name, cut.arguments) == ("f", '{"name": "f", "arguments": {"x": ')
     assert cut.as_openai()["type"] == "function"
+
+
+class Unit(enum.Enum):
+    CELSIUS = "celsius"
+    FAHRENHEIT = "fahrenheit"
+
+
+class Place(BaseModel):
+    city: str
+    country: str
+
+
+class GetWeather(BaseModel):
+    """Current weather of a place."""
+
+    place: Place
+    unit: Unit
+
+
+def test_a_pydantic_tool_with_defs_gets_a_grammar_with_its_refs_inlined():
+    tool = openai.pydantic_function_tool(GetWeather)
+    params = tool["function"]["parameters"]
+    assert "$defs" in params and '"$ref"' in json.dumps(params)  # what the SDK sends
+    inlined = inline_refs(params, "GetWeather", "tools[0].function.parameters")
+    assert "$ref" not in json.dumps(inlined) and "$defs" not in inlined
+    assert inlined["properties"]["unit"]["enum"] == ["celsius", "fahrenheit"]
+    assert inlined["properties"]["place"]["required"] == ["city", "country"]
+    for choice in ("required",):
+        grammar = plan(None, [tool], choice).grammar
+        assert '\\"celsius\\"' in grammar and '\\"country\\"' in grammar
+
+
+def test_inlining_keeps_keywords_beside_a_ref_and_follows_any_local_pointer():
+    schema = {"type": "object", "definitions": {"D": {"type": "integer"}},
+              "properties": {"a": {"$ref": "#/definitions/D", "description": "kept"},
+                             "b": {"$ref": "#/properties/a"},
+                             "definitions": {"type": "string"}}}  # a property may be called that
+    got = inline_refs(schema, "t", "p")
+    assert got["properties"]["a"] == {"type": "integer", "description": "kept"}
+    assert got["properties"]["b"] == {"type": "integer", "description": "kept"}
+    assert got["properties"]["definitions"] == {"type": "string"} and "definitions" not in got
+
+
+@pytest.mark.parametrize("params, code, words", [
+    ({"$defs": {"Node": {"type": "object", "properties": {"kids": {"type": "array", "items": {"$ref": "#/$defs/Node"}}}}},
+      "$ref": "#/$defs/Node"}, "unsupported_value", "cyclic `$ref` (#/$defs/Node -> #/$defs/Node)"),
+    ({"type": "object", "properties": {"me": {"$ref": "#"}}}, "unsupported_value", "cyclic"),
+    ({"type": "object", "properties": {"u": {"$ref": "#/$defs/Unit"}}}, "invalid_schema", "points nowhere"),
+    ({"type": "object", "properties": {"u": {"$ref": "https://example.com/s.json"}}}, "invalid_schema",
+     "only references inside"),
+])
+def test_refs_the_node_cannot_resolve_are_400s_naming_the_tool(params, code, words):
+    tool = {"type": "function", "function": {"name": "tree", "parameters": params}}
+    with pytest.raises(OpenAIError) as err:
+        plan(None, [TOOL, tool], "required")
+    e = err.value
+    assert (e.status, e.code, e.param) == (400, code, "tools[1].function.parameters")
+    assert "'tree'" in e.message and words in e.message

@@ -88,6 +88,22 @@ def test_sdk_sync_async_and_streaming_through_real_llama(llama_stack):
     assert chunks[-1].usage.completion_tokens == 10
     assert "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
 
+    # Without stream_options the client gets no `usage` field at all (the gateway asked the node for usage, which
+    # puts `"usage": null` in every chunk); with it, null in every chunk and the numbers in the last, as OpenAI.
+    for path, body in (("/v1/chat/completions", {"messages": [{"role": "user", "content": "Count"}]}),
+                       ("/v1/completions", {"prompt": "Count"})):
+        for asked in (False, True):
+            extra = {"stream_options": {"include_usage": True}} if asked else {}
+            r = httpx.post(gw.url + path, headers={"Authorization": "Bearer int-key-1"}, timeout=60,
+                           json={"model": "auto", "max_tokens": 5, "temperature": 1, "stream": True, **body, **extra})
+            events = [json.loads(line[6:]) for line in r.text.splitlines()
+                      if line.startswith("data: {")]
+            assert r.status_code == 200 and len(events) >= 2
+            if asked:
+                assert all("usage" in e for e in events) and events[-1]["usage"]["completion_tokens"] == 5
+            else:
+                assert not any("usage" in e for e in events), events
+
     async def many() -> list[int]:
         ac = openai.AsyncOpenAI(base_url=gw.url + "/v1", api_key="int-key-1", max_retries=0, timeout=60)
         rs = await asyncio.gather(*[ac.completions.create(model="auto", prompt=f"item {i}", max_tokens=6,

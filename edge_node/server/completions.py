@@ -166,7 +166,13 @@ class Completions:
         params = sampling_params(req, req.effective_max_tokens(), self._engine.rt.n_vocab,
                                  logprobs=(top or 0) if req.logprobs else None, grammar=grammar)
         messages = []
-        for m in req.messages:
+        for i, m in enumerate(req.messages):
+            if isinstance(m.content, list):
+                for j, part in enumerate(m.content):
+                    if part.type != "text":  # never drop what the model cannot see and answer as if it had
+                        raise _unsupported(f"content parts of type {part.type!r} are not supported by the edge node: "
+                                           "its model reads text only", f"messages[{i}].content[{j}].type",
+                                           code="unsupported_value")
             d: dict[str, Any] = {"role": m.role, "content": m.text()}
             if m.name is not None:
                 d["name"] = m.name

@@ -11,8 +11,10 @@ import httpx
 import openai
 import pytest
 
+from tests.gateway.conftest import write_policy
 from tests.support.edge import registered_node
-from tests.support.servers import gateway_server
+from tests.support.instant_upstream import make_app
+from tests.support.servers import aiohttp_server, gateway_server
 from tests.support.waiting import wait_until
 from tiergate.gateway.auth import KeyRing
 from tiergate.gateway.settings import Settings
@@ -218,3 +220,21 @@ def test_prompt_longer_than_the_edge_context_is_a_clear_400(llama_stack):
                          "max_tokens": 4})
     assert r.status_code == 400, r.text
     assert "context" in r.json()["error"]["message"].lower()
+
+
+def test_an_image_the_edge_cannot_see_goes_to_the_next_tier(edge_node, tmp_path):
+    # The edge node used to drop the image part and answer about a picture it never saw; it now refuses with a
+    # capability code, and the gateway hands the request to the cloud (here a stub that answers anything).
+    image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}
+    messages = [{"role": "user", "content": [{"type": "text", "text": "What is in this image?"}, image]}]
+    with aiohttp_server(make_app(4, model="cloud-model")) as cloud:
+        policy = write_policy(tmp_path / "p.yaml", [edge_node.url], [cloud.url], cache=False)
+        with gateway_server(Settings(policy=policy, embedder=None, redis_url=None)) as gw:
+            raw = openai.OpenAI(base_url=gw.url + "/v1", api_key="tg-demo-key", max_retries=0).chat.completions \
+                .with_raw_response.create(model="auto", messages=messages, max_tokens=4, temperature=0)
+            text_only = httpx.post(gw.url + "/v1/chat/completions", headers={"Authorization": "Bearer tg-demo-key"},
+                                   json={"model": "auto", "messages": [{"role": "user", "content": [
+                                       {"type": "text", "text": "hello"}]}], "max_tokens": 4}, timeout=60)
+    assert raw.headers["x-tiergate-tier"] == "cloud" and raw.headers["x-tiergate-fallback-from"] == "edge"
+    assert raw.parse().choices[0].message.content
+    assert text_only.status_code == 200 and text_only.headers["x-tiergate-tier"] == "edge"  # text parts stay

@@ -228,6 +228,13 @@ def test_request_ids_are_echoed_or_made_and_the_log_lines_carry_them(node, logs)
 
 @pytest.mark.parametrize("path, body, param, code", [
     ("/v1/chat/completions", {"n": 2}, "n", "unsupported_parameter"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": [
+        {"type": "text", "text": "What is in this image?"},
+        {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}]}]},
+     "messages[0].content[1].type", "unsupported_value"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": [
+        {"type": "input_audio", "input_audio": {"data": "AAAA", "format": "wav"}}]}]},
+     "messages[0].content[0].type", "unsupported_value"),
     ("/v1/completions", {"logprobs": 2, "echo": True}, "echo", "unsupported_parameter"),
     ("/v1/completions", {"suffix": "end"}, "suffix", "unsupported_parameter"),
     ("/v1/completions", {"best_of": 2}, "best_of", "unsupported_parameter"),

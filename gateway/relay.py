@@ -173,8 +173,10 @@ class Relay:
                         usage_only = acc.feed(payload)
                     except (msgspec.ValidationError, msgspec.DecodeError):
                         usage_only = False  # relay what we cannot read; it is the backend's own chunk
-                    if not usage_only or client_wants_usage:
+                    if client_wants_usage:
                         out.append(sse(payload))
+                    elif not usage_only:
+                        out.append(sse(_without_null_usage(payload)))
                 if out:
                     yield b"".join(out)
                 batch = await attempt.next_events()
@@ -195,6 +197,27 @@ class Relay:
             err = OpenAIError(502, f"Tier `{attempt.tier}` failed mid-stream: {f}", type="upstream_error",
                               code=f"upstream_{f.kind}")
             yield sse(err.to_json()) + DONE
+
+_NULL_USAGE_TAIL = b',"usage":null}'
+
+
+def _without_null_usage(payload: bytes) -> bytes:
+    """A chunk without the `"usage": null` that a backend adds to every chunk because the gateway asked it for
+    usage (`stream_options.include_usage`): a client that did not ask gets no `usage` field, as from OpenAI.
+    The common spelling (msgspec, orjson: last key, no spaces) is cut from the bytes; another is re-encoded."""
+    if payload.endswith(_NULL_USAGE_TAIL):
+        return payload[:-len(_NULL_USAGE_TAIL)] + b"}"
+    if b'"usage"' not in payload:
+        return payload
+    try:
+        obj = msgspec.json.decode(payload)
+    except msgspec.DecodeError:
+        return payload
+    if not isinstance(obj, dict) or "usage" not in obj or obj["usage"] is not None:
+        return payload
+    del obj["usage"]
+    return msgspec.json.encode(obj)
+
 
 async def read_whole(attempt: Attempt, metrics: GatewayMetrics) -> tuple[bytes, float]:
     """A backend's whole JSON body and the seconds it took, or the OpenAIError its failure is for a client;

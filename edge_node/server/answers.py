@@ -69,12 +69,13 @@ class Answer:
     # ---- whole answers ------------------------------------------------------------------------------------------
 
     def whole(self, text: str, last: Chunk, tokens: list[TokenLogprob] | None,
-              tool_call: ToolCallOutput | None = None) -> bytes:
+              tool_calls: list[ToolCallOutput] | None = None) -> bytes:
         finish: str | None = last.finish_reason  # "tool_calls" for a tool call, beyond the engine's reasons
         if self.kind == "chat":
             message: dict[str, Any] = {"role": "assistant", "content": text}
-            if tool_call is not None:
-                message = {"role": "assistant", "content": None, "tool_calls": [tool_call.as_openai()]}
+            if tool_calls:
+                message = {"role": "assistant", "content": None,
+                           "tool_calls": [call.as_openai() for call in tool_calls]}
                 finish = "tool_calls" if finish == "stop" else finish
             choice = {"index": 0, "message": message, "logprobs": self.logprobs(tokens), "finish_reason": finish}
         else:
@@ -97,10 +98,10 @@ class Answer:
             choice = {"index": 0, "text": text or "", "logprobs": self.logprobs(tokens), "finish_reason": finish}
         return self._chunk([choice], include_usage)
 
-    def tool_call_chunk(self, call: ToolCallOutput, include_usage: bool) -> bytes:
-        """The whole call in one delta (clients accumulate deltas; a grammar-bound call is known once complete)."""
-        entry = {"index": 0, **call.as_openai()}
-        return self._chunk([{"index": 0, "delta": {"role": "assistant", "content": None, "tool_calls": [entry]},
+    def tool_call_chunk(self, calls: list[ToolCallOutput], include_usage: bool) -> bytes:
+        """The whole calls in one delta (clients accumulate deltas; a grammar-bound call is known once complete)."""
+        entries = [{"index": i, **call.as_openai()} for i, call in enumerate(calls)]
+        return self._chunk([{"index": 0, "delta": {"role": "assistant", "content": None, "tool_calls": entries},
                              "logprobs": None, "finish_reason": None}], include_usage)
 
     def usage(self, last: Chunk) -> bytes:

@@ -54,7 +54,7 @@ from tiergate.edge_node.server.chat import ChatTemplateError
 from tiergate.edge_node.server.logprobs import TokenLogprob
 from tiergate.edge_node.server.metrics import EdgeMetrics
 from tiergate.edge_node.server.state import ServerState
-from tiergate.edge_node.server.structured import Structured, plan, read_tool_call
+from tiergate.edge_node.server.structured import Structured, plan, read_tool_calls
 
 __all__ = ["Completions", "sampling_params"]
 
@@ -130,7 +130,16 @@ class _Prepared:
     stream: bool
     include_usage: bool
     echo: str = ""  # text completions with `echo`: the prompt comes first in the answer
-    tool_call: bool = False  # grammar-bound to one tool call, answered as `tool_calls`
+    structured: Structured | None = None  # JSON or tool calls: how the answer is constrained and read
+
+
+class _ToolFlags(msgspec.Struct):
+    """The one tool-call parameter the shared request structs do not model (the gateway forwards it as is)."""
+
+    parallel_tool_calls: bool | None = None
+
+
+_tool_flags = msgspec.json.Decoder(_ToolFlags)
 
 
 class Completions:
@@ -144,18 +153,26 @@ class Completions:
     # ---- the two endpoints: only the prompt differs --------------------------------------------------------------
 
     async def chat(self, request: Request) -> Response:
-        req: ChatRequest = _decode(decode_chat, await read_body(request, self._state.max_body_bytes))
+        body = await read_body(request, self._state.max_body_bytes)
+        req: ChatRequest = _decode(decode_chat, body)
         if not req.messages:
             raise bad_request("messages must not be empty", param="messages")
         top = req.top_logprobs
         if top is not None and not req.logprobs:
             raise bad_request("`top_logprobs` needs `logprobs: true`.", param="top_logprobs")
-        structured = plan(req.response_format, req.tools, req.tool_choice)
+        parallel = _decode(_tool_flags.decode, body).parallel_tool_calls if req.tools else None
+        structured = plan(req.response_format, req.tools, req.tool_choice, parallel)
         grammar = self._grammar(structured)
         params = sampling_params(req, req.effective_max_tokens(), self._engine.rt.n_vocab,
                                  logprobs=(top or 0) if req.logprobs else None, grammar=grammar)
         messages = []
-        for m in req.messages:
+        for i, m in enumerate(req.messages):
+            if isinstance(m.content, list):
+                for j, part in enumerate(m.content):
+                    if part.type != "text":  # never drop what the model cannot see and answer as if it had
+                        raise _unsupported(f"content parts of type {part.type!r} are not supported by the edge node: "
+                                           "its model reads text only", f"messages[{i}].content[{j}].type",
+                                           code="unsupported_value")
             d: dict[str, Any] = {"role": m.role, "content": m.text()}
             if m.name is not None:
                 d["name"] = m.name
@@ -175,8 +192,7 @@ class Completions:
             raise bad_request(str(e), param="messages") from None
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
         return await self._serve(request, _Prepared(Answer("chat", self._state.model_name), tokens, params,
-                                                    bool(req.stream), include_usage,
-                                                    tool_call=structured is not None and structured.tool_call))
+                                                    bool(req.stream), include_usage, structured=structured))
 
     async def text(self, request: Request) -> Response:
         req: CompletionRequest = _decode(decode_completion, await read_body(request, self._state.max_body_bytes))
@@ -213,7 +229,7 @@ class Completions:
         rt = self._engine.rt
         if not check_grammar(rt.llama, rt.vocab, structured.grammar):
             raise bad_request("The schema's grammar is not accepted by llama.cpp.", code="invalid_schema",
-                              param="response_format" if not structured.tool_call else "tools")
+                              param="response_format" if not (structured.tool_call or structured.auto) else "tools")
         return structured.grammar
 
     # ---- the shared path -----------------------------------------------------------------------------------------
@@ -222,8 +238,9 @@ class Completions:
         gen = self._submit(request, p)
         if not p.stream:
             text, last, tokens = await self._collect(request, gen)
-            call = read_tool_call(text) if p.tool_call else None
-            return Response(p.answer.whole(p.echo + text, last, tokens, call), media_type="application/json")
+            s = p.structured
+            calls = read_tool_calls(text) if s is not None and s.is_call(text) else None
+            return Response(p.answer.whole(p.echo + text, last, tokens, calls), media_type="application/json")
         return _SSEResponse(self._terminated(self._frames(p, gen), gen), media_type="text/event-stream",
                             headers=_SSE_HEADERS)
 
@@ -268,19 +285,36 @@ class Completions:
         return task.result()
 
     async def _frames(self, p: _Prepared, gen: Generation) -> AsyncIterator[bytes]:
-        answer, usage = p.answer, p.include_usage
-        if p.tool_call:  # a call is streamed whole once it is complete (see Answer.tool_call_chunk)
-            text, last, _ = await _gather(gen)
-            yield answer.tool_call_chunk(read_tool_call(text), usage)
-            yield answer.chunk(None, "tool_calls" if last.finish_reason == "stop" else last.finish_reason, usage)
-            if usage:
-                yield answer.usage(last)
-            return
+        answer, usage, s = p.answer, p.include_usage, p.structured
+        chunks: AsyncIterator[Chunk] = gen
+        if s is not None and (s.tool_call or s.auto):
+            # `auto`: the first non-blank character says whether this is a call or text (see structured.py)
+            head: list[Chunk] = []
+            seen = ""
+            if s.auto:
+                async for c in gen:
+                    head.append(c)
+                    seen += c.text
+                    if seen.strip() or c.finish_reason is not None:
+                        break
+            if s.is_call(seen):  # calls are streamed whole once complete (see Answer.tool_call_chunk)
+                if head and head[-1].finish_reason is not None:
+                    last = head[-1]
+                else:
+                    rest, last, _ = await _gather(gen)
+                    seen += rest
+                yield answer.tool_call_chunk(read_tool_calls(seen), usage)
+                yield answer.chunk(None, "tool_calls" if last.finish_reason == "stop" else last.finish_reason,
+                                   usage)
+                if usage:
+                    yield answer.usage(last)
+                return
+            chunks = _replay(head, gen)
         if answer.kind == "chat":
             yield answer.chunk(None, None, usage, role=True)
         elif p.echo:
             yield answer.chunk(p.echo, None, usage)
-        async for c in gen:
+        async for c in chunks:
             if c.finish_reason is None:
                 if c.text or c.logprobs:
                     yield answer.chunk(c.text, None, usage, tokens=c.logprobs)
@@ -386,6 +420,16 @@ async def _wait_disconnect(request: Request) -> None:
         msg = await request.receive()
         if msg["type"] == "http.disconnect":
             return
+
+
+async def _replay(head: list[Chunk], gen: Generation) -> AsyncIterator[Chunk]:
+    """The chunks already read, then the rest of the generation."""
+    for c in head:
+        yield c
+        if c.finish_reason is not None:
+            return
+    async for c in gen:
+        yield c
 
 
 async def _gather(gen: Generation) -> tuple[str, Chunk, list[TokenLogprob] | None]:

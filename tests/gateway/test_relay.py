@@ -7,6 +7,7 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
+import msgspec
 from aiohttp import web
 
 from tests.gateway.conftest import write_policy
@@ -14,6 +15,7 @@ from tests.support.inprocess import in_process
 from tests.support.instant_upstream import make_app
 from tests.support.servers import aiohttp_server
 from tiergate.gateway.auth import KeyRing
+from tiergate.gateway.relay import _without_null_usage
 from tiergate.gateway.settings import Settings
 
 KEYS = KeyRing.from_inline("key-alpha-1=alpha:normal")
@@ -76,3 +78,12 @@ def test_a_backends_verdict_keeps_the_field_it_named(tmp_path: Path) -> None:
     r, _ = _twice(tmp_path, _backend(400, verdict, []), CHAT)
     assert r.status_code == 400
     assert {k: r.json()["error"][k] for k in ("code", "param")} == {"code": "invalid_value", "param": "temperature"}
+
+
+def test_a_null_usage_is_taken_out_of_each_chunk_for_a_client_that_did_not_ask() -> None:
+    assert _without_null_usage(b'{"id":"c","choices":[{"index":0}],"usage":null}') == b'{"id":"c","choices":[{"index":0}]}'
+    assert msgspec.json.decode(_without_null_usage(b'{"usage": null, "choices": [{"delta": {"content": "usage"}}]}')) \
+        == {"choices": [{"delta": {"content": "usage"}}]}
+    for kept in (b'{"choices":[{"delta":{"content":"\\"usage\\":null"}}]}', b'{"choices":[],"usage":{"a":1}}',
+                 b"not json"):
+        assert _without_null_usage(kept) == kept

@@ -11,8 +11,10 @@ import httpx
 import openai
 import pytest
 
+from tests.gateway.conftest import write_policy
 from tests.support.edge import registered_node
-from tests.support.servers import gateway_server
+from tests.support.instant_upstream import make_app
+from tests.support.servers import aiohttp_server, gateway_server
 from tests.support.waiting import wait_until
 from tiergate.gateway.auth import KeyRing
 from tiergate.gateway.settings import Settings
@@ -87,6 +89,22 @@ def test_sdk_sync_async_and_streaming_through_real_llama(llama_stack):
                                             stream_options={"include_usage": True}))
     assert chunks[-1].usage.completion_tokens == 10
     assert "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
+
+    # Without stream_options the client gets no `usage` field at all (the gateway asked the node for usage, which
+    # puts `"usage": null` in every chunk); with it, null in every chunk and the numbers in the last, as OpenAI.
+    for path, body in (("/v1/chat/completions", {"messages": [{"role": "user", "content": "Count"}]}),
+                       ("/v1/completions", {"prompt": "Count"})):
+        for asked in (False, True):
+            extra = {"stream_options": {"include_usage": True}} if asked else {}
+            r = httpx.post(gw.url + path, headers={"Authorization": "Bearer int-key-1"}, timeout=60,
+                           json={"model": "auto", "max_tokens": 5, "temperature": 1, "stream": True, **body, **extra})
+            events = [json.loads(line[6:]) for line in r.text.splitlines()
+                      if line.startswith("data: {")]
+            assert r.status_code == 200 and len(events) >= 2
+            if asked:
+                assert all("usage" in e for e in events) and events[-1]["usage"]["completion_tokens"] == 5
+            else:
+                assert not any("usage" in e for e in events), events
 
     async def many() -> list[int]:
         ac = openai.AsyncOpenAI(base_url=gw.url + "/v1", api_key="int-key-1", max_retries=0, timeout=60)
@@ -202,3 +220,21 @@ def test_prompt_longer_than_the_edge_context_is_a_clear_400(llama_stack):
                          "max_tokens": 4})
     assert r.status_code == 400, r.text
     assert "context" in r.json()["error"]["message"].lower()
+
+
+def test_an_image_the_edge_cannot_see_goes_to_the_next_tier(edge_node, tmp_path):
+    # The edge node used to drop the image part and answer about a picture it never saw; it now refuses with a
+    # capability code, and the gateway hands the request to the cloud (here a stub that answers anything).
+    image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}
+    messages = [{"role": "user", "content": [{"type": "text", "text": "What is in this image?"}, image]}]
+    with aiohttp_server(make_app(4, model="cloud-model")) as cloud:
+        policy = write_policy(tmp_path / "p.yaml", [edge_node.url], [cloud.url], cache=False)
+        with gateway_server(Settings(policy=policy, embedder=None, redis_url=None)) as gw:
+            raw = openai.OpenAI(base_url=gw.url + "/v1", api_key="tg-demo-key", max_retries=0).chat.completions \
+                .with_raw_response.create(model="auto", messages=messages, max_tokens=4, temperature=0)
+            text_only = httpx.post(gw.url + "/v1/chat/completions", headers={"Authorization": "Bearer tg-demo-key"},
+                                   json={"model": "auto", "messages": [{"role": "user", "content": [
+                                       {"type": "text", "text": "hello"}]}], "max_tokens": 4}, timeout=60)
+    assert raw.headers["x-tiergate-tier"] == "cloud" and raw.headers["x-tiergate-fallback-from"] == "edge"
+    assert raw.parse().choices[0].message.content
+    assert text_only.status_code == 200 and text_only.headers["x-tiergate-tier"] == "edge"  # text parts stay

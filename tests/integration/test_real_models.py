@@ -8,14 +8,17 @@ parsed every time. Gemma 3 270M, which ships no chat template, gets llama.cpp's 
 
 from __future__ import annotations
 
+import enum
 import json
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import jsonschema
+import openai
 import pytest
 from openai import OpenAI
+from pydantic import BaseModel
 
 from tests.gateway.conftest import write_policy
 from tests.support.edge import EdgeProcess, start_edge_node
@@ -177,6 +180,101 @@ def test_tool_calls_come_in_openai_shape_whole_and_streamed(node, choice):
     assert len(deltas) == 1 and events[-1]["choices"][0]["finish_reason"] == "tool_calls"
     jsonschema.validate(json.loads(deltas[0]["tool_calls"][0]["function"]["arguments"]),
                         WEATHER["function"]["parameters"])
+
+
+def _check_call_or_text(message, finish: str | None, schemas: dict[str, dict]) -> str:
+    """An `auto` answer is text, or calls whose arguments validate against their tool's schema."""
+    if message.tool_calls:
+        assert message.content is None and finish == "tool_calls"
+        for call in message.tool_calls:
+            assert call.id.startswith("call_") and call.type == "function"
+            jsonschema.validate(json.loads(call.function.arguments), schemas[call.function.name])
+        return "call"
+    assert message.content and finish in ("stop", "length")
+    return "text"
+
+
+def test_tools_without_tool_choice_are_answered_in_text_or_with_a_valid_call(node):
+    # `auto` is what LangChain's bind_tools, agent loops after a tool result, instructor's PARALLEL_TOOLS and
+    # `llm -T` send: no tool_choice with tools.
+    client = OpenAI(base_url=node.url + "/v1", api_key="unused", max_retries=0)
+    schemas = {t["function"]["name"]: t["function"]["parameters"] for t in (WEATHER, TIME)}
+    turns = [[{"role": "user", "content": "What is the weather in Paris?"}],
+             [{"role": "user", "content": "Write one sentence about the sea."}],
+             [{"role": "user", "content": "What is the weather in Paris?"},  # an agent's second turn
+              {"role": "assistant", "content": None, "tool_calls": [{"id": "call_1", "type": "function", "function": {
+                  "name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+              {"role": "tool", "tool_call_id": "call_1", "content": "Sunny, 21 degrees."}]]
+    kinds = set()
+    for messages in turns:
+        reply = client.chat.completions.create(model="smollm2", messages=messages, tools=[WEATHER, TIME],
+                                               max_tokens=64, temperature=0)
+        kind = _check_call_or_text(reply.choices[0].message, reply.choices[0].finish_reason, schemas)
+        chunks = list(client.chat.completions.create(model="smollm2", messages=messages, tools=[WEATHER, TIME],
+                                                     max_tokens=64, temperature=0, stream=True))
+        text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        calls = [tc for c in chunks if c.choices for tc in c.choices[0].delta.tool_calls or []]
+        [finish] = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+        # Not compared with the whole answer: a prompt prefilled afresh or read from the prefix cache can round
+        # differently, and a greedy answer may then part ways (it does for the first prompt).
+        if calls:
+            assert not text and finish == "tool_calls"
+            for call in calls:
+                jsonschema.validate(json.loads(call.function.arguments), schemas[call.function.name])
+        else:
+            assert text and finish in ("stop", "length")
+        kinds.add(kind)
+    assert "text" in kinds  # asked to write a sentence, it writes one
+
+
+class Unit(enum.Enum):
+    CELSIUS = "celsius"
+    FAHRENHEIT = "fahrenheit"
+
+
+class Place(BaseModel):
+    city: str
+    country: str
+
+
+class GetWeather(BaseModel):
+    """Current weather of a place."""
+
+    place: Place
+    unit: Unit
+
+
+@pytest.mark.parametrize("choice", ["required", None], ids=["required", "auto"])
+def test_a_pydantic_tool_with_defs_gets_arguments_that_validate(node, choice):
+    tool = openai.pydantic_function_tool(GetWeather)
+    assert "$defs" in tool["function"]["parameters"]  # pydantic's enum and nested model, by reference
+    client = OpenAI(base_url=node.url + "/v1", api_key="unused", max_retries=0)
+    extra = {"tool_choice": choice} if choice else {}
+    reply = client.chat.completions.create(model="smollm2", max_tokens=96, temperature=0, tools=[tool], **extra,
+                                           messages=[{"role": "user", "content": "Weather in Paris, France?"}])
+    kind = _check_call_or_text(reply.choices[0].message, reply.choices[0].finish_reason,
+                               {"GetWeather": tool["function"]["parameters"]})
+    if choice == "required":
+        assert kind == "call"
+    for call in reply.choices[0].message.tool_calls or []:
+        got = GetWeather.model_validate_json(call.function.arguments)
+        assert isinstance(got.unit, Unit) and got.place.city
+
+
+def test_tools_without_tool_choice_stay_on_the_edge_through_the_gateway(node, tmp_path):
+    # Before, the edge refused `auto` and the gateway escalated every agent turn to the expensive tier (here a
+    # cloud that is down, so an escalation would fail).
+    policy = write_policy(tmp_path / "policy.yaml", [node.url], ["http://127.0.0.1:9"], cache=False)
+    with gateway_server(Settings(policy=policy, embedder=None, redis_url=None)) as gw:
+        client = OpenAI(base_url=gw.url + "/v1", api_key="tg-demo-key", max_retries=0)
+        raw = client.chat.completions.with_raw_response.create(
+            model="auto", max_tokens=64, temperature=0, tools=[WEATHER, openai.pydantic_function_tool(GetWeather)],
+            messages=[{"role": "user", "content": "What is the weather in Paris?"}])
+        reply = raw.parse()
+    assert raw.headers["x-tiergate-tier"] == "edge" and "x-tiergate-fallback-from" not in raw.headers
+    _check_call_or_text(reply.choices[0].message, reply.choices[0].finish_reason,
+                        {"get_weather": WEATHER["function"]["parameters"],
+                         "GetWeather": openai.pydantic_function_tool(GetWeather)["function"]["parameters"]})
 
 
 @pytest.mark.parametrize("body, param", [

@@ -48,14 +48,14 @@ def test_ids_are_unique_per_answer() -> None:
 
 def test_a_tool_call_replaces_the_content_and_finishes_with_tool_calls() -> None:
     call = ToolCallOutput("get_weather", '{"city": "Oslo"}')
-    got = ChatCompletion.model_validate_json(Answer("chat", "m").whole("ignored", LAST, None, call))
+    got = ChatCompletion.model_validate_json(Answer("chat", "m").whole("ignored", LAST, None, [call]))
     [choice] = got.choices
     assert choice.message.content is None and choice.finish_reason == "tool_calls"
     [tc] = choice.message.tool_calls
     assert tc.type == "function" and tc.function.name == "get_weather"
     assert json.loads(tc.function.arguments) == {"city": "Oslo"}
     cut = Chunk("", "length", 1, 2)
-    assert json.loads(Answer("chat", "m").whole("", cut, None, call))["choices"][0]["finish_reason"] == "length"
+    assert json.loads(Answer("chat", "m").whole("", cut, None, [call]))["choices"][0]["finish_reason"] == "length"
 
 
 def test_a_whole_text_completion_is_an_openai_completion() -> None:
@@ -112,10 +112,19 @@ def test_text_stream_chunks_always_carry_text() -> None:
 
 def test_a_streamed_tool_call_is_one_whole_delta() -> None:
     ans = Answer("chat", "m")
-    got = ChatCompletionChunk.model_validate(events(ans.tool_call_chunk(ToolCallOutput("f", "{}"), False)))
+    got = ChatCompletionChunk.model_validate(events(ans.tool_call_chunk([ToolCallOutput("f", "{}")], False)))
     [tc] = got.choices[0].delta.tool_calls
     assert tc.index == 0 and tc.id and tc.function.name == "f" and tc.function.arguments == "{}"
     assert got.choices[0].finish_reason is None
+
+
+def test_parallel_calls_are_indexed_in_one_delta_and_listed_whole() -> None:
+    calls = [ToolCallOutput("f", '{"x": 1}'), ToolCallOutput("g", "{}")]
+    got = ChatCompletionChunk.model_validate(events(Answer("chat", "m").tool_call_chunk(calls, False)))
+    assert [(tc.index, tc.function.name) for tc in got.choices[0].delta.tool_calls] == [(0, "f"), (1, "g")]
+    whole = ChatCompletion.model_validate_json(Answer("chat", "m").whole("", LAST, None, calls))
+    assert [tc.function.name for tc in whole.choices[0].message.tool_calls] == ["f", "g"]
+    assert len({tc.id for tc in whole.choices[0].message.tool_calls}) == 2
 
 
 def test_answers_are_plain_json_bytes() -> None:

@@ -38,7 +38,17 @@ class Node:
 @pytest.fixture
 def node(edge_model) -> Iterator[Node]:
     """A fresh engine and server per test: several tests leave the engine dead."""
-    engine = Engine(LlamaRuntime(RuntimeConfig(model_path=edge_model.gguf, ctx_per_seq=256, parallel=2)))
+    yield from _serve(edge_model, 256)
+
+
+@pytest.fixture
+def roomy_node(edge_model) -> Iterator[Node]:
+    """Room for a prompt that describes tools to the model."""
+    yield from _serve(edge_model, 1024)
+
+
+def _serve(edge_model, ctx_per_seq: int) -> Iterator[Node]:
+    engine = Engine(LlamaRuntime(RuntimeConfig(model_path=edge_model.gguf, ctx_per_seq=ctx_per_seq, parallel=2)))
     port = free_port()
     config = uvicorn.Config(create_app(ServerState(engine=engine, model_name="tiny")), host="127.0.0.1", port=port,
                             loop="asyncio", lifespan="on", log_level="warning")
@@ -218,8 +228,13 @@ def test_request_ids_are_echoed_or_made_and_the_log_lines_carry_them(node, logs)
 
 @pytest.mark.parametrize("path, body, param, code", [
     ("/v1/chat/completions", {"n": 2}, "n", "unsupported_parameter"),
-    ("/v1/chat/completions", {"tools": [{"type": "function", "function": {"name": "f"}}]}, "tool_choice",
-     "unsupported_value"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": [
+        {"type": "text", "text": "What is in this image?"},
+        {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}]}]},
+     "messages[0].content[1].type", "unsupported_value"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": [
+        {"type": "input_audio", "input_audio": {"data": "AAAA", "format": "wav"}}]}]},
+     "messages[0].content[0].type", "unsupported_value"),
     ("/v1/completions", {"logprobs": 2, "echo": True}, "echo", "unsupported_parameter"),
     ("/v1/completions", {"suffix": "end"}, "suffix", "unsupported_parameter"),
     ("/v1/completions", {"best_of": 2}, "best_of", "unsupported_parameter"),
@@ -232,3 +247,45 @@ def test_what_the_node_cannot_do_is_refused_with_a_code_that_sends_it_elsewhere(
     err = r.json()["error"]
     assert (err["param"], err["code"]) == (param, code)
     assert "not supported by the edge node" in err["message"]
+
+
+TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"], "additionalProperties": False}}}
+
+
+def _first_tokens(node: Node, pred) -> dict[str, float]:
+    return {str(t): 100.0 for t in range(node.engine.rt.n_vocab) if pred(node.engine.rt.piece(t))}
+
+
+@pytest.mark.parametrize("branch", ["call", "text"])
+def test_tool_choice_auto_is_served_as_a_call_or_as_text_whole_and_streamed(roomy_node, branch):
+    node = roomy_node
+    # No tool_choice with tools is `auto`. The tiny model's choice is steered by a bias on the first character:
+    # towards `{` it calls the tool, away from `{`/`[` it writes text; the grammar keeps either well formed.
+    if branch == "call":
+        bias = _first_tokens(node, lambda p: p.startswith(b"{"))
+    else:
+        bias = {t: -100.0 for t in _first_tokens(node, lambda p: p.lstrip()[:1] in (b"{", b"["))}
+    body = chat_body("weather in Oslo?", tools=[TOOL], max_tokens=48, temperature=0, logit_bias=bias)
+    whole = httpx.post(f"{node.url}/v1/chat/completions", json=body, timeout=60)
+    assert whole.status_code == 200, whole.text
+    [choice] = whole.json()["choices"]
+    streamed = httpx.post(f"{node.url}/v1/chat/completions", json={**body, "stream": True}, timeout=60)
+    events = sse_events(streamed.text)
+    assert events[-1] == "[DONE]" and "error" not in streamed.text
+    deltas = [c["delta"] for e in events[:-1] for c in e["choices"]]
+    finish = [c["finish_reason"] for e in events[:-1] for c in e["choices"] if c["finish_reason"]]
+    if branch == "call":
+        [call] = choice["message"]["tool_calls"]
+        assert choice["message"]["content"] is None and call["function"]["name"] == "get_weather"
+        if choice["finish_reason"] == "tool_calls":  # else cut at max_tokens mid-call
+            assert set(json.loads(call["function"]["arguments"])) == {"city"}
+        [streamed_call] = [tc for d in deltas for tc in d.get("tool_calls") or []]
+        assert streamed_call["function"]["arguments"] == call["function"]["arguments"]
+        assert finish == [choice["finish_reason"]]
+    else:
+        text = choice["message"]["content"]
+        assert text and text[0] not in "{[ " and "tool_calls" not in choice["message"]
+        assert choice["finish_reason"] in ("stop", "length")
+        assert "".join(d.get("content") or "" for d in deltas) == text and finish == [choice["finish_reason"]]
+        assert not any(d.get("tool_calls") for d in deltas)

@@ -24,6 +24,7 @@ from tiergate.gateway.pools.edge_registry import (
     EdgeRegistry,
     HeartbeatError,
     NodeInfo,
+    NodeOwned,
     last_seen,
     parse_heartbeat,
 )
@@ -34,7 +35,7 @@ if TYPE_CHECKING:
     from tiergate.core.types import Features
     from tiergate.core.wire import ParsedRequest
 
-__all__ = ["EdgePool", "HeartbeatError", "NodeInfo", "parse_heartbeat"]
+__all__ = ["EdgePool", "HeartbeatError", "NodeInfo", "NodeOwned", "parse_heartbeat"]
 
 log = structlog.get_logger("edge_node.pool")
 
@@ -143,14 +144,17 @@ class EdgePool:
 
     # ------------------------------------------------------------------ registration (gateway/admin.py)
 
-    async def heartbeat(self, info: bytes | Mapping[str, Any] | NodeInfo) -> Endpoint:
-        """Register or refresh a node. Raises HeartbeatError on a malformed heartbeat."""
-        return await self.registry.heartbeat(info)
+    async def heartbeat(self, info: bytes | Mapping[str, Any] | NodeInfo, *, owner: str = "",
+                        authoritative: bool = False) -> Endpoint:
+        """Register or refresh a node for `owner` (see `EdgeRegistry.heartbeat`). Raises HeartbeatError on a
+        malformed heartbeat, NodeOwned when another owner holds the node id."""
+        return await self.registry.heartbeat(info, owner=owner, authoritative=authoritative)
 
-    async def deregister(self, node_id: str) -> bool:
-        """Forget a node now (it is draining). True if it was known."""
+    async def deregister(self, node_id: str, *, owner: str = "", authoritative: bool = False) -> bool:
+        """Forget a node now (it is draining). True if it was known; NodeOwned when another owner holds it."""
+        known = await self.registry.deregister(node_id, owner=owner, authoritative=authoritative)
         self._breakers.pop(node_id, None)
-        return await self.registry.deregister(node_id)
+        return known
 
     async def refresh(self) -> None:
         """Expire silent nodes and (with Redis) load every node any replica has heard from."""

@@ -28,6 +28,7 @@ from tiergate.gateway.dispatch import Dispatcher
 from tiergate.gateway.distill import Distiller, JsonlRecords, RedisRecords
 from tiergate.gateway.limits import Limiter
 from tiergate.gateway.metrics import GatewayMetrics
+from tiergate.gateway.pools.access import BackendAccess
 from tiergate.gateway.pools.metrics import CloudMetrics
 from tiergate.gateway.quarantine import Quarantine
 from tiergate.gateway.relay import Relay
@@ -57,7 +58,7 @@ class Gateway:
         self.metrics = GatewayMetrics(self.registry)
         self.policy_store = PolicyStore(settings.policy, metrics=PolicyMetrics(self.registry))
         self.classifier = Classifier(self.policy_store)
-        self.upstream = UpstreamClient()
+        self.upstream = UpstreamClient(tls=settings.backend_ssl())  # verifies https:// backends
         # Shared state across replicas (edge registry, rate limits); the client connects on first use. No retries:
         # a heartbeat or a rate-limit check must not take seconds while a node hangs (the limiter fails open; an
         # edge node sends its next heartbeat anyway).
@@ -66,7 +67,8 @@ class Gateway:
             self.redis = open_redis(settings.redis_url, socket_timeout=0.5, socket_connect_timeout=0.5,
                                     health_check_interval=10, retry=Retry(NoBackoff(), 0))
         self.shared_cache = SharedCache()  # what collaborators read the cache through; start-up fills it
-        self.tiers = Tiers(self.redis, CloudMetrics(self.registry))
+        self.tiers = Tiers(self.redis, CloudMetrics(self.registry),
+                           BackendAccess(tls=settings.backend_ssl(), edge_secret=settings.edge_secret))
         self.quarantine = Quarantine(self.redis)  # requests that broke two backends, refused on every replica
         self.dispatcher = Dispatcher(self.upstream, self.metrics, self.quarantine)
         self.limiter = Limiter(self.metrics, self.redis)

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import aiohttp
 import structlog
 
+from tiergate.gateway.pools.access import BackendAccess
 from tiergate.gateway.pools.breaker import CircuitBreaker
 from tiergate.gateway.pools.edge_health import EdgeHealth
 from tiergate.gateway.pools.edge_registry import (
@@ -59,14 +60,17 @@ class EdgePool:
         max_context: int | None = None,
         key_prefix: str = "tiergate:edge",
         clock: Callable[[], float] = time.time,
+        access: BackendAccess | None = None,
     ) -> None:
         self.tier: str = tier
         self.model = model
         self.ttl_s = ttl_s
         self.max_context = max_context
         self._clock = clock
+        self.access = access or BackendAccess()
         self.registry = EdgeRegistry(tier, static_endpoints, model, redis, ttl_s, max_context=max_context,
-                                     key_prefix=key_prefix, clock=clock)
+                                     key_prefix=key_prefix, clock=clock, static_headers=self.access.headers,
+                                     node_headers=self.access.node_headers)
         self.health = EdgeHealth(self.registry, poll_interval_s=poll_interval_s, lost_after=lost_after)
         self._refresh_interval = refresh_interval_s
         self._failure_threshold = failure_threshold
@@ -126,6 +130,7 @@ class EdgePool:
         if self._tasks:
             return
         self._session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(ssl=self.access.connector_ssl),
             timeout=aiohttp.ClientTimeout(total=min(2.0, self.health.poll_interval_s)))
         self._tasks.append(asyncio.create_task(self.health.run(self._session), name=f"edge-pool-poll-{self.tier}"))
         self._tasks.append(asyncio.create_task(self.registry.keep_fresh(self._refresh_interval),

@@ -169,6 +169,8 @@ class EdgeRegistry:
         max_context: int | None,
         key_prefix: str,
         clock: Callable[[], float] = time.time,
+        static_headers: Mapping[str, str] | None = None,
+        node_headers: Callable[[str, str], Mapping[str, str]] | None = None,
     ) -> None:
         self.tier = tier
         self.ttl_s = ttl_s
@@ -182,11 +184,14 @@ class EdgeRegistry:
         self._k_owner = f"{{{key_prefix}:{tier}}}:owner"
         self.nodes: dict[str, Endpoint] = {}  # registered through heartbeats
         self.owners: dict[str, str] = {}  # node id -> the owner of its registration (this replica's view)
+        # what every request to a node carries (its API key): per node, else the tier's key for every endpoint
+        self._node_headers = node_headers or (lambda _nid, _owner: {})
         self.static: dict[str, Endpoint] = {}
         for url in static_endpoints:
             base = _base_url(url)
             self.static[base] = Endpoint(id=base, base_url=base, model=model, tier=tier, slots=1,
-                                         extra={"source": "static", "up": True, "draining": False})
+                                         extra={"source": "static", "up": True, "draining": False},
+                                         headers=dict(static_headers or {}))
         self._scripts: dict[str, AsyncScript] = {}
         self._redis_warned = False
         self.refreshes = 0  # refreshes from Redis completed (tests wait on it rather than on the clock)
@@ -301,7 +306,7 @@ class EdgeRegistry:
         load = (node.busy + node.queued) / max(node.slots, 1)
         if ep is None:
             ep = Endpoint(id=node.node_id, base_url=_base_url(node.url), model=node.model, tier=self.tier,
-                          slots=node.slots, reported_load=load)
+                          slots=node.slots, reported_load=load, headers=dict(self._node_headers(node.node_id, owner)))
             self.nodes[node.node_id] = ep
             self.owners[node.node_id] = owner
             log.info("edge node registered", tier=self.tier, node_id=node.node_id, url=node.url,
@@ -316,7 +321,9 @@ class EdgeRegistry:
             ep.model = node.model
             ep.slots = node.slots
             ep.reported_load = load
-            self.owners[node.node_id] = owner
+            if self.owners.get(node.node_id) != owner:
+                self.owners[node.node_id] = owner
+                ep.headers = dict(self._node_headers(node.node_id, owner))
         check_context(ep, self.max_context, node.ctx)
         ep.extra.update(source="heartbeat", seen=seen, busy=node.busy, queued=node.queued, ctx=node.ctx)
         return ep

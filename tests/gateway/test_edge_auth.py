@@ -12,7 +12,7 @@ from tests.gateway.conftest import stack
 from tests.support.instant_upstream import make_app
 from tests.support.registration import claim
 from tests.support.servers import aiohttp_server
-from tiergate.core.edge_identity import node_key
+from tiergate.core.edge_identity import node_api_key, node_key
 from tiergate.core.errors import OpenAIError
 from tiergate.gateway.edge_auth import EdgeAuth, from_this_machine
 
@@ -65,7 +65,7 @@ def test_only_a_nodes_own_key_refreshes_replaces_or_removes_its_registration(tmp
         for _ in range(6):  # the rogue node got 3 of 6 prompts: now every one reaches the node
             assert httpx.post(base + "/v1/chat/completions", json=CHAT, headers=API).headers["x-tiergate-tier"] == \
                 "edge"
-        assert to_rogue == [] and len(to_node) == 6
+        assert to_rogue == [] and to_node == [f"Bearer {node_api_key(node_key(SECRET, 'node-a'))}"] * 6
 
         # its own key takes back an id the shared token registered while it was away
         r = httpx.post(base + "/edge/v1/heartbeat", json=beat | {"node_id": "node-c", "url": rogue.url},

@@ -151,3 +151,33 @@ def test_a_forwarded_for_header_does_not_pass_for_this_machine_end_to_end(tmp_pa
         r = httpx.post(url, json=beat, headers={"X-Forwarded-For": "127.0.0.1", **claim()})
         assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error"
         assert httpx.post(url, json=beat, headers=claim()).status_code == 200
+
+
+def test_the_issues_bypass_through_uvicorns_proxy_headers_is_refused():
+    """Behind uvicorn's proxy-header rewriting that trusts the sender (FORWARDED_ALLOW_IPS='*', as an operator
+    behind a load balancer might set), `X-Forwarded-For: 127.0.0.1` from another machine made the scope's client
+    127.0.0.1. `tiergate serve` no longer rewrites it; and a request carrying a proxy header is never taken for
+    one from this machine, whatever the scope says."""
+    import asyncio
+
+    from starlette.applications import Starlette
+    from starlette.responses import JSONResponse
+    from starlette.routing import Route
+    from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
+
+    async def register(request: Request):
+        try:
+            EdgeAuth(None, None).precheck(request)
+        except OpenAIError as exc:
+            return JSONResponse({"client": request.client.host, "status": exc.status})
+        return JSONResponse({"client": request.client.host, "status": 200})
+
+    app = ProxyHeadersMiddleware(Starlette(routes=[Route("/", register, methods=["POST"])]), trusted_hosts="*")
+
+    async def send(headers: dict[str, str]) -> dict:
+        transport = httpx.ASGITransport(app=app, client=("203.0.113.7", 40000))
+        async with httpx.AsyncClient(transport=transport, base_url="http://gw") as c:
+            return (await c.post("/", headers=headers)).json()
+
+    assert asyncio.run(send({"X-Forwarded-For": "127.0.0.1"})) == {"client": "127.0.0.1", "status": 401}
+    assert asyncio.run(send({})) == {"client": "203.0.113.7", "status": 401}

@@ -2,7 +2,9 @@
 
 The settings' refusal of the demo key on a public bind address reads TIERGATE_HOST: `tiergate serve` binds to
 it, but uvicorn started by hand with its own `--host` does not tell the app; set TIERGATE_HOST to the same
-address (or configure keys) when running it that way."""
+address (or configure keys) when running it that way. Run it with `--no-proxy-headers` too, as `tiergate serve`
+does: the edge registration reads the scope's client as the socket's peer (gateway.edge_auth), and refuses
+requests carrying proxy headers as not local either way."""
 
 from tiergate.gateway.app import create_app
 

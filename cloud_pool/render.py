@@ -147,6 +147,11 @@ def _env_list(spec: VllmSpec) -> list[dict[str, Any]]:
             "name": "HF_TOKEN",
             "valueFrom": {"secretKeyRef": {"name": spec.kubernetes.hf_token_secret, "key": "HF_TOKEN"}},
         })
+    if spec.kubernetes.api_key_secret:  # vLLM's --api-key, from the environment: not on the command line
+        env.append({
+            "name": "VLLM_API_KEY",
+            "valueFrom": {"secretKeyRef": {"name": spec.kubernetes.api_key_secret, "key": "VLLM_API_KEY"}},
+        })
     return env
 
 

@@ -101,6 +101,9 @@ class KubernetesOptions(_Strict):
     image: str = "vllm/vllm-openai:latest"
     replicas: int = Field(1, ge=0, description="serving groups; each is `nodes` pods")
     hf_token_secret: str | None = Field(None, description="Secret with key HF_TOKEN, for gated models")
+    api_key_secret: str | None = Field(
+        None, description="Secret with key VLLM_API_KEY: the server answers /v1/* only with `Authorization: Bearer` "
+                          "of it (the gateway's tier names it with api_key_env); the Helm chart requires one")
     model_cache: ModelCache = Field(default_factory=ModelCache)
     shm_size: str = Field("16Gi", pattern=r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti)$")
     cpu: str | None = Field(None, description="CPU request per pod, e.g. '16'")

@@ -34,6 +34,9 @@ class Endpoint:
     extra: dict[str, object] = field(default_factory=dict)
     # Requests waiting on this backend before their answer began (see `declare_lost`), each a callback.
     waiting: set[Callable[[str], None]] = field(default_factory=set, repr=False)
+    # Headers every request to this backend carries: its API key (`Authorization: Bearer ...`), per node or per tier
+    # (gateway.pools.access). Never in a repr: endpoints are logged.
+    headers: dict[str, str] = field(default_factory=dict, repr=False)
 
     def load(self) -> float:
         """Estimated busy fraction: the larger of our own in-flight count and the backend's reading."""

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import socket
+import ssl
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -20,6 +22,7 @@ from urllib.parse import urlparse
 import click
 import typer
 
+from tiergate.core.edge_identity import NODE_ID_PATTERN, is_loopback, node_api_key
 from tiergate.core.logs import configure_logging
 from tiergate.edge_node.engine.engine import Engine
 from tiergate.edge_node.engine.runtime import LlamaRuntime, RuntimeConfig
@@ -45,6 +48,7 @@ _ABORT = (click.Abort, typer.Abort)
 __all__ = ["app"]
 
 _PROG = "edge-node"
+_KEY = re.compile(r"[!-~]{16,}")
 
 
 class _App(typer.Typer):
@@ -83,17 +87,48 @@ def _fail(msg: str, code: int = 1) -> typer.Exit:
     return typer.Exit(code)
 
 
-def _advertise_url(host: str, port: int, gateway: str | None) -> str:
+def _advertise_url(host: str, port: int, gateway: str | None, scheme: str = "http") -> str:
     """The URL the gateway should use: the bound host, or the local address that routes to the gateway."""
     if host not in ("0.0.0.0", "::", ""):
         h = f"[{host}]" if ":" in host else host
-        return f"http://{h}:{port}"
+        return f"{scheme}://{h}:{port}"
     if gateway:
         g = urlparse(gateway)
         with contextlib.suppress(OSError), socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
             s.connect((g.hostname or "127.0.0.1", g.port or 80))
-            return f"http://{s.getsockname()[0]}:{port}"
-    return f"http://{socket.gethostname()}:{port}"
+            return f"{scheme}://{s.getsockname()[0]}:{port}"
+    return f"{scheme}://{socket.gethostname()}:{port}"
+
+
+def _api_keys(host: str, node_key: str | None, api_key: str | None) -> tuple[str, ...]:
+    """The keys the node's API requires; refuses (exit 2) an open API on an address other machines can reach."""
+    for name, key in (("--node-key", node_key), ("--api-key", api_key)):
+        if key is not None and not _KEY.fullmatch(key):
+            raise _fail(f"{name}: a key is at least 16 printable ASCII characters without spaces", 2)
+    keys = tuple(k for k in (node_api_key(node_key) if node_key else None, api_key) if k)
+    if not keys and not is_loopback(host):
+        raise _fail(f"--host {host} is not a loopback address, and without a key anyone who reaches it would use "
+                    f"this node's API past the gateway's keys, limits and caps: give the node its key (--node-key or "
+                    f"TIERGATE_EDGE_NODE_KEY, from `tiergate edge node-key ID`) or an API key (--api-key or "
+                    f"TIERGATE_EDGE_API_KEY), or bind to 127.0.0.1", 2)
+    return keys
+
+
+def _tls(certfile: Path | None, keyfile: Path | None, gateway_ca_file: Path | None) -> ssl.SSLContext | None:
+    """Checks the TLS files (exit 2 naming the option); the context verifying an https:// gateway, if a CA is given."""
+    if (certfile is None) != (keyfile is None):
+        raise _fail("--ssl-certfile and --ssl-keyfile go together (the certificate and its private key)", 2)
+    if certfile is not None and keyfile is not None:
+        try:
+            ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(certfile, keyfile)
+        except (OSError, ssl.SSLError) as e:
+            raise _fail(f"--ssl-certfile/--ssl-keyfile: cannot load {certfile} with {keyfile}: {e}", 2) from None
+    if gateway_ca_file is None:
+        return None
+    try:
+        return ssl.create_default_context(cafile=str(gateway_ca_file))
+    except (OSError, ssl.SSLError) as e:
+        raise _fail(f"--gateway-ca-file: cannot load CA certificates from {gateway_ca_file}: {e}", 2) from None
 
 
 @app.command()
@@ -113,7 +148,18 @@ def serve(
                                                   "attention then scans every slot's cells).")] = False,
     model_name: Annotated[str | None, typer.Option(help="Name served in /v1/models (default: file name).")] = None,
     gateway: Annotated[str | None, typer.Option(help="Gateway base URL to register with.")] = None,
-    token: Annotated[str | None, typer.Option(envvar="TIERGATE_EDGE_TOKEN", help="Edge token for the gateway.")] = None,
+    token: Annotated[str | None, typer.Option(envvar="TIERGATE_EDGE_TOKEN", help="Shared edge token for the gateway "
+                                              "(lets the node register an id no one holds).")] = None,
+    node_key: Annotated[str | None, typer.Option(envvar="TIERGATE_EDGE_NODE_KEY", help="This node's own key "
+                                                 "(`tiergate edge node-key ID`): proves its --node-id to the gateway, "
+                                                 "and the API key it requires is derived from it.")] = None,
+    api_key: Annotated[str | None, typer.Option(envvar="TIERGATE_EDGE_API_KEY", help="A key this node's API "
+                                                "requires (Authorization: Bearer); the gateway's tier names it with "
+                                                "api_key_env.")] = None,
+    ssl_certfile: Annotated[Path | None, typer.Option(help="Serve HTTPS with this certificate (PEM).")] = None,
+    ssl_keyfile: Annotated[Path | None, typer.Option(help="The certificate's private key (PEM).")] = None,
+    gateway_ca_file: Annotated[Path | None, typer.Option(help="CA certificates (PEM) verifying an https:// gateway "
+                                                         "(default: the system's).")] = None,
     node_id: Annotated[str | None, typer.Option(help="Node id in the gateway registry (default host-port).")] = None,
     advertise_url: Annotated[str | None, typer.Option(help="URL the gateway calls (default: derived).")] = None,
     tier: Annotated[str | None, typer.Option(help="Edge tier to join when the gateway has several.")] = None,
@@ -128,6 +174,10 @@ def serve(
         raise _fail(f"--batch ({batch}) must be at least --parallel ({parallel})", 2)
     if gateway and not gateway.startswith(("http://", "https://")):
         raise _fail(f"--gateway must be an http(s) URL, got {gateway!r}", 2)
+    if node_id is not None and not NODE_ID_PATTERN.fullmatch(node_id):
+        raise _fail(f"--node-id {node_id!r}: 1-128 letters, digits and `._:-`, starting with a letter or digit", 2)
+    api_keys = _api_keys(host, node_key, api_key)
+    gateway_tls = _tls(ssl_certfile, ssl_keyfile, gateway_ca_file)
     try:
         path = resolve_model(model)
         runtime = LlamaRuntime(RuntimeConfig(model_path=path, ctx_per_seq=ctx, parallel=parallel, n_batch=batch,
@@ -138,15 +188,18 @@ def serve(
     engine = Engine(runtime, max_queue=max_queue)
     name = model_name or path.name.removesuffix(".gguf")
     nid = node_id or f"{socket.gethostname()}-{port}"
-    state = ServerState(engine=engine, model_name=name, node_id=nid,
+    state = ServerState(engine=engine, model_name=name, node_id=nid, api_keys=api_keys,
                         test_hooks=os.environ.get("TIERGATE_EDGE_TEST_HOOKS") == "1")
     registrar = None
     if gateway:
-        url = advertise_url or _advertise_url(host, port, gateway)
-        registrar = Registrar(gateway, token or "", NodeIdentity(nid, url, name), engine.stats, tier=tier)
+        url = advertise_url or _advertise_url(host, port, gateway, "https" if ssl_certfile else "http")
+        registrar = Registrar(gateway, token or "", NodeIdentity(nid, url, name), engine.stats, tier=tier,
+                              node_key=node_key, gateway_tls=gateway_tls)
         state.on_startup.append(registrar.start)
         state.on_shutdown.append(registrar.stop)
-    server = DrainingServer(create_app(state), host, port, drain_timeout, state, registrar, log_level)
+    server = DrainingServer(create_app(state), host, port, drain_timeout, state, registrar, log_level,
+                            ssl_certfile=str(ssl_certfile) if ssl_certfile else None,
+                            ssl_keyfile=str(ssl_keyfile) if ssl_keyfile else None)
     engine.on_failure = server.engine_failed
     try:
         server.run()

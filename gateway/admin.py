@@ -3,8 +3,10 @@
 - `/admin/policy/reload`, `/admin/cache/invalidate`, `/admin/keys/{reload,revoke,unrevoke}` (and the status page,
   `gateway.status`) need the admin key
   (`TIERGATE_ADMIN_KEY`), checked by one `AdminKey`;
-- `/edge/v1/heartbeat`, `/edge/v1/deregister` need the edge token (`TIERGATE_EDGE_TOKEN`), or, without one,
-  a node on this machine.
+- `/edge/v1/heartbeat`, `/edge/v1/deregister` need the node's own key (`TIERGATE_EDGE_SECRET`), or the edge token
+  (`TIERGATE_EDGE_TOKEN`) and the node's claim, or, without either setting, a node on this machine
+  (`gateway.edge_auth`); a node id is refreshed or removed only by its owner, and the URL a node gives is checked
+  (`gateway.pools.edge_urls`).
 
 Tested in `tests/gateway/test_app_limits.py` and `tests/gateway/test_status.py`.
 """
@@ -20,19 +22,21 @@ from starlette.responses import JSONResponse, Response
 
 from tiergate.cache import SemanticCache
 from tiergate.cache.store import StoreUnavailable
+from tiergate.core.edge_identity import NODE_ID_PATTERN
 from tiergate.core.errors import OpenAIError, bad_request, unauthorized
 from tiergate.core.http import read_body
 from tiergate.core.wire import decode_json
 from tiergate.gateway.auth import hash_key
+from tiergate.gateway.edge_auth import EdgeAuth, owned_conflict
 from tiergate.gateway.keys import Keys
-from tiergate.gateway.pools.edge import HeartbeatError, parse_heartbeat
+from tiergate.gateway.pools.edge import HeartbeatError, NodeOwned, parse_heartbeat
+from tiergate.gateway.pools.edge_urls import UrlError, UrlPolicy
 from tiergate.gateway.tiers import Tiers
 from tiergate.policies.store import PolicyStore
 
 __all__ = ["AdminEndpoints", "AdminKey", "EdgeEndpoints"]
 
 _deregistration = msgspec.json.Decoder(dict[str, str | None])
-_LOOPBACK = frozenset({"127.0.0.1", "::1", "localhost", "testclient"})
 
 
 class AdminKey:
@@ -153,38 +157,46 @@ async def _key_digest(request: Request) -> str:
 class EdgeEndpoints:
     """Registration of edge nodes: heartbeats (which also register) and deregistration."""
 
-    def __init__(self, token: str | None, max_body_bytes: int, tiers: Tiers) -> None:
-        self._token = token
+    def __init__(self, auth: EdgeAuth, urls: UrlPolicy, max_body_bytes: int, tiers: Tiers) -> None:
+        self._auth = auth
+        self._urls = urls
         self._max_body_bytes = max_body_bytes
         self._tiers = tiers
 
-    def _check_token(self, request: Request) -> None:
-        token = self._token
-        if token is None:
-            host = request.client.host if request.client else ""
-            if host not in _LOOPBACK:
-                raise unauthorized("Edge registration from other hosts needs TIERGATE_EDGE_TOKEN set on the gateway.")
-            return
-        if not hmac.compare_digest(request.headers.get("authorization", "").encode(), f"Bearer {token}".encode()):
-            raise unauthorized("Invalid edge token.")
-
     async def heartbeat(self, request: Request) -> Response:
-        self._check_token(request)
+        self._auth.precheck(request)
         try:
             info = parse_heartbeat(await read_body(request, self._max_body_bytes))
-            pool = self._tiers.edge_pool(info.tier)
-            await pool.heartbeat(info)
         except HeartbeatError as exc:
-            raise bad_request(str(exc), code="invalid_heartbeat") from None
+            raise bad_request(str(exc), code="invalid_heartbeat", param=exc.param) from None
+        who = self._auth.identify(request, info.node_id)
+        try:
+            await self._urls.check(info.url, from_loopback=who.local)
+        except UrlError as exc:
+            raise bad_request(f"invalid heartbeat: {exc}", code="invalid_heartbeat", param="url") from None
+        pool = self._tiers.edge_pool(info.tier)
+        try:
+            await pool.heartbeat(info, owner=who.owner, authoritative=who.authoritative)
+        except HeartbeatError as exc:
+            raise bad_request(str(exc), code="invalid_heartbeat", param=exc.param) from None
+        except NodeOwned as exc:
+            raise owned_conflict(str(exc)) from None
         return JSONResponse({"ok": True, "tier": pool.tier})
 
     async def deregister(self, request: Request) -> Response:
-        self._check_token(request)
+        self._auth.precheck(request)
         try:
             info = decode_json(_deregistration, await read_body(request, self._max_body_bytes))
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
             raise bad_request(f"deregister body must be {{\"node_id\": ...}}: {exc}", code="invalid_heartbeat") from None
-        if not info.get("node_id"):
-            raise bad_request("deregister body needs `node_id`.", code="invalid_heartbeat")
-        known = await self._tiers.edge_pool(info.get("tier")).deregister(str(info["node_id"]))
+        node_id = info.get("node_id")
+        if not node_id or not NODE_ID_PATTERN.fullmatch(node_id):
+            raise bad_request("deregister body needs `node_id`: 1-128 letters, digits and `._:-`.",
+                              code="invalid_heartbeat", param="node_id")
+        who = self._auth.identify(request, node_id)
+        try:
+            known = await self._tiers.edge_pool(info.get("tier")).deregister(
+                node_id, owner=who.owner, authoritative=who.authoritative)
+        except NodeOwned as exc:
+            raise owned_conflict(str(exc)) from None
         return JSONResponse({"ok": True, "known": known})

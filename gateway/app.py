@@ -31,11 +31,13 @@ from tiergate.core.logs import configure_logging
 from tiergate.core.tracing import TracingMiddleware
 from tiergate.gateway.admin import AdminEndpoints, EdgeEndpoints
 from tiergate.gateway.auth import KeyRing
+from tiergate.gateway.edge_auth import EdgeAuth
 from tiergate.gateway.feedback import CacheFeedback
 from tiergate.gateway.lifecycle import Gateway
 from tiergate.gateway.metrics import exposition
 from tiergate.gateway.openapi import openapi_document
 from tiergate.gateway.pipeline import Completions, PipelineParts
+from tiergate.gateway.pools.edge_urls import UrlPolicy
 from tiergate.gateway.settings import Settings
 from tiergate.gateway.status import StatusPage, StatusSource
 
@@ -58,7 +60,8 @@ def create_app(settings: Settings | None = None, *, keyring: KeyRing | None = No
         limiter=gw.limiter, metrics=gw.metrics, cache=gw.shared_cache, dispatcher=gw.dispatcher, relay=gw.relay,
         settlements=gw.settlements))
     admin = AdminEndpoints(gw.admin, gw.policy_store, gw.shared_cache, gw.keys)
-    edge = EdgeEndpoints(gw.settings.edge_token, gw.settings.max_body_bytes, gw.tiers)
+    edge = EdgeEndpoints(EdgeAuth(gw.settings.edge_secret, gw.settings.edge_token),
+                         UrlPolicy(gw.settings.edge_network_list()), gw.settings.max_body_bytes, gw.tiers)
     status = StatusPage(StatusSource(admin=gw.admin, started_at=gw.started_at, stats=gw.stats, tiers=gw.tiers,
                                      policy_store=gw.policy_store, draining=gw.is_draining, ready=gw.ready))
     feedback = CacheFeedback(gw.keys, gw.shared_cache)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Annotated
 
@@ -11,6 +12,7 @@ import uvicorn
 from pydantic import ValidationError
 
 from tiergate.complexity.cli import classifier_app
+from tiergate.core.edge_identity import NODE_ID_PATTERN, node_api_key, node_key
 from tiergate.core.serving import head_timeout_protocol
 from tiergate.gateway.cache_cli import cache_app
 from tiergate.gateway.demo import prepare as prepare_demo
@@ -20,6 +22,8 @@ from tiergate.gateway.drain import DrainingServer
 from tiergate.gateway.settings import Settings
 from tiergate.policies.cli import classify, policy_app
 from tiergate.policies.loader import PolicyError, load_policy
+
+_EDGE_SECRET = re.compile(r"[!-~]{32,}")
 
 app = typer.Typer(help="tiergate: an OpenAI-compatible gateway routing between edge, cloud and a semantic cache.",
                   no_args_is_help=True, pretty_exceptions_enable=False)
@@ -48,10 +52,12 @@ def serve(
     _check_policy(settings.policy)
     if settings.cache and settings.cache_verifier is not None:
         _check_verifier(settings.cache_verifier)
+    # proxy_headers=False: the ASGI scope's `client` stays the socket's peer, never an address from X-Forwarded-For
+    # (the edge registration's "from this machine" check reads it: gateway.edge_auth)
     if settings.workers > 1:  # each worker is a full gateway; uvicorn's supervisor handles signals (no drain delay)
         uvicorn.run("tiergate.gateway.main:app", host=settings.host, port=settings.port, workers=settings.workers, loop="uvloop",
                     http=head_timeout_protocol(settings.header_timeout_s), log_level="warning", access_log=False,
-                    limit_concurrency=settings.max_connections,
+                    limit_concurrency=settings.max_connections, proxy_headers=False,
                     timeout_graceful_shutdown=int(settings.graceful_shutdown_s))
         return
     from tiergate.gateway.app import create_app  # start-up time: the operator commands need none of the app
@@ -59,7 +65,8 @@ def serve(
     app = create_app(settings)
     config = uvicorn.Config(app, host=settings.host, port=settings.port, loop="uvloop",
                             http=head_timeout_protocol(settings.header_timeout_s), log_level="warning",
-                            access_log=False, lifespan="on", limit_concurrency=settings.max_connections)
+                            access_log=False, lifespan="on", limit_concurrency=settings.max_connections,
+                            proxy_headers=False)
     DrainingServer(config, app.state.gateway, settings.drain_delay_s, settings.graceful_shutdown_s).run()
 
 
@@ -97,6 +104,30 @@ def _check_policy(path: Path) -> None:
     except PolicyError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
+
+
+edge_app = typer.Typer(help="Edge node credentials.", no_args_is_help=True)
+app.add_typer(edge_app, name="edge")
+
+
+@edge_app.command("node-key")
+def edge_node_key(
+    node_id: Annotated[str, typer.Argument(help="The node's id (its --node-id).")],
+    secret: Annotated[str | None, typer.Option(envvar="TIERGATE_EDGE_SECRET", show_envvar=True,
+                                               help="The gateway's edge secret.")] = None,
+) -> None:
+    """Print a node's key (derived from the gateway's TIERGATE_EDGE_SECRET), for its TIERGATE_EDGE_NODE_KEY."""
+    if not secret or not _EDGE_SECRET.fullmatch(secret):
+        typer.echo("error: TIERGATE_EDGE_SECRET: set the gateway's edge secret (at least 32 printable characters "
+                   "without spaces, e.g. `openssl rand -hex 32`)", err=True)
+        raise typer.Exit(2)
+    if not NODE_ID_PATTERN.fullmatch(node_id):
+        typer.echo(f"error: node id {node_id!r}: 1-128 letters, digits and `._:-`, starting with a letter or digit",
+                   err=True)
+        raise typer.Exit(2)
+    key = node_key(secret, node_id)
+    typer.echo(f"TIERGATE_EDGE_NODE_ID={node_id}\nTIERGATE_EDGE_NODE_KEY={key}\n"
+               f"# the node's API key (derived from its node key; the gateway presents it): {node_api_key(key)}")
 
 
 @app.command()

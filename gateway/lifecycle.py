@@ -29,6 +29,7 @@ from tiergate.gateway.distill import Distiller, JsonlRecords, RedisRecords
 from tiergate.gateway.keys import Keys
 from tiergate.gateway.limits import Limiter
 from tiergate.gateway.metrics import GatewayMetrics
+from tiergate.gateway.pools.access import BackendAccess
 from tiergate.gateway.pools.metrics import CloudMetrics
 from tiergate.gateway.quarantine import Quarantine
 from tiergate.gateway.relay import Relay
@@ -67,9 +68,10 @@ class Gateway:
         self.metrics = GatewayMetrics(self.registry)
         self.policy_store = PolicyStore(settings.policy, metrics=PolicyMetrics(self.registry))
         self.classifier = Classifier(self.policy_store)
-        self.upstream = UpstreamClient()
+        self.upstream = UpstreamClient(tls=settings.backend_ssl())  # verifies https:// backends
         self.shared_cache = SharedCache()  # what collaborators read the cache through; start-up fills it
-        self.tiers = Tiers(self.redis, CloudMetrics(self.registry))
+        self.tiers = Tiers(self.redis, CloudMetrics(self.registry),
+                           BackendAccess(tls=settings.backend_ssl(), edge_secret=settings.edge_secret))
         self.quarantine = Quarantine(self.redis)  # requests that broke two backends, refused on every replica
         self.dispatcher = Dispatcher(self.upstream, self.metrics, self.quarantine)
         self.limiter = Limiter(self.metrics, self.redis)

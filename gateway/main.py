@@ -2,7 +2,9 @@
 
 The settings' refusal of the demo key on a public bind address reads TIERGATE_HOST: `tiergate serve` binds to
 it, but uvicorn started by hand with its own `--host` does not tell the app; set TIERGATE_HOST to the same
-address (or configure keys) when running it that way. Started by hand, uvicorn also uses its own HTTP protocol
+address (or configure keys) when running it that way. Run it with `--no-proxy-headers` too, as `tiergate serve`
+does: the edge registration reads the scope's client as the socket's peer (gateway.edge_auth), and refuses
+requests carrying proxy headers as not local either way. Started by hand, uvicorn also uses its own HTTP protocol
 unless given `--http tiergate.core.serving:HeadTimeoutProtocol`: without it a request's head has no deadline."""
 
 from tiergate.core.serving import head_timeout_protocol

@@ -13,6 +13,7 @@ from typing import Any
 
 import msgspec
 
+from tiergate.core.edge_identity import CLAIM_HEADER, CLAIM_PATTERN, NODE_ID_PATTERN
 from tiergate.core.wire import (
     CONTROLLED_FIELDS,
     LOGIT_BIAS_MAX,
@@ -27,6 +28,7 @@ __all__ = ["openapi_document"]
 
 Schema = dict[str, Any]
 
+_NODE_URL = r"^https?://(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]+)(:[0-9]{1,5})?(/|/v1/?)?$"
 # What `Gateway._validate` and `parse_heartbeat` refuse with 400 although the type allows it: struct -> field ->
 # JSON Schema keywords for the field's value of that `type` (msgspec writes `X | None` as `anyOf: [X, null]`).
 _SAMPLING: dict[str, Schema] = {
@@ -45,7 +47,13 @@ _LIMITS: dict[str, dict[str, Schema]] = {
                           "max_tokens": {"type": "integer", "minimum": 1}, "best_of": {"type": "integer", "const": 1},
                           **_SAMPLING},
     # slots, busy, queued and ctx carry their bounds in the struct (msgspec.Meta) and so in its schema already.
-    "NodeInfo": {"node_id": {"type": "string", "minLength": 1}, "url": {"type": "string", "pattern": "^https?://"}},
+    "NodeInfo": {"node_id": {"type": "string", "pattern": f"^{NODE_ID_PATTERN.pattern}$"},
+                 "url": {"type": "string", "maxLength": 2048, "pattern": _NODE_URL,
+                         "description": "The node's base URL: http(s), a host and a port, no credentials, query, "
+                                        "fragment or path but / or /v1. Every address its host resolves to must be "
+                                        "one the gateway calls (not link-local or a metadata service; loopback only "
+                                        "from this machine; within TIERGATE_EDGE_NETWORKS when set): JSON Schema "
+                                        "cannot say that, so a URL this pattern allows may still be refused."}},
 }
 _MODEL = ("`auto` (the routing policy picks the tier) or a model `/v1/models` lists; any other name is answered "
           "404 `model_not_found`.")
@@ -107,7 +115,7 @@ def _request_schemas() -> dict[str, Schema]:
                                              "load; `tier` names an edge tier, default the policy's first.")
     components["Deregistration"] = {
         "type": "object", "required": ["node_id"],
-        "properties": {"node_id": {"type": "string", "minLength": 1},
+        "properties": {"node_id": {"type": "string", "pattern": f"^{NODE_ID_PATTERN.pattern}$"},
                        "tier": {"type": ["string", "null"], "description": "Edge tier; default the policy's first."}},
         "additionalProperties": {"type": ["string", "null"]},  # decoded as dict[str, str | None]
     }
@@ -153,8 +161,13 @@ _SECURITY_SCHEMES = {
                  "description": "TIERGATE_ADMIN_KEY; while it is unset, admin routes answer 403 `admin_disabled`."},
     "metricsKey": {"type": "http", "scheme": "bearer",
                    "description": "TIERGATE_METRICS_KEY; while it is unset, /metrics needs no key."},
-    "edgeToken": {"type": "http", "scheme": "bearer", "description": "TIERGATE_EDGE_TOKEN; while it is unset, "
-                  "callers on loopback need no token and any other caller gets 401."},
+    "edgeToken": {"type": "http", "scheme": "bearer", "description": "TIERGATE_EDGE_TOKEN, with the node's claim "
+                  f"(`{CLAIM_HEADER}`): it lets a node register an id no live registration holds. While neither it "
+                  "nor TIERGATE_EDGE_SECRET is set, callers on this machine (a loopback socket, no proxy headers) "
+                  "need no token and any other caller gets 401."},
+    "nodeKey": {"type": "http", "scheme": "bearer", "description": "The node's own key, derived from "
+                "TIERGATE_EDGE_SECRET and its node id (`tiergate edge node-key ID`): the only credential that "
+                "refreshes, replaces or removes a registration it did not make itself."},
     "dashboardKey": {"type": "apiKey", "in": "query", "name": "key",
                      "description": "The admin key in the URL, for a browser: `/dashboard` answers 303 with a cookie."},
     "dashboardCookie": {"type": "apiKey", "in": "cookie", "name": "tiergate_dashboard",
@@ -210,8 +223,15 @@ def _body(schema: Schema) -> Schema:
 
 _TOO_LARGE = _error("Body over TIERGATE_MAX_BODY_BYTES (`body_too_large`).")
 _ADMIN_ERRORS = {"401": _error("Missing or wrong admin key."), "403": _error("TIERGATE_ADMIN_KEY is not set.")}
-_EDGE_ERRORS = {"401": _error("Missing or wrong edge token."),
-                "404": _error("No such edge tier in the active policy (`no_edge_tier`)."), "413": _TOO_LARGE}
+_EDGE_ERRORS = {"401": _error("Missing or wrong credentials: the node key of this node id, or the edge token."),
+                "404": _error("No such edge tier in the active policy (`no_edge_tier`)."),
+                "409": _error("Another node holds this node id (`node_id_taken`): its registration is refreshed, "
+                              "replaced or removed only with its own key or claim, until it ends."),
+                "413": _TOO_LARGE}
+_CLAIM = [{"name": CLAIM_HEADER, "in": "header", "required": False,
+           "schema": {"type": "string", "pattern": f"^{CLAIM_PATTERN.pattern}$"},
+           "description": "Required unless the node presents its own key: a random value the node keeps for its "
+                          "life; the registration it makes is bound to it."}]
 _HTML = {"text/html": {"schema": _STR}}
 
 
@@ -269,11 +289,13 @@ def _paths() -> dict[str, Schema]:
         "/openapi.json": {"get": _op("This document.", {"200": _json("OpenAPI 3.1.", {"type": "object"})})},
         "/edge/v1/heartbeat": {"post": _op(
             "An edge node registers, then reports its load every ~2 s; silent for ~10 s, it is dropped.",
-            security=["edgeToken"], requestBody=_body(_ref("NodeInfo")), responses={
+            security=["edgeToken", "nodeKey"], parameters=_CLAIM, requestBody=_body(_ref("NodeInfo")), responses={
                 "200": _json("Registered or refreshed.", _obj(["ok", "tier"], **ok, tier=_STR)),
-                "400": _error("Not a valid heartbeat (`invalid_heartbeat`)."), **_EDGE_ERRORS})},
+                "400": _error("Not a valid heartbeat (`invalid_heartbeat`, `param` names the field): a URL the "
+                              "gateway will not call, a missing claim."), **_EDGE_ERRORS})},
         "/edge/v1/deregister": {"post": _op(
-            "A draining edge node leaves at once.", security=["edgeToken"], requestBody=_body(_ref("Deregistration")),
+            "A draining edge node leaves at once.", security=["edgeToken", "nodeKey"], parameters=_CLAIM,
+            requestBody=_body(_ref("Deregistration")),
             responses={"200": _json("Forgotten; `known` says whether the node was registered.",
                                     _obj(["ok", "known"], **ok, known=_BOOL)),
                        "400": _error("Not a valid deregistration (`invalid_heartbeat`)."), **_EDGE_ERRORS})},

@@ -8,18 +8,21 @@ from __future__ import annotations
 
 import ipaddress
 import re
+import ssl
 from pathlib import Path
 from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from tiergate.core.edge_identity import is_loopback
 from tiergate.core.paths import tiergate_home
 from tiergate.policies.loader import DEFAULT_POLICY
 
 __all__ = ["Settings", "is_loopback"]
 
 _KEY = re.compile(r"[!-~]{16,}")  # a bearer key: printable ASCII, no spaces
+_SECRET = re.compile(r"[!-~]{32,}")
 
 
 class Settings(BaseSettings):
@@ -38,7 +41,17 @@ class Settings(BaseSettings):
     # address only: with any other `host` and no keys, the settings are refused (`_no_public_demo_key`)
     demo_key: bool = True
     admin_key: str | None = None
-    edge_token: str | None = None  # bearer token edge nodes present when registering; None accepts any node on loopback
+    # Edge registration (gateway.edge_auth, docs/reliability.md "Threat model"): per-node keys derived from this
+    # secret (`tiergate edge node-key ID`); and/or a shared token that lets a node register an id no one holds. With
+    # neither, only processes on this machine (a loopback socket, no proxy headers) may register.
+    edge_secret: str | None = None
+    edge_token: str | None = None
+    # networks a registered node's URL may point into ("10.0.0.0/8,fd00::/8"); unset: any address but the ones
+    # never allowed (link-local, the metadata services, multicast, unspecified; loopback only from loopback)
+    edge_networks: str | None = None
+    # a PEM bundle of the CAs that sign the certificates of https:// backends (edge nodes, vLLM); unset: the
+    # system's CAs. Backends' API keys: per node (derived) or the tier's `api_key_env` in the policy
+    backend_ca_file: Path | None = None
     # /metrics: a bearer key it requires when set (unset: open to whoever reaches the port), and whether its series
     # may carry tenant ids (false: summed over tenants, per-tenant gauges left out; gateway.metrics.exposition)
     metrics_key: str | None = None
@@ -66,8 +79,9 @@ class Settings(BaseSettings):
     graceful_shutdown_s: float = 30.0  # how long in-flight streams may run on after SIGTERM
     drain_delay_s: float = 2.0  # after SIGTERM: /readyz says 503 this long (load balancers notice) before the listener closes
 
-    @field_validator("redis_url", "api_keys_file", "api_keys", "admin_key", "edge_token", "metrics_key", "embedder",
-                     "cache_judge_url", "cache_judge_model", "cache_judge_key", "cache_verifier", mode="before")
+    @field_validator("redis_url", "api_keys_file", "api_keys", "admin_key", "edge_secret", "edge_token",
+                     "edge_networks", "backend_ca_file", "metrics_key", "embedder", "cache_judge_url",
+                     "cache_judge_model", "cache_judge_key", "cache_verifier", mode="before")
     @classmethod
     def _empty_is_unset(cls, v: object) -> object:
         """`TIERGATE_EMBEDDER=` (empty) means "not set", not the current directory."""
@@ -81,6 +95,46 @@ class Settings(BaseSettings):
                              "(e.g. `openssl rand -hex 16`)")
         return v
 
+    @field_validator("edge_secret")
+    @classmethod
+    def _edge_secret_is_long(cls, v: str | None) -> str | None:
+        if v is not None and not _SECRET.fullmatch(v):
+            raise ValueError("TIERGATE_EDGE_SECRET must be at least 32 printable ASCII characters without spaces "
+                             "(e.g. `openssl rand -hex 32`): every node's key is derived from it")
+        return v
+
+    @field_validator("edge_networks")
+    @classmethod
+    def _networks_parse(cls, v: str | None) -> str | None:
+        if v is not None:
+            for item in v.split(","):
+                try:
+                    ipaddress.ip_network(item.strip(), strict=False)
+                except ValueError:
+                    raise ValueError(f"TIERGATE_EDGE_NETWORKS: {item.strip()!r} is not a network like 10.0.0.0/8 "
+                                     f"or fd00::/8 (comma-separated)") from None
+        return v
+
+    @field_validator("backend_ca_file")
+    @classmethod
+    def _ca_file_loads(cls, v: Path | None) -> Path | None:
+        if v is not None:
+            try:
+                ssl.create_default_context(cafile=str(v))
+            except (OSError, ssl.SSLError) as exc:
+                raise ValueError(f"TIERGATE_BACKEND_CA_FILE={str(v)!r}: not a readable PEM file of CA "
+                                 f"certificates: {exc}") from None
+        return v
+
+    def edge_network_list(self) -> list[ipaddress.IPv4Network | ipaddress.IPv6Network]:
+        """TIERGATE_EDGE_NETWORKS parsed (empty: unset)."""
+        items = (self.edge_networks or "").split(",")
+        return [ipaddress.ip_network(i.strip(), strict=False) for i in items if i.strip()]
+
+    def backend_ssl(self) -> ssl.SSLContext | None:
+        """The TLS context verifying https:// backends against TIERGATE_BACKEND_CA_FILE (None: the system's CAs)."""
+        return ssl.create_default_context(cafile=str(self.backend_ca_file)) if self.backend_ca_file else None
+
     @model_validator(mode="after")
     def _no_public_demo_key(self) -> Settings:
         """The demo key is public (it is in the README): never serve it where others can reach the gateway."""
@@ -91,14 +145,3 @@ class Settings(BaseSettings):
                 f"or set TIERGATE_DEMO_KEY=false, or bind to 127.0.0.1")
         return self
 
-
-def is_loopback(host: str) -> bool:
-    """True for `localhost` and loopback addresses (127.0.0.0/8, ::1); false for 0.0.0.0, ::, any other address or
-    name (a name may resolve anywhere)."""
-    name = host.strip().strip("[]").lower()
-    if name == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(name).is_loopback
-    except ValueError:
-        return False

@@ -18,6 +18,7 @@ from tiergate.cache.redis.conn import AnyRedis
 from tiergate.core.errors import not_found
 from tiergate.core.pool import Pool
 from tiergate.gateway.admission import Admission
+from tiergate.gateway.pools.access import BackendAccess, tier_headers
 from tiergate.gateway.pools.cloud import CloudPool, CloudPoolSettings
 from tiergate.gateway.pools.edge import EdgePool
 from tiergate.gateway.pools.metrics import CloudMetrics
@@ -46,18 +47,23 @@ class Tier:
         return text
 
 
-def make_pool(config: TierConfig, redis: AnyRedis | None, cloud_metrics: CloudMetrics) -> Pool:
+def make_pool(config: TierConfig, redis: AnyRedis | None, cloud_metrics: CloudMetrics,
+              access: BackendAccess | None = None) -> Pool:
     """The pool for a tier: edge nodes (registration by heartbeat, static endpoints polled) or vLLM servers.
 
-    A cloud tier marked `stand_in` is a llama.cpp server, not vLLM, so it gets the generic edge pool.
+    A cloud tier marked `stand_in` is a llama.cpp server, not vLLM, so it gets the generic edge pool. `access` is
+    the gateway's (its TLS context and edge secret); the tier's own key is added from its `api_key_env`.
     """
     model = config.served_model or config.model
+    base = access or BackendAccess()
+    tier_access = BackendAccess(tier_headers(config.name, config.api_key_env), base.tls, base.edge_secret)
     if config.kind == "edge" or config.stand_in:
-        return EdgePool(config.name, list(config.endpoints), model, redis=redis, max_context=config.max_context)
-    return CloudPool(cloud_settings(config), metrics=cloud_metrics)
+        return EdgePool(config.name, list(config.endpoints), model, redis=redis, max_context=config.max_context,
+                        access=tier_access)
+    return CloudPool(cloud_settings(config, tier_access), metrics=cloud_metrics)
 
 
-def cloud_settings(config: TierConfig) -> CloudPoolSettings:
+def cloud_settings(config: TierConfig, access: BackendAccess | None = None) -> CloudPoolSettings:
     """A cloud tier's pool settings from its config: what `discovery` and `routing` say, else the pool's defaults."""
     options: dict[str, Any] = {}
     if (discovery := config.discovery) is not None:
@@ -68,6 +74,8 @@ def cloud_settings(config: TierConfig) -> CloudPoolSettings:
                        cached_load_bound=routing.cached_load_bound, affinity_chars=routing.affinity_chars)
         if routing.max_num_seqs:
             options.update(slots=routing.max_num_seqs)
+    if access is not None:
+        options.update(access=access)
     return CloudPoolSettings(config.name, config.served_model or config.model, tuple(config.endpoints),
                              max_context=config.max_context, **options)
 
@@ -131,9 +139,11 @@ class Tiers(Mapping[str, Tier]):
     reload is still served by the tier it was decided for.
     """
 
-    def __init__(self, redis: AnyRedis | None, cloud_metrics: CloudMetrics) -> None:
+    def __init__(self, redis: AnyRedis | None, cloud_metrics: CloudMetrics,
+                 access: BackendAccess | None = None) -> None:
         self._redis = redis
         self._cloud_metrics = cloud_metrics
+        self._access = access
         self._current: Routing | None = None
         self._holders: dict[Routing, int] = {}  # versions requests still hold (the current one always listed)
         self._stopping: set[asyncio.Task[None]] = set()
@@ -185,7 +195,7 @@ class Tiers(Mapping[str, Tier]):
                 if was is not None and was.config == config:
                     new[name] = was
                     continue
-                pool = make_pool(config, self._redis, self._cloud_metrics)
+                pool = make_pool(config, self._redis, self._cloud_metrics, self._access)
                 started.append(pool)
                 await pool.start()
                 new[name] = Tier(name, config, pool, Admission(capacity_of(config, pool),

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import ssl
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
@@ -252,13 +253,15 @@ def _first_token(endpoint: Endpoint, batch: list[bytes]) -> bool | None:
 
 
 class UpstreamClient:
-    def __init__(self, *, max_connections: int = 1000) -> None:
+    def __init__(self, *, max_connections: int = 1000, tls: ssl.SSLContext | None = None) -> None:
         self._max_connections = max_connections
+        self._ssl = tls  # verifies https:// backends (TIERGATE_BACKEND_CA_FILE); None: the system's CAs
         self._session: aiohttp.ClientSession | None = None
 
     async def start(self) -> None:
         connector = aiohttp.TCPConnector(limit=self._max_connections, limit_per_host=0,
-                                         keepalive_timeout=30, ttl_dns_cache=10, enable_cleanup_closed=True)
+                                         keepalive_timeout=30, ttl_dns_cache=10, enable_cleanup_closed=True,
+                                         ssl=self._ssl if self._ssl is not None else True)
         self._session = aiohttp.ClientSession(connector=connector, auto_decompress=False,
                                               skip_auto_headers=("User-Agent",), timeout=aiohttp.ClientTimeout())
 
@@ -283,7 +286,7 @@ class UpstreamClient:
         """
         url = endpoint.base_url + path
         timeout = aiohttp.ClientTimeout(total=timeouts.total_s, sock_connect=timeouts.connect_s)
-        headers = {"content-type": "application/json", "x-request-id": request_id}
+        headers = {"content-type": "application/json", "x-request-id": request_id, **endpoint.headers}  # its key
         tracing.inject(headers)  # W3C traceparent: the backend's spans join the request's trace (when tracing is on)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeouts.total_s

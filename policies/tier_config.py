@@ -73,6 +73,11 @@ class TierConfig(StrictModel):
         None, description="model name the backends serve (vLLM --served-model-name); default: `model`")
     description: str = ""
     endpoints: list[str] = Field(default_factory=list, description="static base URLs, without /v1")
+    api_key_env: str | None = Field(
+        None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$",
+        description="environment variable on the gateway holding the API key its backends require (vLLM "
+                    "--api-key / VLLM_API_KEY, edge-node --api-key), sent as `Authorization: Bearer`; edge nodes "
+                    "registered with their own node key are sent their own key instead")
     discovery: DiscoveryConfig | None = None
     routing: RoutingConfig | None = Field(
         None, description="cloud tiers of vLLM servers: how one server is picked (default: prefix affinity)")

@@ -1,7 +1,8 @@
 """The edge node's HTTP app: OpenAI-compatible endpoints over the batching engine, plus what operators read.
 
 `/v1/chat/completions` and `/v1/completions` (`edge_node.server.completions`), `/v1/models`, `/health` (slots, busy,
-queued: what the gateway balances on) and Prometheus `/metrics`. Errors are OpenAI error objects everywhere.
+queued: what the gateway balances on) and Prometheus `/metrics`. Errors are OpenAI error objects everywhere. With
+API keys (`ServerState.api_keys`) everything but `/health` requires one (`edge_node.server.auth`).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from tiergate.core.errors import OpenAIError, not_found
 from tiergate.core.http import error_response
 from tiergate.core.tracing import TracingMiddleware
 from tiergate.edge_node.engine.request import ActiveRequest
+from tiergate.edge_node.server.auth import ApiKeyMiddleware
 from tiergate.edge_node.server.completions import Completions
 from tiergate.edge_node.server.state import ServerState
 
@@ -79,7 +81,7 @@ def create_app(state: ServerState) -> Starlette:
             await asyncio.to_thread(engine.stop)
             tracing.shutdown()  # flush the spans still batched
 
-    middleware = []
+    middleware = [Middleware(ApiKeyMiddleware, keys=state.api_keys)] if state.api_keys else []
     if tracing.configure("tiergate-edge-node"):  # off unless the environment says where spans go
         middleware.append(Middleware(TracingMiddleware, paths=TRACED, on_end=_engine_phases))
     routes = [

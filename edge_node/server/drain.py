@@ -34,9 +34,12 @@ class DrainingServer:
     """Runs the node's app; `engine_failed` (from the engine thread) deregisters and exits."""
 
     def __init__(self, app: Any, host: str, port: int, drain_timeout: float, state: ServerState | None,
-                 registrar: _Deregisters | None, log_level: str) -> None:
+                 registrar: _Deregisters | None, log_level: str, *, ssl_certfile: str | None = None,
+                 ssl_keyfile: str | None = None) -> None:
+        # HTTPS when given a certificate and its key (uvicorn's own TLS); proxy headers never rewrite the peer
         config = uvicorn.Config(app, host=host, port=port, log_level="warning" if log_level == "info" else log_level,
-                                access_log=False, lifespan="on")
+                                access_log=False, lifespan="on", ssl_certfile=ssl_certfile, ssl_keyfile=ssl_keyfile,
+                                proxy_headers=False)
         outer = self
 
         class _Server(DeadlineServer):

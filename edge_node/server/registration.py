@@ -1,10 +1,13 @@
 """Announce this edge node to a gateway and keep its load reading fresh.
 
 Every ~2 s: `POST {gateway}/edge/v1/heartbeat` with {"node_id","url","model","slots","busy","queued","ctx"}
-and `Authorization: Bearer <edge token>`; the first heartbeat registers the node. The gateway expires
-nodes that go silent, so heartbeats are the registration. When the gateway is unreachable the node
-keeps serving and retries with exponential backoff (capped, jittered). On drain, `deregister()` tells
-the gateway to stop routing here before in-flight requests finish.
+and `Authorization: Bearer <node key>` (this node's own key, `--node-key`) or `Bearer <edge token>` (shared); the
+first heartbeat registers the node. The gateway expires nodes that go silent, so heartbeats are the registration.
+Every heartbeat and the deregistration also carry this process's claim (`core.edge_identity.CLAIM_HEADER`, random,
+made at start): a gateway that lets the node in by the shared token (or by being on the same machine) binds the
+node id to it, so no other process can refresh, replace or remove this node's registration. When the gateway is
+unreachable the node keeps serving and retries with exponential backoff (capped, jittered). On drain,
+`deregister()` tells the gateway to stop routing here before in-flight requests finish.
 """
 
 from __future__ import annotations
@@ -12,12 +15,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
+import secrets
+import ssl
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import aiohttp
 import structlog
 
+from tiergate.core.edge_identity import CLAIM_HEADER
 from tiergate.core.tasks import cancel_and_wait
 from tiergate.edge_node.engine.engine import EngineStats
 
@@ -31,6 +37,13 @@ class NodeIdentity:
     node_id: str
     url: str  # base URL the gateway should call, without /v1
     model: str
+
+
+_HINTS = {
+    401: "check --node-key (TIERGATE_EDGE_NODE_KEY, for this --node-id) or --token",
+    403: "check --node-key (TIERGATE_EDGE_NODE_KEY, for this --node-id) or --token",
+    409: "another node holds this --node-id: give each node its own id",
+}
 
 
 class Registrar:
@@ -47,11 +60,15 @@ class Registrar:
         max_backoff_s: float = 30.0,
         timeout_s: float = 3.0,
         tier: str | None = None,
+        node_key: str | None = None,
+        gateway_tls: ssl.SSLContext | None = None,
     ) -> None:
         self.gateway = gateway_url.rstrip("/")
         self.tier = tier
         self.identity = identity
-        self._token = token
+        self._token = node_key or token  # the node's own key proves its id; the shared token only lets it in
+        self._claim = secrets.token_urlsafe(32)
+        self._tls = gateway_tls
         self._stats = stats
         self.interval = interval_s
         self.max_backoff = max_backoff_s
@@ -87,8 +104,11 @@ class Registrar:
 
     def _ensure_session(self) -> aiohttp.ClientSession:
         if self._session is None:
-            headers = {"Authorization": f"Bearer {self._token}"} if self._token else {}
-            self._session = aiohttp.ClientSession(timeout=self._timeout, headers=headers)
+            headers = {CLAIM_HEADER: self._claim}
+            if self._token:
+                headers["Authorization"] = f"Bearer {self._token}"
+            connector = aiohttp.TCPConnector(ssl=self._tls if self._tls is not None else True)
+            self._session = aiohttp.ClientSession(timeout=self._timeout, headers=headers, connector=connector)
         return self._session
 
     async def start(self) -> None:
@@ -114,13 +134,13 @@ class Registrar:
                     self.registered = True
                     self.failures = 0
                     return True
-                detail = (await resp.read())[:200].decode("utf-8", errors="replace")  # any bytes, any charset
-                self._failed(f"HTTP {resp.status}: {detail}", auth=resp.status in (401, 403))
+                detail = (await resp.read())[:400].decode("utf-8", errors="replace")  # any bytes, any charset
+                self._failed(f"HTTP {resp.status}: {detail}", hint=_HINTS.get(resp.status))
         except (TimeoutError, aiohttp.ClientError, OSError) as e:
             self._failed(f"{type(e).__name__}: {e}" if str(e) else type(e).__name__)
         return False
 
-    def _failed(self, why: str, auth: bool = False) -> None:
+    def _failed(self, why: str, hint: str | None = None) -> None:
         self.failures += 1
         self.registered = False
         # Log the first failure and then every 10th, not every retry.
@@ -130,7 +150,7 @@ class Registrar:
                 gateway=self.gateway,
                 reason=why,
                 failures=self.failures,
-                hint="check --token" if auth else None,
+                hint=hint,
             )
 
     async def _loop(self) -> None:

@@ -19,6 +19,7 @@ class ServerState:
     draining: bool = False
     test_hooks: bool = False  # POST /_test/hold and /_test/release (TIERGATE_EDGE_TEST_HOOKS=1): tests only
     node_id: str | None = None
+    api_keys: tuple[str, ...] = ()  # bearer keys every request but /health must carry (none: the API is open)
     started: int = field(default_factory=lambda: int(time.time()))
     on_startup: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
     on_shutdown: list[Callable[[], Awaitable[None]]] = field(default_factory=list)

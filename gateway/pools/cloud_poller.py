@@ -109,7 +109,9 @@ class CloudPoller:
         self._stopping = False
         timeout = self.settings.poll_timeout_s
         self._session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=64, limit_per_host=4, keepalive_timeout=30),
+            connector=aiohttp.TCPConnector(limit=64, limit_per_host=4, keepalive_timeout=30,
+                                           ssl=self.settings.access.connector_ssl),
+            headers=self.settings.access.headers,  # vLLM guards /v1/models with its --api-key
             timeout=aiohttp.ClientTimeout(total=timeout, connect=timeout),
         )
         await self.refresh()
@@ -147,7 +149,8 @@ class CloudPoller:
             return existing
         s = self.settings
         server = CloudServer(
-            endpoint=Endpoint(id=ep_id, base_url=base_url, model=s.model, tier=self.tier, slots=s.slots),
+            endpoint=Endpoint(id=ep_id, base_url=base_url, model=s.model, tier=self.tier, slots=s.slots,
+                              headers=dict(s.access.headers)),
             static=static,
             breaker=CircuitBreaker(s.breaker_threshold, s.breaker_open_s, clock=self._clock, min_sources=2),
             window=Window(s.rate_window_s),

@@ -6,8 +6,9 @@ own when the config says nothing. Tested in `tests/gateway/pools/test_cloud.py` 
 
 from __future__ import annotations
 
-from dataclasses import KW_ONLY, dataclass
+from dataclasses import KW_ONLY, dataclass, field
 
+from tiergate.gateway.pools.access import BackendAccess
 from tiergate.gateway.pools.selection import Strategy
 
 __all__ = ["CloudPoolSettings"]
@@ -47,6 +48,8 @@ class CloudPoolSettings:
     rate_window_s: float = 60.0
     breaker_threshold: int = 3
     breaker_open_s: float = 10.0
+    # the API key the servers require (vLLM --api-key) and the CAs their TLS is verified with
+    access: BackendAccess = field(default_factory=BackendAccess)
 
     def __post_init__(self) -> None:
         if not self.endpoints and not self.dns:

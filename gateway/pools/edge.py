@@ -18,12 +18,14 @@ from typing import TYPE_CHECKING, Any
 import aiohttp
 import structlog
 
+from tiergate.gateway.pools.access import BackendAccess
 from tiergate.gateway.pools.breaker import CircuitBreaker
 from tiergate.gateway.pools.edge_health import EdgeHealth
 from tiergate.gateway.pools.edge_registry import (
     EdgeRegistry,
     HeartbeatError,
     NodeInfo,
+    NodeOwned,
     last_seen,
     parse_heartbeat,
 )
@@ -34,7 +36,7 @@ if TYPE_CHECKING:
     from tiergate.core.types import Features
     from tiergate.core.wire import ParsedRequest
 
-__all__ = ["EdgePool", "HeartbeatError", "NodeInfo", "parse_heartbeat"]
+__all__ = ["EdgePool", "HeartbeatError", "NodeInfo", "NodeOwned", "parse_heartbeat"]
 
 log = structlog.get_logger("edge_node.pool")
 
@@ -58,14 +60,17 @@ class EdgePool:
         max_context: int | None = None,
         key_prefix: str = "tiergate:edge",
         clock: Callable[[], float] = time.time,
+        access: BackendAccess | None = None,
     ) -> None:
         self.tier: str = tier
         self.model = model
         self.ttl_s = ttl_s
         self.max_context = max_context
         self._clock = clock
+        self.access = access or BackendAccess()
         self.registry = EdgeRegistry(tier, static_endpoints, model, redis, ttl_s, max_context=max_context,
-                                     key_prefix=key_prefix, clock=clock)
+                                     key_prefix=key_prefix, clock=clock, static_headers=self.access.headers,
+                                     node_headers=self.access.node_headers)
         self.health = EdgeHealth(self.registry, poll_interval_s=poll_interval_s, lost_after=lost_after)
         self._refresh_interval = refresh_interval_s
         self._failure_threshold = failure_threshold
@@ -125,6 +130,7 @@ class EdgePool:
         if self._tasks:
             return
         self._session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(ssl=self.access.connector_ssl),
             timeout=aiohttp.ClientTimeout(total=min(2.0, self.health.poll_interval_s)))
         self._tasks.append(asyncio.create_task(self.health.run(self._session), name=f"edge-pool-poll-{self.tier}"))
         self._tasks.append(asyncio.create_task(self.registry.keep_fresh(self._refresh_interval),
@@ -143,14 +149,17 @@ class EdgePool:
 
     # ------------------------------------------------------------------ registration (gateway/admin.py)
 
-    async def heartbeat(self, info: bytes | Mapping[str, Any] | NodeInfo) -> Endpoint:
-        """Register or refresh a node. Raises HeartbeatError on a malformed heartbeat."""
-        return await self.registry.heartbeat(info)
+    async def heartbeat(self, info: bytes | Mapping[str, Any] | NodeInfo, *, owner: str = "",
+                        authoritative: bool = False) -> Endpoint:
+        """Register or refresh a node for `owner` (see `EdgeRegistry.heartbeat`). Raises HeartbeatError on a
+        malformed heartbeat, NodeOwned when another owner holds the node id."""
+        return await self.registry.heartbeat(info, owner=owner, authoritative=authoritative)
 
-    async def deregister(self, node_id: str) -> bool:
-        """Forget a node now (it is draining). True if it was known."""
+    async def deregister(self, node_id: str, *, owner: str = "", authoritative: bool = False) -> bool:
+        """Forget a node now (it is draining). True if it was known; NodeOwned when another owner holds it."""
+        known = await self.registry.deregister(node_id, owner=owner, authoritative=authoritative)
         self._breakers.pop(node_id, None)
-        return await self.registry.deregister(node_id)
+        return known
 
     async def refresh(self) -> None:
         """Expire silent nodes and (with Redis) load every node any replica has heard from."""

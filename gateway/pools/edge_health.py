@@ -43,7 +43,7 @@ class EdgeHealth:
     async def _probe(self, session: aiohttp.ClientSession, ep: Endpoint) -> None:
         """Is a registered node alive? Any answer from /health says so (its load comes with its heartbeats)."""
         try:
-            async with session.get(f"{ep.base_url}/health") as r:
+            async with session.get(f"{ep.base_url}/health", headers=ep.headers) as r:
                 await r.read()
         except Exception as e:  # noqa: BLE001 - any failure to reach the node counts against it
             self._poll_failed(ep, f"{type(e).__name__}: {e}" if str(e) else type(e).__name__)
@@ -73,7 +73,7 @@ class EdgeHealth:
         """Learn a static node's model, slots and load from /health (or /v1/models for other servers)."""
         x = ep.extra
         try:
-            async with session.get(f"{ep.base_url}/health") as r:
+            async with session.get(f"{ep.base_url}/health", headers=ep.headers) as r:
                 if r.status in (200, 503):
                     body = await r.json(content_type=None)
                     if isinstance(body, dict) and "slots" in body:
@@ -86,7 +86,7 @@ class EdgeHealth:
                                  busy=body.get("busy"), queued=body.get("queued"), ctx=body.get("ctx"),
                                  poll_failures=0)
                         return
-            async with session.get(f"{ep.base_url}/v1/models") as r:
+            async with session.get(f"{ep.base_url}/v1/models", headers=ep.headers) as r:
                 if r.status == 200:
                     data = (await r.json(content_type=None)).get("data") or []
                     if data:

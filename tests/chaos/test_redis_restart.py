@@ -22,6 +22,7 @@ from tests.chaos.record import record
 from tests.chaos.traffic import Traffic, summarize
 from tests.gateway.conftest import write_policy
 from tests.support.instant_upstream import make_app
+from tests.support.registration import CLAIM
 from tests.support.servers import aiohttp_server, gateway_server
 from tests.support.waiting import wait_until
 from tiergate.gateway.auth import KeyRing
@@ -53,7 +54,7 @@ class Heartbeats:
         with httpx.Client(timeout=2) as c:
             while not self._stop.is_set():
                 try:
-                    r = c.post(self.gateway_url + "/edge/v1/heartbeat",
+                    r = c.post(self.gateway_url + "/edge/v1/heartbeat", headers=CLAIM,
                                json={"node_id": "node-a", "url": self.node_url, "model": "edge-model", "slots": 16,
                                      "busy": 0, "queued": 0, "ctx": 2048})
                     self.sent[r.status_code] += 1
@@ -158,7 +159,7 @@ def test_redis_restart_does_not_unregister_live_edge_nodes(tmp_path: Path, redis
         pol = write_policy(tmp_path / "policy.yaml", [], [cloud.url], fallback=False, cache=False)
         with gateway_server(Settings(policy=pol, embedder=None, redis_url=redis_url), keyring=keyring(tmp_path),
                             ready=False) as gw:
-            r = httpx.post(gw.url + "/edge/v1/heartbeat", timeout=5, json={
+            r = httpx.post(gw.url + "/edge/v1/heartbeat", timeout=5, headers=CLAIM, json={
                 "node_id": "node-a", "url": edge.url, "model": "edge-model", "slots": 4})
             assert r.status_code == 200
             pool = gw.gateway.tiers["edge"].pool

@@ -19,6 +19,7 @@ import yaml
 from pydantic import ValidationError
 
 from tests.support.tools import require_tool
+from tiergate.core.edge_identity import node_key
 from tiergate.gateway.settings import Settings
 from tiergate.policies.loader import load_policy
 
@@ -27,7 +28,9 @@ DEPLOY = REPO / "deploy"
 COMPOSE = DEPLOY / "docker-compose.yml"
 UNIT = DEPLOY / "systemd" / "edge-node.service"
 ENV_EXAMPLE = DEPLOY / "systemd" / "edge-node.env.example"
-COMPOSE_ENV = {"TIERGATE_ADMIN_KEY": "admin-test", "TIERGATE_EDGE_TOKEN": "edge-test",
+EDGE_SECRET = "compose-edge-secret-0123456789abcdef"
+COMPOSE_ENV = {"TIERGATE_ADMIN_KEY": "admin-test", "TIERGATE_EDGE_SECRET": EDGE_SECRET,
+               "EDGE_NODE_KEY": node_key(EDGE_SECRET, "edge-1"), "VLLM_API_KEY": "vllm-test-key-0123",
                "TIERGATE_API_KEYS": "compose-key-1=team:normal"}
 
 
@@ -99,7 +102,8 @@ def test_compose_services_fit_together(tmp_path: Path):
     config = yaml.safe_load(_compose_config(tmp_path, COMPOSE_ENV).stdout)
     services = config["services"]
     gw_env = services["gateway"]["environment"]
-    assert set(gw_env) <= _gateway_settings(), set(gw_env) - _gateway_settings()
+    policy_keys = {t.api_key_env for t in load_policy(DEPLOY / "compose" / "policy.yaml").tiers.values()} - {None}
+    assert set(gw_env) <= _gateway_settings() | policy_keys, set(gw_env) - _gateway_settings() - policy_keys
     assert gw_env["TIERGATE_REDIS_URL"] == "redis://redis:6379/0"
     # the policy is bind-mounted as a directory holding the file the gateway reads (edits are hot-reloaded)
     policy = Path(gw_env["TIERGATE_POLICY"])
@@ -107,13 +111,14 @@ def test_compose_services_fit_together(tmp_path: Path):
     (source,) = [m[0] for m in mounts if m[1] == str(policy.parent)]
     policy_file = Path(source) / policy.name
     assert policy_file == DEPLOY / "compose" / "policy.yaml" and policy_file.is_file()
-    # the edge node registers with this gateway using the same token, with flags edge-node serve has
+    # the edge node registers with this gateway with the key of its id, with flags edge-node serve has
     edge = services["edge"]
     flags = {a for a in edge["command"] if a.startswith("--")}
     assert flags <= _edge_serve_options(), flags - _edge_serve_options()
     cmd = edge["command"]
     assert cmd[cmd.index("--gateway") + 1] == "http://gateway:8080"
-    assert edge["environment"]["TIERGATE_EDGE_TOKEN"] == gw_env["TIERGATE_EDGE_TOKEN"]
+    node_id = cmd[cmd.index("--node-id") + 1]
+    assert edge["environment"]["TIERGATE_EDGE_NODE_KEY"] == node_key(gw_env["TIERGATE_EDGE_SECRET"], node_id)
     # vLLM gets a GPU reservation and serves the model name the policy's cloud tier expects
     vllm = services["vllm"]
     assert vllm["deploy"]["resources"]["reservations"]["devices"][0]["capabilities"] == ["gpu"]
@@ -177,7 +182,7 @@ def test_systemd_unit_flags_and_variables_exist():
     used = set(re.findall(r"\$\{?([A-Z_]+)\}?", " ".join(argv)))
     env = dict(ln.split("=", 1) for ln in ENV_EXAMPLE.read_text().splitlines() if ln and not ln.startswith("#"))
     assert used <= set(env), f"variables the unit uses but the example env file lacks: {used - set(env)}"
-    assert "TIERGATE_EDGE_TOKEN" in env  # read by `edge-node serve --token` from the environment
+    assert "TIERGATE_EDGE_NODE_KEY" in env  # read by `edge-node serve --node-key` from the environment
     text = UNIT.read_text()
     timeout = int(re.search(r"^TimeoutStopSec=(\d+)", text, flags=re.MULTILINE).group(1))
     drain = float(argv[argv.index("--drain-timeout") + 1])

@@ -25,6 +25,7 @@ import yaml
 from tests.support.kube import CHART, KUBE_VERSIONS, REPO, helm, render_chart, validate_object
 from tiergate.cloud_pool.render import kubernetes_objects
 from tiergate.cloud_pool.spec import KubernetesOptions, ModelCache, VllmSpec
+from tiergate.core.edge_identity import is_loopback
 from tiergate.gateway.settings import Settings
 from tiergate.policies.loader import load_policy
 
@@ -229,7 +230,7 @@ def test_secret_values_land_in_the_secret_and_keys_file_is_mounted(rendered):
     objs = rendered["small-values.yaml"]
     secret = _by_kind(objs, "Secret")[0]
     data = {k: base64.b64decode(v).decode() for k, v in secret["data"].items()}
-    assert data["admin-key"] == "change-me-admin" and data["edge-token"] == "change-me-edge"
+    assert data["admin-key"] == "change-me-admin" and data["edge-secret"] == "change-me-edge-secret-0123456789abcdef"
     assert "tenants:" in data["keys.yaml"]
     container = _gateway(objs)["spec"]["template"]["spec"]["containers"][0]
     keys_file = next(e["value"] for e in container["env"] if e["name"] == "TIERGATE_API_KEYS_FILE")
@@ -371,6 +372,57 @@ def test_every_vllm_flag_the_chart_renders_exists_in_vllm(rendered):
     assert help_text, proc.stderr[-3000:]
     missing = sorted(f for f in flags if f not in help_text)
     assert not missing, f"flags vLLM does not know: {missing}"
+
+
+# ---- nothing listens off loopback without its key (issue 39, item 3) -------------------------------------------
+
+def _vllm_servers(objs: list[dict[str, Any]]) -> list[tuple[dict[str, Any], list[str]]]:
+    """Every container running `vllm serve`, with its argv (a Ray leader's is the `exec vllm ...` line)."""
+    out = []
+    for pod in _pod_templates(objs):
+        for c in pod["spec"]["containers"]:
+            cmd = [*c.get("command", []), *c.get("args", [])]
+            if cmd[:2] == ["/bin/sh", "-c"]:
+                lines = [ln for ln in cmd[2].splitlines() if ln.startswith("exec ") and "vllm" in ln.split()[1]]
+                cmd = shlex.split(lines[0][5:]) if lines else []
+            if cmd[:2] == ["vllm", "serve"]:
+                out.append((c, cmd))
+    return out
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_no_vllm_server_listens_off_loopback_without_its_key_and_the_gateway_has_it(rendered, scenario, tmp_path):
+    objs = rendered[scenario]
+    gateway_env = {e["name"]: e for e in _gateway(objs)["spec"]["template"]["spec"]["containers"][0]["env"]}
+    secret_of: dict[str, str] = {}  # served model name -> the Secret holding its servers' key
+    for container, argv in _vllm_servers(objs):
+        host = argv[argv.index("--host") + 1] if "--host" in argv else "0.0.0.0"  # vLLM's default: every address
+        if is_loopback(host):
+            continue
+        env = {e["name"]: e for e in container.get("env", [])}
+        assert "--api-key" not in argv, "the key belongs in a Secret, not on the command line"
+        ref = env["VLLM_API_KEY"]["valueFrom"]["secretKeyRef"]
+        assert ref["key"] == "VLLM_API_KEY" and ref["name"]
+        served = argv[argv.index("--served-model-name") + 1]
+        secret_of[served] = ref["name"]
+    if not _merged_values(scenario)["vllm"]["enabled"]:
+        assert not secret_of
+        return
+    assert secret_of, "the scenario runs vLLM servers"
+    cm = _one(objs, "ConfigMap", "-policy")
+    (tmp_path / "policy.yaml").write_text(cm["data"]["policy.yaml"])
+    for tier in load_policy(tmp_path / "policy.yaml").tiers.values():
+        if tier.kind == "cloud" and tier.discovery is not None:  # a pool of this chart: the gateway presents its key
+            assert tier.api_key_env in gateway_env, f"tier {tier.name}: api_key_env {tier.api_key_env}"
+            ref = gateway_env[tier.api_key_env]["valueFrom"]["secretKeyRef"]
+            assert (ref["name"], ref["key"]) == (secret_of[tier.served_model or tier.model], "VLLM_API_KEY")
+
+
+def test_a_vllm_pool_without_its_key_does_not_render():
+    pool = {"name": "open", "model": "m", "kubernetes": {"api_key_secret": None}}
+    proc = render_chart({"vllm": {"pools": [pool]}}, check=False)
+    assert proc.returncode != 0
+    assert "vllm pool open: set kubernetes.api_key_secret" in proc.stderr and "VLLM_API_KEY_OPEN" in proc.stderr
 
 
 # ---- mistakes in values fail the render with a message that says what to fix ----------------------------------

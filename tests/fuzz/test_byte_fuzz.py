@@ -17,6 +17,7 @@ import pytest
 from tests.gateway.conftest import stack
 from tests.support.fuzz_cases import Target, generate
 from tests.support.fuzz_client import UVICORN_400, Result, send
+from tests.support.registration import CLAIM
 
 HANG_S = 60.0  # a case unanswered this long is a hang (instant backends, a tiny model: answers take milliseconds)
 
@@ -59,7 +60,7 @@ def test_an_unknown_field_whose_name_is_not_utf8_is_a_400(gateway):
 ], ids=["heartbeat", "deregister"])
 def test_edge_registration_that_is_not_utf8_is_a_400(gateway, path, body):
     r = httpx.post(gateway["gw"].url + path, content=body, timeout=30,
-                   headers={"Authorization": "Bearer fuzz-edge-token", "content-type": "application/json"})
+                   headers={"Authorization": "Bearer fuzz-edge-token", "content-type": "application/json", **CLAIM})
     assert r.status_code == 400, (r.status_code, r.text[:300])
     assert r.json()["error"]["type"] == "invalid_request_error"
 

@@ -9,6 +9,7 @@ import pytest
 
 from tests.gateway.conftest import stack
 from tests.support.instant_upstream import GATE, make_app
+from tests.support.registration import CLAIM
 from tests.support.servers import aiohttp_server
 from tests.support.waiting import eventually, wait_until
 from tiergate.gateway.auth import KeyRing
@@ -257,11 +258,11 @@ def test_edge_nodes_register_by_heartbeat_and_get_traffic(tmp_path):
                           headers={"Authorization": "Bearer key-alpha-1"}).headers["x-tiergate-tier"] == "cloud"
         with aiohttp_server(make_app(4, "ok", model="edge-node-model")) as node:
             hb = {"node_id": "n1", "url": node.url, "model": "edge-node-model", "slots": 4, "busy": 0, "queued": 0}
-            assert httpx.post(base + "/edge/v1/heartbeat", json=hb).status_code == 200
+            assert httpx.post(base + "/edge/v1/heartbeat", json=hb, headers=CLAIM).status_code == 200
             r = httpx.post(base + "/v1/chat/completions", json=CHAT, headers={"Authorization": "Bearer key-alpha-1"})
             assert r.headers["x-tiergate-tier"] == "edge" and r.json()["model"] == "edge-node-model"
-            assert httpx.post(base + "/edge/v1/heartbeat", json={"node_id": ""}).status_code == 400
-            assert httpx.post(base + "/edge/v1/deregister", json={"node_id": "n1"}).json()["known"] is True
+            assert httpx.post(base + "/edge/v1/heartbeat", json={"node_id": ""}, headers=CLAIM).status_code == 400
+            assert httpx.post(base + "/edge/v1/deregister", json={"node_id": "n1"}, headers=CLAIM).json()["known"]
             r = httpx.post(base + "/v1/chat/completions", json=CHAT, headers={"Authorization": "Bearer key-alpha-1"})
             assert r.headers["x-tiergate-tier"] == "cloud"
 
@@ -270,7 +271,8 @@ def test_edge_token_is_enforced_when_set(tmp_path):
     with stack(tmp_path, settings={"edge_token": "s3cret"}) as s:
         hb = {"node_id": "n1", "url": "http://127.0.0.1:1", "model": "m", "slots": 1}
         assert httpx.post(s["gw"].url + "/edge/v1/heartbeat", json=hb).status_code == 401
-        ok = httpx.post(s["gw"].url + "/edge/v1/heartbeat", json=hb, headers={"Authorization": "Bearer s3cret"})
+        ok = httpx.post(s["gw"].url + "/edge/v1/heartbeat", json=hb,
+                        headers={"Authorization": "Bearer s3cret", **CLAIM})
         assert ok.status_code == 200
 
 

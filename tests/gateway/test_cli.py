@@ -89,3 +89,41 @@ def test_serve_names_the_variable_of_any_setting_it_cannot_read(captured, monkey
     result = CliRunner().invoke(app, ["serve"])
     assert result.exit_code == 2 and captured == {}
     assert "error: TIERGATE_WORKERS: Input should be a valid integer" in result.output
+
+
+def test_uvicorn_never_rewrites_the_peer_from_proxy_headers(captured, monkeypatch):
+    """The edge registration's "from this machine" check reads the ASGI scope's client: it must stay the socket's
+    peer, never an address a client wrote into X-Forwarded-For (gateway.edge_auth)."""
+    monkeypatch.setenv("TIERGATE_WORKERS", "2")
+    assert CliRunner().invoke(app, ["serve"]).exit_code == 0
+    assert captured["proxy_headers"] is False
+    configs: list[uvicorn.Config] = []
+
+    class FakeServer:
+        def __init__(self, config, *_args) -> None:
+            configs.append(config)
+
+        def run(self) -> None:
+            pass
+
+    monkeypatch.setattr("tiergate.gateway.cli.DrainingServer", FakeServer)
+    monkeypatch.setenv("TIERGATE_WORKERS", "1")
+    result = CliRunner().invoke(app, ["serve"])
+    assert result.exit_code == 0, result.output
+    assert [c.proxy_headers for c in configs] == [False]
+
+
+def test_edge_node_key_prints_a_nodes_key_from_the_secret(monkeypatch):
+    from tiergate.core.edge_identity import node_api_key, node_key
+
+    secret = "gateway-edge-secret-0123456789abcdef"
+    monkeypatch.setenv("TIERGATE_EDGE_SECRET", secret)
+    result = CliRunner().invoke(app, ["edge", "node-key", "jetson-01"])
+    assert result.exit_code == 0, result.output
+    key = node_key(secret, "jetson-01")
+    assert f"TIERGATE_EDGE_NODE_KEY={key}\n" in result.output and node_api_key(key) in result.output
+    monkeypatch.setenv("TIERGATE_EDGE_SECRET", "short")
+    short = CliRunner().invoke(app, ["edge", "node-key", "jetson-01"])
+    assert short.exit_code == 2 and "TIERGATE_EDGE_SECRET" in short.output
+    monkeypatch.setenv("TIERGATE_EDGE_SECRET", secret)
+    assert CliRunner().invoke(app, ["edge", "node-key", "bad id"]).exit_code == 2

@@ -18,6 +18,7 @@ import pytest
 
 from tests.gateway.conftest import KEYS
 from tests.support.instant_upstream import HITS, MODE, make_app
+from tests.support.registration import CLAIM
 from tests.support.servers import aiohttp_server, gateway_server
 from tests.support.waiting import wait_until
 from tiergate.gateway.settings import Settings
@@ -53,7 +54,7 @@ def _stack(tmp_path: Path, first: str, registered: bool = False):
                             ready=not registered) as gw:
             if registered:
                 hb = HEARTBEAT | {"url": edge.url}
-                assert httpx.post(gw.url + "/edge/v1/heartbeat", json=hb, timeout=10).status_code == 200
+                assert httpx.post(gw.url + "/edge/v1/heartbeat", json=hb, headers=CLAIM, timeout=10).status_code == 200
             yield gw, edge, cloud
 
 
@@ -81,7 +82,8 @@ def test_a_request_waiting_on_a_backend_that_hangs_is_retried_elsewhere(tmp_path
 
         def back() -> bool:
             if registered:
-                httpx.post(gw.url + "/edge/v1/heartbeat", json=HEARTBEAT | {"url": edge.url}, timeout=10)
+                httpx.post(gw.url + "/edge/v1/heartbeat", json=HEARTBEAT | {"url": edge.url}, headers=CLAIM,
+                           timeout=10)
             return _ask(gw, False).headers["x-tiergate-tier"] == first
 
         wait_until(back, timeout_s=60, interval_s=0.5, what=f"the {first} backend back in use")

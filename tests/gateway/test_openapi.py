@@ -17,7 +17,8 @@ from tests.gateway.conftest import stack
 from tiergate.gateway.openapi import openapi_document
 
 DOC = json.loads(openapi_document())
-API, EDGE = {"Authorization": "Bearer key-alpha-1"}, {"Authorization": "Bearer edge-t"}
+API = {"Authorization": "Bearer key-alpha-1"}
+EDGE = {"Authorization": "Bearer edge-t", "x-tiergate-node-claim": "openapi-probe-claim-0001"}
 CHAT = {"model": "auto", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
 TEXT = {"model": "auto", "prompt": "hi", "max_tokens": 2}
 NODE = {"node_id": "n1", "url": "http://127.0.0.1:1", "model": "m"}
@@ -48,13 +49,19 @@ PROBES = [
         ({"n_predict": 9}, False), ({"use_beam_search": True}, False), ({"use_beam_search": False}, True),
     ]],
     *[("/edge/v1/heartbeat", {**NODE, **change}, ok) for change, ok in [
-        ({}, True), ({"node_id": ""}, False), ({"url": "ftp://x"}, False), ({"url": "https://x"}, True),
+        ({}, True), ({"node_id": ""}, False), ({"url": "ftp://x"}, False), ({"url": "https://127.0.0.1"}, True),
+        ({"node_id": "a b"}, False), ({"node_id": "n1.edge-2:x_y"}, True), ({"node_id": "-n"}, False),
+        ({"url": "http://127.0.0.1:1/v1"}, True), ({"url": "http://127.0.0.1:1/"}, True),
+        ({"url": "http://127.0.0.1:1/latest/meta-data"}, False), ({"url": "http://127.0.0.1:1/v1?"}, False),
+        ({"url": "http://127.0.0.1:1/#x"}, False), ({"url": "http://user:pw@127.0.0.1:1"}, False),
+        ({"url": "HTTP://127.0.0.1:1"}, False), ({"url": "http://127.0.0.1:"}, False),
+        ({"url": "http://[::1]:1"}, True),
         ({"slots": 0}, False), ({"slots": 1}, True), ({"busy": -1}, False), ({"busy": 0}, True),
         ({"queued": -1}, False), ({"queued": 0}, True),
     ]],
     *[("/edge/v1/deregister", body, ok) for body, ok in [
         ({"node_id": "n1"}, True), ({"node_id": "n1", "tier": None}, True), ({"node_id": ""}, False),
-        ({"node_id": None}, False), ({}, False), ({"node_id": "n1", "slots": 1}, False),
+        ({"node_id": None}, False), ({}, False), ({"node_id": "n1", "slots": 1}, False), ({"node_id": "a/b"}, False),
     ]],
 ]
 
@@ -103,7 +110,7 @@ def test_every_operation_states_its_auth_and_errors():
             if path.startswith("/dashboard"):
                 assert security[0] == "adminKey"
             if path.startswith("/edge/"):
-                assert security == ["edgeToken"]
+                assert security == ["edgeToken", "nodeKey"]
             if security and path != "/dashboard":  # the page itself answers people in HTML
                 assert op["responses"]["401"]["content"]["application/json"]["schema"] == {
                     "$ref": "#/components/schemas/Error"}

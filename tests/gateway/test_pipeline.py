@@ -142,8 +142,8 @@ def test_a_reload_takes_effect_once_its_tiers_are_up_and_requests_queued_across_
     gate, starting, stopped = threading.Event(), threading.Event(), []
     real_make_pool = tiers_module.make_pool
 
-    def make_pool(config, redis, cloud_metrics):
-        pool = real_make_pool(config, redis, cloud_metrics)
+    def make_pool(config, redis, cloud_metrics, access=None):
+        pool = real_make_pool(config, redis, cloud_metrics, access)
         start, stop = pool.start, pool.stop
 
         async def held_start() -> None:

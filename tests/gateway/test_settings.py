@@ -48,3 +48,18 @@ def test_the_refusal_comes_from_the_environment_too_and_does_not_print_other_set
     assert "TIERGATE_DEMO_KEY" in str(err.value) and "admin-secret-value" not in str(err.value)
     monkeypatch.setenv("TIERGATE_DEMO_KEY", "false")
     assert Settings().host == "0.0.0.0"
+
+
+def test_edge_registration_settings_are_checked_naming_the_variable(tmp_path) -> None:
+    with pytest.raises(ValidationError, match="TIERGATE_EDGE_SECRET must be at least 32"):
+        Settings(edge_secret="too-short")
+    with pytest.raises(ValidationError, match="TIERGATE_EDGE_NETWORKS: '10.0.0/8x'"):
+        Settings(edge_networks="10.0.0.0/8, 10.0.0/8x")
+    assert [str(n) for n in Settings(edge_networks="10.0.0.0/8, fd00::/8").edge_network_list()] == \
+        ["10.0.0.0/8", "fd00::/8"]
+    (tmp_path / "ca.pem").write_text("not a certificate")
+    with pytest.raises(ValidationError, match="TIERGATE_BACKEND_CA_FILE"):
+        Settings(backend_ca_file=tmp_path / "ca.pem")
+    with pytest.raises(ValidationError, match="TIERGATE_BACKEND_CA_FILE"):
+        Settings(backend_ca_file=tmp_path / "missing.pem")
+    assert Settings().backend_ssl() is None and Settings(edge_secret="", edge_networks="").edge_secret is None

@@ -17,6 +17,7 @@ import pytest
 
 from tests.support.browser import chromium, text_of, wait_for
 from tests.support.instant_upstream import make_app
+from tests.support.registration import CLAIM
 from tests.support.servers import aiohttp_server, gateway_server
 from tiergate.gateway.settings import Settings
 from tiergate.gateway.stats import Stats
@@ -242,7 +243,8 @@ def test_page_shows_live_numbers_that_change_as_traffic_flows(stack, tmp_path):
     gw, upstream = stack
     node_id = f"jetson-{uuid.uuid4().hex[:6]}"
     hb = httpx.post(gw.url + "/edge/v1/heartbeat", json={"node_id": node_id, "url": upstream.url, "model": "instant",
-                                                          "slots": 4, "busy": 3, "queued": 0, "ctx": 2048})
+                                                          "slots": 4, "busy": 3, "queued": 0, "ctx": 2048},
+                    headers=CLAIM)
     assert hb.status_code == 200, hb.text
 
     with chromium() as browser:

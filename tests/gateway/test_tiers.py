@@ -87,7 +87,7 @@ def pools(monkeypatch) -> dict[str, list[_FakePool]]:
     """Every pool `Tiers` builds, by tier name; a tier named `broken` cannot start."""
     built: dict[str, list[_FakePool]] = {}
 
-    def make(config, redis, metrics):
+    def make(config, redis, metrics, access=None):
         pool = _FakePool(config.name, fail=config.name == "broken")
         built.setdefault(config.name, []).append(pool)
         return pool

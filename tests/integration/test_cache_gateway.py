@@ -17,6 +17,7 @@ import pytest
 from tests.gateway.conftest import write_policy
 from tests.support.instant_upstream import GATE, HITS, LAST_BODY, MODE, make_app
 from tests.support.redis import flushed
+from tests.support.registration import CLAIM
 from tests.support.servers import aiohttp_server, free_port, gateway_server
 from tests.support.waiting import wait_until
 from tiergate.gateway.auth import KeyRing
@@ -117,7 +118,7 @@ def test_two_gateway_processes_share_one_redis_8(tmp_path: Path, redis8_server, 
             assert cache["store"] == "redis-vectorset" and cache["up"] is True and cache["vector_sets"] is True
 
         # The edge registry: a node heard by gateway one is used by gateway two.
-        beat = httpx.post(one + "/edge/v1/heartbeat", timeout=5, json={
+        beat = httpx.post(one + "/edge/v1/heartbeat", timeout=5, headers=CLAIM, json={
             "node_id": "node-a", "url": edge.url, "model": "edge-model", "slots": 4, "busy": 0, "queued": 0,
             "ctx": 2048})
         assert beat.status_code == 200, beat.text

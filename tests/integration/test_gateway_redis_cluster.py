@@ -9,6 +9,7 @@ import pytest
 
 from tests.gateway.conftest import write_policy
 from tests.support.instant_upstream import make_app
+from tests.support.registration import CLAIM
 from tests.support.servers import aiohttp_server, gateway_server
 from tests.support.waiting import wait_until
 from tiergate.gateway.auth import KeyRing
@@ -43,7 +44,7 @@ def test_two_gateways_share_cache_limits_and_edge_registry(tmp_path: Path, redis
         settings = Settings(policy=pol, embedder=None, redis_url=redis_cluster_url)
         with gateway_server(settings, keyring=keyring(tmp_path), ready=False) as one, \
                 gateway_server(settings, keyring=keyring(tmp_path), ready=False) as two:
-            beat = httpx.post(one.url + "/edge/v1/heartbeat", timeout=5, json={
+            beat = httpx.post(one.url + "/edge/v1/heartbeat", timeout=5, headers=CLAIM, json={
                 "node_id": "node-a", "url": edge.url, "model": "edge-model", "slots": 4, "busy": 0, "queued": 0,
                 "ctx": 2048})
             assert beat.status_code == 200, beat.text

@@ -99,3 +99,25 @@ def test_a_policy_without_static_endpoints_reads_nothing() -> None:
 def test_a_context_not_read_is_never_too_small() -> None:
     assert not ServerContext("t", "http://x", 4096, None, "timed out").too_small
     assert ServerContext("t", "http://x", 4096, 4095).too_small and not ServerContext("t", "http://x", 4096, 4096).too_small
+
+
+def test_a_tiers_key_is_presented_when_its_environment_has_it(monkeypatch) -> None:
+    seen: list[str | None] = []
+
+    async def models(request: web.Request) -> web.Response:
+        seen.append(request.headers.get("Authorization"))
+        if request.headers.get("Authorization") != "Bearer vllm-key-0123":
+            return web.json_response({"error": "Unauthorized"}, status=401)
+        return web.json_response(_listing(("m-cloud", 8192)))
+
+    app = web.Application()
+    app.router.add_get("/v1/models", models)
+    with aiohttp_server(app) as server:
+        policy = parse_policy(_policy([], [server.url]).replace("max_context: 8192,",
+                                                                 "max_context: 8192, api_key_env: VLLM_KEY,"))
+        monkeypatch.delenv("VLLM_KEY", raising=False)
+        (without,) = read_contexts(policy)
+        monkeypatch.setenv("VLLM_KEY", "vllm-key-0123")
+        (with_key,) = read_contexts(policy)
+    assert without.error is not None and "401" in without.error
+    assert with_key.context == 8192 and seen == [None, "Bearer vllm-key-0123"]

@@ -20,6 +20,8 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from tiergate.core.edge_identity import CLAIM_HEADER
+
 __all__ = ["MUTATORS", "SURFACES", "Case", "Target", "generate"]
 
 
@@ -98,8 +100,9 @@ def _seeds(surface: str, t: Target, rng: random.Random) -> list[_Seed]:
         node = f"fuzz-{rng.randrange(1 << 30):x}"
         beat = {"node_id": node, "url": t.node_url, "model": "fuzz-model", "slots": rng.randint(1, 8),
                 "busy": rng.randint(0, 4), "queued": rng.randint(0, 4), "ctx": rng.choice([0, 512, 2048])}
-        return [_Seed("POST", "/edge/v1/heartbeat", beat, "edge"),
-                _Seed("POST", "/edge/v1/deregister", {"node_id": node}, "edge")]
+        claim = {CLAIM_HEADER: "fuzz-node-claim-000001"}  # the node's claim: the id is bound to it
+        return [_Seed("POST", "/edge/v1/heartbeat", beat, "edge", claim),
+                _Seed("POST", "/edge/v1/deregister", {"node_id": node}, "edge", claim)]
     if surface == "edge-node":
         chat = {"model": "m", "messages": [{"role": "user", "content": text}], "max_tokens": rng.randint(1, 6),
                 "temperature": rng.choice([0, 0.8]), "stream": rng.random() < 0.5}
@@ -342,6 +345,7 @@ def generate(surface: str, target: Target, seed: int, n: int) -> list[Case]:
         hdrs: dict[str, bytes] = {"content-type": b"application/json"}
         if (cred := _credential(seed_req.auth, target)) is not None:
             hdrs["authorization"] = cred
+        hdrs.update((k, v.encode()) for k, v in seed_req.headers.items())
         hdrs.update(headers)
         ordered = [(k.encode(), v) for k, v in hdrs.items()]
         if mutator == "odd_headers" and rng.random() < 0.3 and cred is not None:

@@ -82,9 +82,10 @@ def gateway_server(settings, keyring=None, ready: bool = True) -> Iterator[Threa
     port = free_port()
     settings = settings.model_copy(update={"port": port, "log_format": "console", "log_level": "warning"})
     app = create_app(settings, keyring=keyring)
-    # As `tiergate serve` runs it: uvloop and httptools (the event loop and HTTP parser of production).
+    # As `tiergate serve` runs it: uvloop and httptools (the event loop and HTTP parser of production), the socket's
+    # peer as the scope's client (no proxy-header rewriting).
     config = uvicorn.Config(app, host="127.0.0.1", port=port, loop="uvloop", http="httptools", log_level="warning",
-                            lifespan="on", timeout_graceful_shutdown=5)
+                            lifespan="on", timeout_graceful_shutdown=5, proxy_headers=False)
     server = uvicorn.Server(config)
     t = threading.Thread(target=server.run, daemon=True)
     t.start()

@@ -5,8 +5,10 @@ from __future__ import annotations
 import asyncio
 
 from aiohttp import web
+from structlog.testing import capture_logs
 
 from tests.support.servers import aiohttp_server, free_port
+from tiergate.core.edge_identity import CLAIM_HEADER, CLAIM_PATTERN
 from tiergate.edge_node.engine.engine import EngineStats
 from tiergate.edge_node.server.registration import NodeIdentity, Registrar
 
@@ -152,3 +154,51 @@ def test_the_heartbeat_loop_survives_junk_answers_and_its_own_errors():
 
         assert asyncio.run(scenario()) == (True, False)  # recovered, and the loop is still running
     assert broken_once["raised"] and calls["n"] >= 3
+
+
+def test_its_own_key_is_presented_before_the_token_and_one_claim_goes_with_every_request():
+    claims: list = []
+
+    async def record(request: web.Request):
+        claims.append((request.path, request.headers.get("Authorization"), request.headers.get(CLAIM_HEADER)))
+        return web.json_response({"ok": True})
+
+    app = web.Application()
+    app.router.add_post("/edge/v1/heartbeat", record)
+    app.router.add_post("/edge/v1/deregister", record)
+    with aiohttp_server(app) as gw:
+
+        async def scenario():
+            reg = Registrar(gw.url, "shared-token", IDENT, stats, node_key="the-node-key-0123456789")
+            other = Registrar(gw.url, "shared-token", IDENT, stats)
+            try:
+                await reg.heartbeat_once()
+                await reg.heartbeat_once()
+                await other.heartbeat_once()
+                await reg.deregister()
+            finally:
+                await reg.stop()
+                await other.stop()
+
+        asyncio.run(scenario())
+    mine = [c for c in claims if c[1] == "Bearer the-node-key-0123456789"]
+    assert [p for p, _, _ in mine] == ["/edge/v1/heartbeat", "/edge/v1/heartbeat", "/edge/v1/deregister"]
+    assert len({c for _, _, c in mine}) == 1 and CLAIM_PATTERN.fullmatch(mine[0][2])
+    (theirs,) = [c for c in claims if c[1] == "Bearer shared-token"]
+    assert theirs[2] != mine[0][2]  # each process makes up its own claim
+
+
+def test_a_node_id_held_by_another_node_is_logged_with_what_to_do():
+    with aiohttp_server(fake_gateway([], status=409)) as gw:
+
+        async def scenario():
+            reg = Registrar(gw.url, "t", IDENT, stats)
+            try:
+                with capture_logs() as logs:
+                    ok = await reg.heartbeat_once()
+                return ok, logs
+            finally:
+                await reg.stop()
+
+        ok, logs = asyncio.run(scenario())
+    assert not ok and any("give each node its own id" in (e.get("hint") or "") for e in logs)

@@ -12,7 +12,7 @@ from structlog.testing import capture_logs
 from tests.support.servers import aiohttp_server
 from tiergate.cache.redis.conn import open_redis
 from tiergate.core.pool import Pool
-from tiergate.gateway.pools.edge import EdgePool, HeartbeatError, parse_heartbeat
+from tiergate.gateway.pools.edge import EdgePool, HeartbeatError, NodeOwned, parse_heartbeat
 
 
 class Clock:
@@ -194,7 +194,7 @@ def test_replicas_share_the_registry_through_redis(redis_url, clock):
             leftover = await r1.hkeys(f"{{{prefix}:edge}}:info")
             return seen_by_b, after_deregister, after_expiry, sorted(k.decode() for k in leftover)
         finally:
-            await r1.delete(f"{{{prefix}:edge}}:seen", f"{{{prefix}:edge}}:info", f"{{{prefix}:edge}}:gone")
+            await r1.delete(*(f"{{{prefix}:edge}}:{k}" for k in ("seen", "info", "gone", "owner")))
             await r1.aclose()
             await r2.aclose()
 
@@ -207,7 +207,7 @@ def test_replicas_share_the_registry_through_redis(redis_url, clock):
 @pytest.mark.integration
 def test_a_node_leaving_through_one_replica_leaves_them_all_but_lost_data_does_not(redis_url, clock):
     prefix = "test-edge-last"
-    keys = [f"{{{prefix}:edge}}:{k}" for k in ("seen", "info", "gone")]
+    keys = [f"{{{prefix}:edge}}:{k}" for k in ("seen", "info", "gone", "owner")]
 
     async def scenario():
         r1, r2 = open_redis(redis_url), open_redis(redis_url)
@@ -262,3 +262,83 @@ def test_a_node_serving_less_context_than_the_tier_promises_is_warned_about_when
         run(pool.heartbeat(hb("big") | {"ctx": 8192}))
     warned = [e for e in logs if e["event"] == "tier_context_larger_than_server"]
     assert [(e["endpoint"], e["server_context"], e["max_context"]) for e in warned] == [("small", 1024, 4096)]
+
+
+# ---- ownership: a node id is refreshed, replaced or removed only by whoever registered it (issue 39) ----------
+
+def test_a_registration_is_refreshed_replaced_or_removed_only_by_its_owner(clock):
+    pool = EdgePool("edge", [], "m", ttl_s=10, clock=clock)
+    run(pool.heartbeat(hb("a", busy=1), owner="claim:node"))
+    for attempt in (pool.heartbeat(hb("a", port=6666), owner="claim:rogue"),  # replace (another URL)
+                    pool.heartbeat(hb("a", busy=0), owner="claim:rogue"),  # refresh (a fake load reading)
+                    pool.deregister("a", owner="claim:rogue")):  # remove
+        with pytest.raises(NodeOwned, match="registered by another node"):
+            run(attempt)
+    (ep,) = pool.endpoints()
+    assert (ep.base_url, ep.reported_load) == ("http://10.0.0.1:9000", 0.25)
+    run(pool.heartbeat(hb("a", busy=2), owner="claim:node"))  # its owner refreshes it
+    assert ep.reported_load == 0.5
+    clock.t += 5
+    run(pool.heartbeat(hb("a", port=7777), owner="node-key", authoritative=True))  # its own key takes it over
+    assert ep.base_url == "http://10.0.0.1:7777" and pool.registry.owners["a"] == "node-key"
+    with pytest.raises(NodeOwned):
+        run(pool.heartbeat(hb("a"), owner="claim:node"))
+    clock.t += 11  # silent past the TTL: the id is free again
+    run(pool.heartbeat(hb("a", port=8888), owner="claim:later"))
+    assert run(pool.deregister("a", owner="claim:later")) is True and pool.endpoints() == []
+
+
+@pytest.mark.integration
+def test_ownership_holds_on_every_replica_and_through_lost_redis_data(redis_url, clock):
+    prefix = "test-edge-owner"
+    keys = [f"{{{prefix}:edge}}:{k}" for k in ("seen", "info", "gone", "owner")]
+
+    async def scenario():
+        r1, r2 = open_redis(redis_url), open_redis(redis_url)
+        a = EdgePool("edge", [], "m", redis=r1, ttl_s=10, clock=clock, key_prefix=prefix)
+        b = EdgePool("edge", [], "m", redis=r2, ttl_s=10, clock=clock, key_prefix=prefix)
+        refused = []
+        try:
+            await a.heartbeat(hb("n1"), owner="claim:node")
+            for attempt in (b.heartbeat(hb("n1", port=6666), owner="claim:rogue"),  # b has not even heard of n1
+                            b.deregister("n1", owner="claim:rogue")):
+                try:
+                    await attempt
+                except NodeOwned:
+                    refused.append("redis")
+            await b.refresh()
+            await r1.delete(*keys)  # Redis restarts empty: b still knows who holds n1
+            try:
+                await b.heartbeat(hb("n1", port=6666), owner="claim:rogue")
+            except NodeOwned:
+                refused.append("local")
+            await b.heartbeat(hb("n1"), owner="claim:node")  # the owner refills it through b
+            await b.heartbeat(hb("n1", port=7777), owner="node-key", authoritative=True)  # its key takes it over
+            await a.refresh()
+            (ep,) = a.endpoints()
+            return refused, ep.base_url, a.registry.owners["n1"]
+        finally:
+            await r1.delete(*keys)
+            await r1.aclose()
+            await r2.aclose()
+
+    refused, url, owner = asyncio.run(scenario())
+    assert refused == ["redis", "redis", "local"]
+    assert (url, owner) == ("http://10.0.0.1:7777", "node-key")
+
+
+@pytest.mark.integration
+def test_while_redis_is_away_the_local_view_still_refuses_another_owner(clock):
+    async def scenario():
+        dead = aioredis.from_url("redis://127.0.0.1:1", socket_connect_timeout=0.2)
+        pool = EdgePool("edge", [], "m", redis=dead, clock=clock)
+        await pool.heartbeat(hb("a"), owner="claim:node")
+        try:
+            await pool.heartbeat(hb("a", port=6666), owner="claim:rogue")
+        except NodeOwned:
+            return [e.base_url for e in pool.endpoints()]
+        finally:
+            await dead.aclose()
+        return None
+
+    assert asyncio.run(scenario()) == ["http://10.0.0.1:9000"]

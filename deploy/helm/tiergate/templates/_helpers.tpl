@@ -71,6 +71,12 @@ app.kubernetes.io/component: {{ index . 1 }}
 {{- printf "%s.%s.svc.cluster.local" (include "tiergate.vllm.name" .) $root.Release.Namespace }}
 {{- end }}
 
+{{/* The gateway's environment variable holding a vLLM pool's API key, for the policy tier's api_key_env:
+VLLM_API_KEY_<POOL NAME>, e.g. VLLM_API_KEY_LLAMA_70B for pool llama-70b. Argument: the pool name. */}}
+{{- define "tiergate.vllm.keyEnv" -}}
+{{- printf "VLLM_API_KEY_%s" (. | upper | replace "-" "_") }}
+{{- end }}
+
 {{/* Whether the gateway reads tenants from keys.yaml in the Secret. */}}
 {{- define "tiergate.hasKeysFile" -}}
 {{- if or .Values.secrets.apiKeysFile .Values.secrets.existingSecret }}true{{ end }}

@@ -1,7 +1,7 @@
 """The gateway application: `create_app` assembles the Starlette app around one `Gateway` and routes to it.
 
 Where each route's work lives:
-- `/v1/chat/completions`, `/v1/completions`: `gateway.pipeline.Completions` (the request path), answered
+- `/v1/chat/completions`, `/v1/completions`: `gateway.pipeline.CompletionPipeline` (the request path), answered
   through `gateway.relay.Relay`, accounted by `gateway.accounting.Accounting`;
 - `/v1/models`, `/healthz`, `/readyz`, `/metrics` (the key `TIERGATE_METRICS_KEY`, if set; `gateway.metrics.exposition`),
   `/openapi.json`: here;
@@ -36,7 +36,7 @@ from tiergate.gateway.feedback import CacheFeedback
 from tiergate.gateway.lifecycle import Gateway
 from tiergate.gateway.metrics import exposition
 from tiergate.gateway.openapi import openapi_document
-from tiergate.gateway.pipeline import Completions, PipelineParts
+from tiergate.gateway.pipeline import CompletionPipeline, PipelineParts
 from tiergate.gateway.pools.edge_urls import UrlPolicy
 from tiergate.gateway.settings import Settings
 from tiergate.gateway.status import StatusPage, StatusSource
@@ -55,7 +55,7 @@ def create_app(settings: Settings | None = None, *, keyring: KeyRing | None = No
     configure_logging(settings.log_format, settings.log_level)
     traced = tracing.configure("tiergate-gateway")  # off unless the environment says where spans go
     gw = Gateway(settings, keyring=keyring)
-    completions = Completions(PipelineParts(
+    completions = CompletionPipeline(PipelineParts(
         settings=gw.settings, keyring=gw.keys, routing=gw.tiers, classifier=gw.classifier,
         limiter=gw.limiter, metrics=gw.metrics, cache=gw.shared_cache, dispatcher=gw.dispatcher, relay=gw.relay,
         settlements=gw.settlements))

@@ -1,4 +1,4 @@
-"""Noticing a client that hangs up before its answer has begun (see `Completions._dispatch_while_connected`).
+"""Noticing a client that hangs up before its answer has begun (see `CompletionPipeline._dispatch_while_connected`).
 
 Tested in `tests/gateway/test_app_limits.py`.
 """

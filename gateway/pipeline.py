@@ -38,7 +38,7 @@ from tiergate.gateway.settlement import CacheProvider, Settlement, Settlements
 from tiergate.gateway.tiers import Tiers
 from tiergate.policies.classify import Classifier
 
-__all__ = ["Completions", "PipelineParts"]
+__all__ = ["CompletionPipeline", "PipelineParts"]
 
 _INLINE_CLASSIFY_CHARS = 4000  # longer prompts are tokenised in a worker thread, off the event loop
 # Unmodelled request fields known not to change the answer; any other one (`functions`, `reasoning_effort`, ...)
@@ -73,7 +73,7 @@ def _answer_budget(ctx: RequestContext) -> int:
     return max(0, tier.max_context - ctx.features.prompt_tokens) if tier is not None else 0
 
 
-class Completions:
+class CompletionPipeline:
     """`POST /v1/chat/completions` and `POST /v1/completions`, one pipeline for both."""
 
     def __init__(self, parts: PipelineParts) -> None:

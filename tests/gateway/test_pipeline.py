@@ -1,4 +1,4 @@
-"""`gateway.pipeline.Completions`: one request, one policy version, from its check to its settlement.
+"""`gateway.pipeline.CompletionPipeline`: one request, one policy version, from its check to its settlement.
 
 Most of the pipeline is exercised through the whole app (tests/gateway/test_app.py, test_app_limits.py); this file
 holds what is about the pipeline's own contract."""

@@ -216,7 +216,7 @@ class SemanticCache:
 
     # -- internals ------------------------------------------------------------------------------------------
     async def _store(self, key: RequestKey, answer: CachedAnswer, rule: CacheRule) -> bool:
-        if len(key.text) > self.settings.max_stored_chars:
+        if len(key.text) > self.settings.max_stored_chars or len(answer.text) > self.settings.max_answer_chars:
             return False
         vec = self.matcher.take_vector(key.entry_id)
         semantic = rule.semantic and key.semantic_ok and self.batcher is not None

@@ -30,7 +30,10 @@ class CacheSettings:
     guards: tuple[str, ...] = DEFAULT_GUARDS
     candidates: int = 4  # nearest neighbours checked per semantic lookup
     max_semantic_chars: int = 4_000  # longer texts: exact matching only (a metric counts them)
-    max_stored_chars: int = 1_000_000  # longer prompts are not cached at all
+    # Longer prompts or answers are not cached at all: an entry's size is bounded, so one tenant's huge requests
+    # cannot fill the store (the entry-count bound, `max_entries`, then bounds its bytes too).
+    max_stored_chars: int = 64_000
+    max_answer_chars: int = 64_000
     redis_timeout_s: float = 0.08  # per Redis round trip on the request path; then bypass
     lookup_timeout_s: float = 0.5  # whole lookup, embedding included; then bypass
     retry_every_s: float = 0.5  # how often a down Redis is probed

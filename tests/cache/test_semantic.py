@@ -97,6 +97,17 @@ async def test_huge_prompts_fall_back_to_exact_matching(cache_and_registry) -> N
     assert (await cache.check(chat(mid + "extra"), "t", RULE)).status == "miss"
 
 
+async def test_an_entry_past_the_size_bound_is_not_stored(cache_and_registry) -> None:
+    """A 70k-character prompt, or answer, is not cached: one tenant's huge requests cannot fill the store."""
+    cache, reg = cache_and_registry
+    huge_q, huge_a = "Repeat: " + "x" * 70_000, "y" * 70_000
+    assert not await cache.store(chat(huge_q), "t", RULE, answer("short"))
+    assert not await cache.store(chat("a short question"), "t", RULE, answer(huge_a))
+    assert (await cache.check(chat(huge_q), "t", RULE)).status == "miss"
+    assert sample(reg, "tiergate_cache_stores_total", result="skipped") == 2
+    assert await cache.store(chat("a short question"), "t", RULE, answer("a short answer"))
+
+
 @pytest.mark.parametrize("content", ["", "   ", "\x00\x01\xff", "\ud800\udc00 lone", "é" * 3, "🙂🙃"])
 async def test_odd_content_never_raises(cache_and_registry, content) -> None:
     cache, _ = cache_and_registry

@@ -23,6 +23,7 @@ from tiergate.cache.redis.conn import AnyRedis
 from tiergate.core import tracing
 from tiergate.core.errors import unauthorized
 from tiergate.core.filewatch import poll_file, watch_file
+from tiergate.core.tasks import cancel_and_wait
 from tiergate.gateway.auth import KeyFileError, KeyRing, Tenant
 
 __all__ = ["Keys"]
@@ -122,10 +123,7 @@ class Keys:
     async def stop(self) -> None:
         tasks, self._tasks = self._tasks, []
         for task in tasks:
-            task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+            await cancel_and_wait(task)  # its loops never end with an error of their own
 
     async def _refresh_loop(self) -> None:
         while True:

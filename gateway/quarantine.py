@@ -17,7 +17,6 @@ Tested in `tests/gateway/test_quarantine.py` and `tests/gateway/test_app_poison.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections.abc import Callable
 
@@ -25,6 +24,7 @@ import structlog
 
 from tiergate.cache.redis.conn import AnyRedis
 from tiergate.core.errors import OpenAIError
+from tiergate.core.tasks import cancel_and_wait
 
 __all__ = ["Quarantine", "quarantined"]
 
@@ -98,11 +98,8 @@ class Quarantine:
             self._task = asyncio.create_task(self._run(), name="tiergate-quarantine")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        task, self._task = self._task, None
+        await cancel_and_wait(task)
 
     async def _run(self) -> None:
         while True:

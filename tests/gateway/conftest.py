@@ -68,3 +68,22 @@ def stack(tmp_path: Path, *, edge_modes=("ok",), cloud_modes=("ok",), settings: 
 def basic(tmp_path) -> Iterator[dict]:
     with stack(tmp_path) as s:
         yield s
+
+
+def write_cascade_policy(path: Path, edge: str, cloud: str, *, min_token_logprob: float = -0.0001) -> Path:
+    """A cascade rule: the edge answers first (asked for log-probabilities), the cloud stand-in when unsure."""
+    path.write_text(f"""
+version: 1
+defaults:
+  cache: {{enabled: false}}
+  timeouts: {{connect_s: 1, first_byte_s: 10, between_chunks_s: 10, total_s: 30, queue_s: 5}}
+tiers:
+  edge: {{kind: edge, model: tiergate-edge, endpoints: ["{edge}"]}}
+  cloud: {{kind: cloud, model: tiergate-cloud, stand_in: true, endpoints: ["{cloud}"]}}
+rules:
+  - name: cascade
+    tier: edge
+    fallbacks: [cloud]
+    cascade: {{min_token_logprob: {min_token_logprob}}}
+""")
+    return path

@@ -9,8 +9,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from aiohttp import web
 
+from tests.gateway.conftest import write_cascade_policy
+from tests.support.fixed_backend import fixed_backend
 from tests.support.inprocess import in_process
 from tests.support.instant_upstream import make_app
 from tests.support.servers import aiohttp_server
@@ -32,49 +33,11 @@ MALFORMED = {
 }
 
 
-def _broken(answer: bytes) -> web.Application:
-    """A backend that sends `answer` as its JSON body, or as the first event of its stream."""
-    async def complete(request: web.Request) -> web.StreamResponse:
-        body = await request.json()
-        if not body.get("stream"):
-            return web.Response(body=answer, content_type="application/json")
-        resp = web.StreamResponse(headers={"content-type": "text/event-stream"})
-        await resp.prepare(request)
-        await resp.write(b"data: " + answer + b"\n\ndata: [DONE]\n\n")
-        return resp
-
-    async def health(request: web.Request) -> web.Response:
-        return web.json_response({"status": "ok", "slots": 4, "busy": 0, "queued": 0})
-
-    app = web.Application()
-    app.router.add_post("/v1/chat/completions", complete)
-    app.router.add_get("/health", health)
-    return app
-
-
-def _policy(path: Path, edge: str, cloud: str) -> Path:
-    path.write_text(f"""
-version: 1
-defaults:
-  cache: {{enabled: false}}
-  timeouts: {{connect_s: 1, first_byte_s: 10, between_chunks_s: 10, total_s: 30, queue_s: 5}}
-tiers:
-  edge: {{kind: edge, model: tiergate-edge, endpoints: ["{edge}"]}}
-  cloud: {{kind: cloud, model: tiergate-cloud, stand_in: true, endpoints: ["{cloud}"]}}
-rules:
-  - name: cascade
-    tier: edge
-    fallbacks: [cloud]
-    cascade: {{min_token_logprob: -100}}
-""")
-    return path
-
-
 @pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
 @pytest.mark.parametrize("case", sorted(MALFORMED))
 def test_a_first_tier_answer_that_cannot_be_read_is_escalated(tmp_path: Path, case: str, stream: bool) -> None:
-    with aiohttp_server(_broken(MALFORMED[case])) as edge, aiohttp_server(make_app(4, model="cloud")) as cloud:
-        policy = _policy(tmp_path / "p.yaml", edge.url, cloud.url)
+    with aiohttp_server(fixed_backend(MALFORMED[case])) as edge, aiohttp_server(make_app(4, model="cloud")) as cloud:
+        policy = write_cascade_policy(tmp_path / "p.yaml", edge.url, cloud.url, min_token_logprob=-100)
 
         async def run() -> Any:
             async with in_process(Settings(policy=policy, embedder=None, redis_url=None), KEYS) as c:

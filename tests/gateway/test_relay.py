@@ -11,6 +11,7 @@ import msgspec
 from aiohttp import web
 
 from tests.gateway.conftest import write_policy
+from tests.support.fixed_backend import fixed_backend
 from tests.support.inprocess import in_process
 from tests.support.instant_upstream import make_app
 from tests.support.servers import aiohttp_server
@@ -23,26 +24,6 @@ AUTH = {"Authorization": "Bearer key-alpha-1"}
 CHAT = {"model": "auto", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 4, "temperature": 0}
 _ERROR = b'{"error": {"message": "the engine failed", "type": "server_error", "code": "engine_error"}}'
 _CHUNK = b'{"id": "x", "object": "chat.completion.chunk", "model": "m", "choices": [{"index": 0, %s}]}'
-
-
-def _backend(status: int, json_body: bytes, frames: list[bytes]) -> web.Application:
-    """Answers every JSON request with `status` and `json_body`, every stream with `frames` then `[DONE]`."""
-    async def complete(request: web.Request) -> web.StreamResponse:
-        if not (await request.json()).get("stream"):
-            return web.Response(status=status, body=json_body, content_type="application/json")
-        resp = web.StreamResponse(headers={"content-type": "text/event-stream"})
-        await resp.prepare(request)
-        for frame in [*frames, b"[DONE]"]:
-            await resp.write(b"data: " + frame + b"\n\n")
-        return resp
-
-    async def health(request: web.Request) -> web.Response:
-        return web.json_response({"status": "ok", "slots": 4, "busy": 0, "queued": 0})
-
-    app = web.Application()
-    app.router.add_post("/v1/chat/completions", complete)
-    app.router.add_get("/health", health)
-    return app
 
 
 def _twice(tmp_path: Path, backend: web.Application, body: dict[str, Any]) -> list[Any]:
@@ -58,7 +39,7 @@ def _twice(tmp_path: Path, backend: web.Application, body: dict[str, Any]) -> li
 
 
 def test_a_200_that_holds_an_error_is_an_error_and_is_not_cached(tmp_path: Path) -> None:
-    first, second = _twice(tmp_path, _backend(200, _ERROR, []), CHAT)
+    first, second = _twice(tmp_path, fixed_backend(_ERROR, []), CHAT)
     for r in (first, second):
         assert r.status_code == 502 and r.json()["error"]["code"] == "upstream_error"
         assert "the engine failed" in r.json()["error"]["message"]
@@ -67,7 +48,7 @@ def test_a_200_that_holds_an_error_is_an_error_and_is_not_cached(tmp_path: Path)
 def test_a_stream_with_an_error_frame_is_not_cached_whatever_follows_it(tmp_path: Path) -> None:
     frames = [_CHUNK % b'"delta": {"content": "half an answer"}, "finish_reason": null', _ERROR,
               _CHUNK % b'"delta": {}, "finish_reason": "stop"']
-    first, second = _twice(tmp_path, _backend(200, b"{}", frames), {**CHAT, "stream": True})
+    first, second = _twice(tmp_path, fixed_backend(b"{}", frames), {**CHAT, "stream": True})
     assert "the engine failed" in first.text and first.text.endswith("data: [DONE]\n\n")  # relayed as it came
     assert second.headers["x-tiergate-cache"] == "miss"  # never replayed as a whole answer
 
@@ -75,7 +56,7 @@ def test_a_stream_with_an_error_frame_is_not_cached_whatever_follows_it(tmp_path
 def test_a_backends_verdict_keeps_the_field_it_named(tmp_path: Path) -> None:
     verdict = (b'{"error": {"message": "temperature must be at most 2", "type": "invalid_request_error", '
                b'"code": "invalid_value", "param": "temperature"}}')
-    r, _ = _twice(tmp_path, _backend(400, verdict, []), CHAT)
+    r, _ = _twice(tmp_path, fixed_backend(verdict, [], status=400), CHAT)
     assert r.status_code == 400
     assert {k: r.json()["error"][k] for k in ("code", "param")} == {"code": "invalid_value", "param": "temperature"}
 

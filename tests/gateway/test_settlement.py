@@ -23,7 +23,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.gateway.conftest import write_policy
+from tests.gateway.conftest import write_cascade_policy, write_policy
 from tests.support.inprocess import in_process
 from tests.support.instant_upstream import make_app
 from tests.support.servers import aiohttp_server
@@ -286,24 +286,6 @@ def watch(monkeypatch: pytest.MonkeyPatch) -> Watch:
 CHAT = {"model": "auto", "messages": [{"role": "user", "content": "Say hi"}], "max_tokens": 4, "temperature": 0}
 
 
-def _cascade_policy(path: Path, edge: str, cloud: str) -> Path:
-    path.write_text(f"""
-version: 1
-defaults:
-  cache: {{enabled: false}}
-  timeouts: {{connect_s: 1, first_byte_s: 10, between_chunks_s: 10, total_s: 30, queue_s: 5}}
-tiers:
-  edge: {{kind: edge, model: tiergate-edge, endpoints: ["{edge}"]}}
-  cloud: {{kind: cloud, model: tiergate-cloud, stand_in: true, endpoints: ["{cloud}"]}}
-rules:
-  - name: cascade
-    tier: edge
-    fallbacks: [cloud]
-    cascade: {{min_token_logprob: -0.0001}}
-""")
-    return path
-
-
 def test_each_path_settles_once_with_its_charge(tmp_path: Path, watch: Watch) -> None:
     """JSON miss, stream miss, cache hit, a refusal and a backend failure: one settlement each, and the tenant is
     charged the answer's usage (the instant backend's prompt_tokens plus its completion tokens), nothing for a hit."""
@@ -341,7 +323,7 @@ def test_a_cascade_escalation_settles_once_and_charges_the_thrown_away_attempt(t
     tenant pays the cloud's answer and the edge's thrown-away work, in the one settlement."""
     with aiohttp_server(make_app(4, model="edge-model")) as edge, \
             aiohttp_server(make_app(4, model="cloud-model")) as cloud:
-        policy = _cascade_policy(tmp_path / "p.yaml", edge.url, cloud.url)
+        policy = write_cascade_policy(tmp_path / "p.yaml", edge.url, cloud.url)
 
         async def run() -> Any:
             async with in_process(Settings(policy=policy, embedder=None, redis_url=None), KEYS) as c:
@@ -565,7 +547,7 @@ def test_a_policy_without_costs_records_no_spend_and_quotes_none() -> None:
 
 def _priced_policy(path: Path, edge: str, cloud: str, *, cascade: bool = False) -> Path:
     if cascade:
-        _cascade_policy(path, edge, cloud)
+        write_cascade_policy(path, edge, cloud)
     else:
         write_policy(path, [edge], [cloud], fallback=False)
     text = path.read_text()

@@ -19,7 +19,7 @@ import typer
 from rich.console import Console
 
 from tiergate.cloud_pool import render
-from tiergate.cloud_pool.process import VllmProcess, VllmStartError
+from tiergate.cloud_pool.process import UnauthenticatedBind, VllmProcess, VllmStartError
 from tiergate.cloud_pool.spec import SpecError, VllmSpec, load_spec
 from tiergate.cloud_pool.vllm_env import REPO_ROOT, missing_reason, vllm_python
 
@@ -97,7 +97,11 @@ def launch(
                        f"build it with: cloud-pool tiny-model {model_path}")
             raise typer.Exit(2)
     workdir = Path(tempfile.mkdtemp(prefix=f"cloud-pool-{spec.name}-"))
-    server = VllmProcess.from_spec(spec, workdir, python=python, model=model, port=port, log_path=log)
+    try:
+        server = VllmProcess.from_spec(spec, workdir, python=python, model=model, port=port, log_path=log)
+    except UnauthenticatedBind as exc:
+        _err.print(f"[red]error[/red] {exc}")
+        raise typer.Exit(2) from None
     _err.print(f"starting {spec.name} (pid {server.pid}), log {server.log_path}")
     stop_requested: list[float] = []
 

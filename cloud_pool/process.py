@@ -10,6 +10,7 @@ instead of /tmp and ~/.cache.
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import os
 import signal
 import socket
@@ -23,7 +24,7 @@ from pathlib import Path
 from tiergate.cloud_pool.render import vllm_argv, vllm_env
 from tiergate.cloud_pool.spec import VllmSpec
 
-__all__ = ["VllmProcess", "VllmStartError", "free_port"]
+__all__ = ["UnauthenticatedBind", "VllmProcess", "VllmStartError", "free_port"]
 
 
 class VllmStartError(RuntimeError):
@@ -35,6 +36,17 @@ def free_port(host: str = "127.0.0.1") -> int:
         s.bind((host, 0))
         port: int = s.getsockname()[1]  # (host, port) for AF_INET
         return port
+
+
+class UnauthenticatedBind(ValueError):
+    """A vLLM server would listen beyond this machine with no API key."""
+
+
+def _loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
 
 
 class VllmProcess:
@@ -73,6 +85,11 @@ class VllmProcess:
             "VLLM_RPC_BASE_PATH": str(workdir / "rpc"),
             "PYTHONUNBUFFERED": "1",
         } | dict(extra_env or {})
+        if not _loopback(host) and not env.get("VLLM_API_KEY"):
+            raise UnauthenticatedBind(
+                f"refusing to start vLLM on {host or 'every address'}:{port} without VLLM_API_KEY: anyone who can "
+                f"reach it would skip the gateway's keys and limits. Set VLLM_API_KEY (and the tier's api_key_env "
+                f"on the gateway), or bind to 127.0.0.1.")
         argv = vllm_argv(spec, python=python, model=model, host=host, port=port)
         connect_host = "127.0.0.1" if host in ("0.0.0.0", "") else host
         return cls(argv, env, f"http://{connect_host}:{port}", log_path or workdir / "server.log")

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tiergate.cloud_pool.process import VllmProcess, VllmStartError, free_port
+from tiergate.cloud_pool.process import UnauthenticatedBind, VllmProcess, VllmStartError, free_port
 from tiergate.cloud_pool.spec import parse_spec
 
 FAKE = textwrap.dedent("""
@@ -156,3 +156,20 @@ def test_cli_launch_without_the_vllm_venv_says_how_to_get_it(tmp_path: Path) -> 
                          env=env, capture_output=True, text=True, timeout=60)
     assert out.returncode == 2
     assert "scripts/setup-vllm.sh" in out.stdout + out.stderr
+
+
+def test_a_server_bound_beyond_this_machine_needs_an_api_key(tmp_path: Path, fake_python: Path,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """Anyone who can reach an unauthenticated vLLM skips the gateway's keys and limits: refused before it starts."""
+    monkeypatch.delenv("VLLM_API_KEY", raising=False)
+    public = parse_spec(f"name: fake\nmodel: {tmp_path}\ndevice: cpu\nhost: 0.0.0.0\n")
+    with pytest.raises(UnauthenticatedBind, match="VLLM_API_KEY"):
+        VllmProcess.from_spec(public, tmp_path / "work", python=str(fake_python), port=free_port())
+    assert not (tmp_path / "work" / "server.log").exists()  # nothing was started
+    keyed = VllmProcess.from_spec(public, tmp_path / "work-keyed", python=str(fake_python), port=free_port(),
+                                  extra_env={"VLLM_API_KEY": "k" * 24, "FAKE_MODE": "ok",
+                                             "FAKE_PIDS": str(tmp_path / "pids")})
+    try:
+        keyed.wait_healthy(60)
+    finally:
+        keyed.terminate(grace_s=30)

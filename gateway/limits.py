@@ -140,6 +140,16 @@ class Limiter:
                            f"({tokens} needed for this request).", window, "tokens", "token_limit_exceeded")
         return Reservation(tenant, tokens, window)
 
+    async def refund_request(self, slot: TenantSlot) -> None:
+        """Take back the request `slot`'s admission counted: it was refused after all (its token budget)."""
+        if slot.requests is None:
+            return
+        try:
+            async with asyncio.timeout(self._timeout):
+                await self._counters.adjust(self._key(slot.tenant, "req"), slot.requests.bucket, -1)
+        except Exception:
+            self._metrics.fail_open.inc()
+
     async def settle(self, reservation: Reservation, used: int) -> None:
         """Correct a reservation to the tokens the request really used (more or fewer)."""
         delta = used - reservation.tokens

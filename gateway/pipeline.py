@@ -125,7 +125,7 @@ class CompletionPipeline:
                                                                                     decision.max_tokens_cap)
                 decision = dataclasses.replace(decision, max_tokens_cap=cap)
             ctx = RequestContext(arrival, tenant, req, raw, extra, plain, features, decision, held)
-            held.tokens = await settle.reserve(tenant, features.prompt_tokens + _answer_budget(ctx))  # or a 429
+            held.tokens = await settle.reserve(held.slot, features.prompt_tokens + _answer_budget(ctx))  # or a 429
             hit = await self._lookup(ctx, outcome)
             if hit is not None:
                 return self._relay.cached(ctx, outcome, hit, settle)

@@ -32,7 +32,7 @@ from tiergate.gateway.accounting import Accounting
 from tiergate.gateway.auth import Tenant
 from tiergate.gateway.context import Arrival, Finished, Outcome, RequestContext
 from tiergate.gateway.distill import Distiller
-from tiergate.gateway.limits import Limiter, Reservation
+from tiergate.gateway.limits import Limiter, Reservation, TenantSlot
 from tiergate.gateway.metrics import GatewayMetrics
 from tiergate.policies.costs import CostsConfig
 
@@ -89,10 +89,16 @@ class Settlement:
         self._reservation: Reservation | None = None
         self.settled: str | None = None
 
-    async def reserve(self, tenant: Tenant, tokens: int) -> Reservation | None:
-        """Reserve the request's token budget from its tenant's window (or raise its 429); settling corrects it
-        to what the request used, whichever way it ends."""
-        self._reservation = await self._deps.limiter.reserve(tenant, tokens)
+    async def reserve(self, slot: TenantSlot, tokens: int) -> Reservation | None:
+        """Reserve the request's token budget from its tenant's window (or raise its 429, and give back the request
+        its admission counted: a refused request counts nothing); settling corrects the reservation to what the
+        request used, whichever way it ends."""
+        limiter = self._deps.limiter
+        try:
+            self._reservation = await limiter.reserve(slot.tenant, tokens)
+        except OpenAIError:
+            await limiter.refund_request(slot)
+            raise
         return self._reservation
 
     def add_spent(self, tokens: int, *, ctx: RequestContext | None = None, tier: str | None = None,

@@ -83,6 +83,17 @@ async def test_a_budget_over_the_whole_limit_is_admitted_into_an_empty_window_an
     assert int(refused.headers["retry-after"]) > 60  # 300 of 100 must decay out of the window first
 
 
+async def test_a_request_refused_for_its_tokens_gives_back_its_request():
+    """Admitted by its requests-per-minute limit, then refused by its token limit: it counts as no request."""
+    limiter = Limiter(METRICS, clock=Clock())
+    tenant = Tenant(id="acme", requests_per_minute=1, tokens_per_minute=10)
+    await limiter.reserve(tenant, 10)
+    slot = await limiter.admit(tenant)
+    await _refusal(limiter.reserve(tenant, 5))
+    await limiter.refund_request(slot)
+    assert await limiter.admit(tenant)  # the one request a minute is still there
+
+
 async def test_answers_and_refusals_say_where_the_limits_stand():
     limiter = Limiter(METRICS, clock=Clock())
     tenant = Tenant(id="acme", requests_per_minute=3, tokens_per_minute=100)

@@ -60,10 +60,17 @@ class _Fakes:
     offered: list[Any] = field(default_factory=list)
 
     async def reserve(self, tenant: Tenant, tokens: int) -> Any:
+        if tokens > 1000:
+            raise OpenAIError(429, "over the token limit", code="token_limit_exceeded")
         return ("reserved", tokens)
 
     async def settle(self, reservation: Any, used: int) -> None:
         self.charged.append(used)
+
+    refunded: list[Any] = field(default_factory=list)
+
+    async def refund_request(self, slot: Any) -> None:
+        self.refunded.append(slot)
 
     finished: list[Finished] = field(default_factory=list)  # every record handed to accounting
 
@@ -97,7 +104,7 @@ class _Fakes:
         deps = Settlements(self, self, metrics, lambda: self, self)  # type: ignore[arg-type]
         settle = deps.open(Arrival.now("r1", "chat"))
         if reserved:
-            asyncio.run(settle.reserve(TENANT, 100))
+            asyncio.run(settle.reserve(SimpleNamespace(tenant=TENANT, requests=None), 100))  # type: ignore[arg-type]
         return settle, metrics
 
 
@@ -154,6 +161,15 @@ def test_a_cache_hit_is_counted_and_recorded_as_served_but_not_charged() -> None
     settle, _ = fakes.settlement()
     asyncio.run(settle.hit(_Ctx(), Outcome(cache="hit-exact"), None, 0.001))  # type: ignore[arg-type]
     assert fakes.charged == [0] and fakes.served_ids == ["r1"] and fakes.accounted == [("answered", ("cache", 200))]
+
+
+def test_a_budget_refused_by_the_token_limit_gives_back_the_request_its_admission_counted() -> None:
+    fakes = _Fakes()
+    settle, _ = fakes.settlement(reserved=False)
+    slot = SimpleNamespace(tenant=TENANT, requests=None)
+    with pytest.raises(OpenAIError):
+        asyncio.run(settle.reserve(slot, 5000))  # type: ignore[arg-type]
+    assert fakes.refunded == [slot]
 
 
 def test_a_refusal_charges_only_what_a_cascade_threw_away() -> None:

@@ -103,3 +103,18 @@ def test_the_console_format_is_for_people_not_json() -> None:
     """)
     (line,) = [re.sub(r"\x1b\[[0-9;]*m", "", line) for line in lines]  # without its colours
     assert "[info" in line and "hello" in line and "n=1" in line and not line.startswith("{")
+
+
+def test_lines_go_to_stderr_as_it_is_when_written_never_to_a_closed_stream() -> None:
+    """Configured while stderr was one stream, which is then swapped and closed (a test runner's capture does
+    that): the next line goes to the current stderr instead of failing on the closed one."""
+    lines = _stderr("""
+        import io, sys
+        real, sys.stderr = sys.stderr, io.StringIO()
+        configure_logging()
+        swapped = sys.stderr
+        sys.stderr = real
+        swapped.close()
+        get_logger("tiergate.test").warning("after_the_swap")
+    """)
+    assert [json.loads(line)["event"] for line in lines] == ["after_the_swap"]

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import httpx
 
+from tests.gateway.conftest import write_cascade_policy
 from tests.support.instant_upstream import GATE, HITS, OPENED, make_app
 from tests.support.servers import aiohttp_server, gateway_server
 from tests.support.waiting import wait_until
@@ -270,14 +271,14 @@ def test_a_request_flows_one_way_through_the_gateway(tmp_path: Path) -> None:
     stages in order (the modules each entered are printed)."""
     # the other tests here need none of these
     from tests.gateway.conftest import write_policy
-    from tests.gateway.test_settlement import AUTH, CHAT, KEYS, _cascade_policy
+    from tests.gateway.test_settlement import AUTH, CHAT, KEYS
     from tests.support.inprocess import in_process
 
     paths: dict[str, list[str]] = {}
     with aiohttp_server(make_app(4, model="edge-model")) as edge, \
             aiohttp_server(make_app(4, model="cloud-model")) as cloud:
         plain = write_policy(tmp_path / "plain.yaml", [edge.url], [cloud.url])
-        cascade = _cascade_policy(tmp_path / "cascade.yaml", edge.url, cloud.url)
+        cascade = write_cascade_policy(tmp_path / "cascade.yaml", edge.url, cloud.url)
         stream = {**CHAT, "stream": True}
 
         async def warm_then(policy: Path, bodies: list[dict], traced: PathRecorder) -> list[httpx.Response]:

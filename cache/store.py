@@ -3,8 +3,9 @@
 A store owns the entries and answers nearest-neighbour searches over them, one namespace at a time. The
 in-process store and the Redis 7 ("stream") layout keep a `VectorIndex` in this process (the Redis 7 one kept
 in step by following a change stream every gateway shares); the Redis 8 ("vectorset") layout searches inside
-Redis (`VSIM`) and keeps nothing here. All of them evict the entries closest to expiry first when
-`max_entries` is exceeded (with one TTL for all, that is oldest first).
+Redis (`VSIM`) and keeps nothing here. When `max_entries` is exceeded, all of them drop expired entries first,
+then the soonest-expiring entry of the tenant holding the most (`cache.shares`: one tenant's flood evicts its
+own answers, not its peers').
 
 Tested in `tests/cache/test_semantic.py`.
 """
@@ -19,6 +20,7 @@ import numpy as np
 
 from tiergate.cache.index import VectorIndex
 from tiergate.cache.keys import tenant_tag
+from tiergate.cache.shares import TenantShares
 from tiergate.cache.types import CacheEntry
 
 __all__ = ["MemoryStore", "Store", "StoreUnavailable"]
@@ -81,6 +83,7 @@ class MemoryStore:
         self._max = max_entries
         self._entries: dict[str, CacheEntry] = {}
         self._order: list[tuple[float, str]] = []  # (expires_at, id), stale items skipped lazily
+        self._shares = TenantShares()
 
     async def start(self) -> None:
         return None
@@ -117,17 +120,24 @@ class MemoryStore:
     async def put(self, entry: CacheEntry, vector: np.ndarray | None) -> int:
         self._entries[entry.id] = entry
         heapq.heappush(self._order, (entry.expires_at, entry.id))
+        self._shares.add(entry.id, entry.expires_at)
         if vector is not None:
             self.index.upsert(entry.id, entry.namespace, entry.id.split("-", 1)[0], vector, entry.expires_at)
         else:
             self.index.remove(entry.id)
-        evicted = 0
-        while len(self._entries) > self._max and self._order:
+        evicted, now = 0, time.time()
+        while len(self._entries) > self._max and self._order and self._order[0][0] <= now:  # expired first
             exp, eid = heapq.heappop(self._order)
             e = self._entries.get(eid)
             if e is not None and e.expires_at == exp:
                 self._drop(eid)
                 evicted += 1
+        while len(self._entries) > self._max:
+            victim = self._shares.victim()
+            if victim is None:
+                break
+            self._drop(victim)
+            evicted += 1
         if len(self._order) > 4 * max(len(self._entries), 1024):  # drop stale heap items now and then
             self._order = [(e.expires_at, i) for i, e in self._entries.items()]
             heapq.heapify(self._order)
@@ -147,9 +157,11 @@ class MemoryStore:
         n = len(self._entries)
         self._entries.clear()
         self._order.clear()
+        self._shares.clear()
         self.index.clear()
         return n
 
     def _drop(self, entry_id: str) -> bool:
         self.index.remove(entry_id)
+        self._shares.remove(entry_id)
         return self._entries.pop(entry_id, None) is not None

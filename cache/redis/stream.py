@@ -3,7 +3,8 @@
 Layout of one shard (key prefix `S`):
 - `S:e:<entry id>`: a hash per entry (`cache.redis.codec`, float32 vector) with a TTL. The entry id starts with
   a hash of the tenant, so a tenant's keys are found by pattern and an exact lookup is one HGETALL.
-- `S:z`: sorted set of entry ids by expiry time, for the size bound (soonest-expiring evicted first).
+- `S:z`: sorted set of entry ids by expiry time, for the size bound; with `S:t:<tenant tag>` and `S:tc`, each
+  tenant's share of it (`cache.redis.fair`): a full shard evicts the largest holder's soonest-expiring entry.
 - `S:ev`: a stream of index changes (put with the vector, del, tenant, all). A stock Redis 7 has no vector
   search, so each process keeps its own nearest-neighbour index: it loads it with SCAN at start, then follows
   the streams (`cache.redis.follower`).
@@ -30,7 +31,8 @@ import numpy as np
 from redis.typing import EncodableT, FieldT
 
 from tiergate.cache.keys import tenant_tag
-from tiergate.cache.redis.codec import decode_entry, entry_fields
+from tiergate.cache.redis.codec import decode_entry, entry_fields, glob_escape
+from tiergate.cache.redis.fair import FAIR_LUA, counts_key, tenant_key
 from tiergate.cache.redis.follower import SCAN_BATCH, StreamFollower
 from tiergate.cache.redis.layout import Conn
 from tiergate.cache.redis.shards import Shard, Shards
@@ -38,31 +40,32 @@ from tiergate.cache.types import CacheEntry
 
 __all__ = ["StreamLayout"]
 
-_PUT = """
+_PUT = FAIR_LUA + """
 redis.call('HSET', KEYS[1], unpack(ARGV, 11))
 redis.call('PEXPIRE', KEYS[1], ARGV[2])
 redis.call('ZADD', KEYS[2], ARGV[3], ARGV[1])
+tenant_add(ARGV[6], ARGV[1], ARGV[3])
 redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[5], '*', 'op', 'put', 'id', ARGV[1], 'ns', ARGV[8],
            'tt', ARGV[9], 'v', ARGV[10], 'e', ARGV[3], 'o', ARGV[7])
 local t = redis.call('TIME')
-redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', t[1])
+while #take_expired(ARGV[6], KEYS[2], t[1], 500) == 500 do end
 local evicted = 0
 local excess = redis.call('ZCARD', KEYS[2]) - tonumber(ARGV[4])
 if excess > 0 then
-  local popped = redis.call('ZPOPMIN', KEYS[2], excess)
-  for i = 1, #popped, 2 do
+  for _, id in ipairs(fair_pop(ARGV[6], KEYS[2], excess)) do
     -- The evicted entry's key is built here, not declared: it is in this shard's slot (same hash tag).
-    redis.call('DEL', ARGV[6] .. ':e:' .. popped[i])
-    redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[5], '*', 'op', 'del', 'id', popped[i], 'o', '')
+    redis.call('DEL', ARGV[6] .. ':e:' .. id)
+    redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[5], '*', 'op', 'del', 'id', id, 'o', '')
     evicted = evicted + 1
   end
 end
 return evicted
 """
 
-_DELETE = """
+_DELETE = FAIR_LUA + """
 local n = redis.call('DEL', KEYS[1])
 redis.call('ZREM', KEYS[2], ARGV[1])
+tenant_remove(ARGV[3], ARGV[1])
 redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[2], '*', 'op', 'del', 'id', ARGV[1], 'o', '')
 return n
 """
@@ -130,12 +133,15 @@ class StreamLayout:
     async def delete(self, entry_id: str, namespace: str | None) -> int:
         shard = self.shards.of(entry_id)
         n = await self._delete_script(keys=[shard.key(entry_id), shard.zset, shard.stream],
-                                      args=[entry_id, self._stream_maxlen])
+                                      args=[entry_id, self._stream_maxlen, shard.prefix])
         self.index.remove(entry_id)
         return int(n)
 
     async def delete_tenant(self, tag: str) -> int:
         n = await self._delete_matching(f"{self.shards.entry_glob}{tag}-*")
+        for shard in self.shards:  # the tenant's share of the bound (one slot per command on a Cluster)
+            await self._c.bg.delete(tenant_key(shard.prefix, tag))
+            await self._c.bg.zrem(counts_key(shard.prefix), tag)
         self.index.remove_tenant(tag)  # here, now; the event (which we skip) tells the other processes
         await self._event({"op": "tenant", "tt": tag})
         return n
@@ -144,6 +150,9 @@ class StreamLayout:
         n = await self._delete_matching(f"{self.shards.entry_glob}*")
         for shard in self.shards:  # one key per command: shards live in different slots on a Cluster
             await self._c.bg.delete(shard.zset)
+            await self._c.bg.delete(counts_key(shard.prefix))
+            async for key in self._c.bg.scan_iter(match=tenant_key(glob_escape(shard.prefix), "*"), count=SCAN_BATCH):
+                await self._c.bg.delete(key)
         self.index.clear()
         await self._event({"op": "all"})
         return n

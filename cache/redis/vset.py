@@ -5,8 +5,9 @@ Keys (prefix `P`, default "tiergate:cache"; `<ns>` is the namespace hash of `cac
   no attributes: nothing on it changes on the request path.
 - `P:vs:{<ns>}:e:<id>`: a hash per entry (`cache.redis.codec`, float16 vector for the exact re-score) with
   an EXPIREAT: an expired answer can never be read, whatever the vector set still holds.
-- `P:vs:z`: one sorted set `<ns>:<id>` -> expiry, over all namespaces: the size bound (`max_entries`,
-  soonest-expiring evicted first, as on the other stores) and the sweep of expired vectors.
+- `P:vs:z`: one sorted set `<ns>:<id>` -> expiry, over all namespaces: the size bound (`max_entries`) and the
+  sweep of expired vectors. `P:vs:t:<tenant tag>` and `P:vs:tc` hold each tenant's share of it
+  (`cache.redis.fair`): a full store evicts the soonest-expiring entry of the tenant holding the most.
 
 The hash tag `{<ns>}` keeps a namespace's keys in one slot. The scripts touch the global sorted set and build
 evicted entries' keys themselves, which a single server (with or without replicas) allows; a Redis Cluster
@@ -46,6 +47,7 @@ import structlog
 from redis.exceptions import ResponseError
 
 from tiergate.cache.redis.codec import decode_entry, entry_fields, glob_escape
+from tiergate.cache.redis.fair import FAIR_LUA, counts_key, tenant_key
 from tiergate.cache.redis.layout import FAILURES, Conn
 from tiergate.cache.types import CacheEntry
 
@@ -56,8 +58,10 @@ log = structlog.get_logger("tiergate.cache.redis")
 _SWEEP_LIMIT = 500
 _SCAN_BATCH = 1000
 
-# Drop one entry from its vector set and its hash, given its member `<ns>:<id>` of the sorted set.
-_DROP = """
+# Drop one entry from its vector set and its hash, given its member `<ns>:<id>` of the sorted set; `base`
+# (the key prefix without its last colon) holds the tenants' shares of the bound (`cache.redis.fair`).
+_DROP = FAIR_LUA + """
+local function base_of(prefix) return string.sub(prefix, 1, -2) end
 local function drop(prefix, member)
   local ns, id = string.match(member, '^([^:]+):(.+)$')
   if ns == nil then return end
@@ -71,18 +75,17 @@ _PUT = _DROP + """
 redis.call('HSET', KEYS[1], unpack(ARGV, 5))
 redis.call('PEXPIREAT', KEYS[1], math.floor(tonumber(ARGV[2]) * 1000))
 redis.call('ZADD', KEYS[2], ARGV[2], ARGV[1])
+local base = base_of(ARGV[4])
+tenant_add(base, ARGV[1], ARGV[2])
 local t = redis.call('TIME')
-local expired = redis.call('ZRANGE', KEYS[2], '-inf', t[1], 'BYSCORE', 'LIMIT', 0, 100)
-for _, m in ipairs(expired) do drop(ARGV[4], m) end
-if #expired > 0 then redis.call('ZREM', KEYS[2], unpack(expired)) end
+for _, m in ipairs(take_expired(base, KEYS[2], t[1], 100)) do drop(ARGV[4], m) end
 local evicted, itself = 0, 0
 local excess = redis.call('ZCARD', KEYS[2]) - tonumber(ARGV[3])
 if excess > 0 then
-  local popped = redis.call('ZPOPMIN', KEYS[2], excess)
-  for i = 1, #popped, 2 do
-    drop(ARGV[4], popped[i])
+  for _, m in ipairs(fair_pop(base, KEYS[2], excess)) do
+    drop(ARGV[4], m)
     evicted = evicted + 1
-    if popped[i] == ARGV[1] then itself = 1 end
+    if m == ARGV[1] then itself = 1 end
   end
 end
 return {evicted, itself}
@@ -91,18 +94,18 @@ return {evicted, itself}
 _SWEEP = _DROP + """
 -- KEYS: 1 sorted set.  ARGV: 1 key prefix, 2 limit
 local t = redis.call('TIME')
-local expired = redis.call('ZRANGE', KEYS[1], '-inf', t[1], 'BYSCORE', 'LIMIT', 0, tonumber(ARGV[2]))
+local expired = take_expired(base_of(ARGV[1]), KEYS[1], t[1], tonumber(ARGV[2]))
 for _, m in ipairs(expired) do drop(ARGV[1], m) end
-if #expired > 0 then redis.call('ZREM', KEYS[1], unpack(expired)) end
 return #expired
 """
 
 # A candidate whose hash was gone: remove its vector unless the entry was stored again meanwhile.
-_FORGET = """
--- KEYS: 1 vector set, 2 entry hash, 3 sorted set.  ARGV: 1 id, 2 member
+_FORGET = FAIR_LUA + """
+-- KEYS: 1 vector set, 2 entry hash, 3 sorted set.  ARGV: 1 id, 2 member, 3 base of the tenants' shares
 if redis.call('EXISTS', KEYS[2]) == 0 then
   redis.call('VREM', KEYS[1], ARGV[1])
   redis.call('ZREM', KEYS[3], ARGV[2])
+  tenant_remove(ARGV[3], ARGV[2])
   return 1
 end
 return 0
@@ -130,6 +133,7 @@ _DELETE = _DROP + """
 local n = redis.call('EXISTS', KEYS[1])
 drop(ARGV[1], ARGV[2])
 redis.call('ZREM', KEYS[2], ARGV[2])
+tenant_remove(base_of(ARGV[1]), ARGV[2])
 return n
 """
 
@@ -154,6 +158,7 @@ class VectorSetLayout:
         s = conn.settings
         self._prefix = s.prefix
         self._p = f"{s.prefix}:vs:"
+        self._base = f"{s.prefix}:vs"  # the tenants' shares of the bound: `<base>:t:<tag>`, `<base>:tc`
         self._zset = zset_key(s.prefix)
         self._dim = conn.index.dim
         self._put_script = conn.r.register_script(_PUT)
@@ -259,7 +264,7 @@ class VectorSetLayout:
             async with self._c.bg.pipeline(transaction=False) as pipe:
                 for eid in ids:
                     await self._forget_script(keys=[self._vset(ns), self._hash(ns, eid), self._zset],
-                                              args=[eid, f"{ns}:{eid}"],
+                                              args=[eid, f"{ns}:{eid}", self._base],
                                               client=pipe)  # type: ignore[arg-type]  # a pipeline queues the EVALSHA; redis-py names clients only
                 await pipe.execute()
         except FAILURES:
@@ -285,6 +290,9 @@ class VectorSetLayout:
 
     async def delete_all(self) -> int:
         n = await self._delete_members("*")
+        await self._c.bg.delete(counts_key(self._base))  # shares left behind by entries stored before them
+        async for key in self._c.bg.scan_iter(match=tenant_key(glob_escape(self._base), "*"), count=_SCAN_BATCH):
+            await self._c.bg.unlink(key)
         # Anything left (vectors of entries whose sorted-set member was already gone): by key pattern.
         doomed: list[bytes] = []
         async for key in self._c.bg.scan_iter(match=f"{glob_escape(self._p)}{{*}}:*", count=_SCAN_BATCH):

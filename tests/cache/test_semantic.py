@@ -258,3 +258,17 @@ async def test_a_slow_lookup_is_bypassed_within_the_lookup_timeout(onnx_embedder
     exact_only = await slow_embedder.check(chat("How do I invest my money wisely?"), "t",
                                            dataclasses.replace(RULE, semantic=False))
     assert exact_only.status == "miss"
+
+
+async def test_one_tenants_flood_evicts_its_own_entries_not_its_peers(cache_and_registry) -> None:
+    cache, reg = cache_and_registry
+    peer = [f"What does the peer ask, number {i}?" for i in range(10)]
+    for q in peer:  # the peer's entries are the oldest, and would go first under a plain oldest-first bound
+        await cache.store(chat(q), "peer", RULE, answer())
+    for i in range(200):
+        await cache.store(chat(f"Flood question {i}?"), "flood", RULE, answer())
+    assert len(cache.index) == 50 and sample(reg, "tiergate_cache_evictions_total") == 160
+    for q in peer:
+        assert (await cache.check(chat(q), "peer", RULE)).status == "hit-exact"
+    assert await cache.lookup(chat("Flood question 199?"), "flood", RULE) is not None
+    assert await cache.lookup(chat("Flood question 0?"), "flood", RULE) is None

@@ -175,6 +175,37 @@ async def test_size_bound_evicts_soonest_expiring_everywhere(make_cache, redis_u
         await stop_all(a, b)
 
 
+async def test_one_tenants_flood_evicts_its_own_entries_not_its_peers(make_cache, redis_url, version):
+    settings = dataclasses.replace(SETTINGS, max_entries=8)
+    a, reg_a = await make_cache(settings)
+    b, _ = await make_cache(settings)
+    try:
+        peer = ["What is the capital of France?", "How tall is Mount Everest?", "Who wrote Hamlet?"]
+        for q in peer:  # the oldest entries: a plain soonest-expiring bound would evict them first
+            assert await a.store(chat(q), "peer", RULE, answer("peer"))
+        for i in range(20):  # from both processes, as two gateways would
+            assert await (a, b)[i % 2].store(chat(f"Flood question {i}?"), "flood", RULE, answer("flood"))
+        assert sample(reg_a, "tiergate_cache_evictions_total") > 0
+        for q in peer:
+            assert (await b.check(chat(q), "peer", RULE)).status == "hit-exact"
+        flood_hits = [await b.lookup(chat(f"Flood question {i}?"), "flood", RULE) is not None for i in range(20)]
+        assert flood_hits == [False] * 15 + [True] * 5  # its newest five: the bound's 8 less the peer's 3
+        client = redis.asyncio.Redis.from_url(redis_url)
+        try:
+            base = "tiergate:cache:vs" if version == "redis8" else "tiergate:cache"
+            counts = {k.decode(): int(v) for k, v in await client.zrange(f"{base}:tc", 0, -1, withscores=True)}
+            assert sorted(counts.values()) == [3, 5]
+            assert await a.invalidate(tenant="flood") == 5
+            counts = {k.decode(): int(v) for k, v in await client.zrange(f"{base}:tc", 0, -1, withscores=True)}
+            assert list(counts.values()) == [3]
+            assert await a.invalidate() == 3
+            assert await client.keys(f"{base}:t*") == []
+        finally:
+            await client.aclose()
+    finally:
+        await stop_all(a, b)
+
+
 async def test_invalidation_by_entry_tenant_and_all(make_cache):
     a, reg_a = await make_cache()
     b, _ = await make_cache()

@@ -62,7 +62,11 @@ def render_cmd(
     python = "python" if spec.device == "cpu" else None
     typer.echo(render.shell_command(spec, python=python))
     if k8s is not None:
-        text = render.kubernetes_yaml(spec)
+        try:
+            text = render.kubernetes_yaml(spec)
+        except UnauthenticatedBind as exc:
+            _err.print(f"[red]error[/red] {exc}")
+            raise typer.Exit(2) from None
         if str(k8s) == "-":
             typer.echo(text, nl=False)
         else:

@@ -22,7 +22,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from tiergate.cloud_pool.render import vllm_argv, vllm_env
-from tiergate.cloud_pool.spec import VllmSpec
+from tiergate.cloud_pool.spec import UnauthenticatedBind, VllmSpec
 
 __all__ = ["UnauthenticatedBind", "VllmProcess", "VllmStartError", "free_port"]
 
@@ -36,10 +36,6 @@ def free_port(host: str = "127.0.0.1") -> int:
         s.bind((host, 0))
         port: int = s.getsockname()[1]  # (host, port) for AF_INET
         return port
-
-
-class UnauthenticatedBind(ValueError):
-    """A vLLM server would listen beyond this machine with no API key."""
 
 
 def _loopback(host: str) -> bool:

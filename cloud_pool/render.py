@@ -20,7 +20,7 @@ from typing import Any
 from ruamel.yaml import YAML
 from ruamel.yaml.scalarstring import LiteralScalarString
 
-from tiergate.cloud_pool.spec import DraftModel, Eagle3, Ngram, VllmSpec
+from tiergate.cloud_pool.spec import DraftModel, Eagle3, Ngram, UnauthenticatedBind, VllmSpec
 
 __all__ = [
     "kubernetes_objects",
@@ -226,8 +226,16 @@ def _leader_script(spec: VllmSpec) -> str:
 
 
 def kubernetes_objects(spec: VllmSpec) -> list[dict[str, Any]]:
-    """The Kubernetes objects for a spec: workload, headless Service and (optionally) the model-cache PVC."""
+    """The Kubernetes objects for a spec: workload, headless Service and (optionally) the model-cache PVC.
+
+    A pod listens on every address, so a spec without `kubernetes.api_key_secret` is refused: anyone in the
+    cluster could reach the server and skip the gateway's keys and limits."""
     k = spec.kubernetes
+    if not k.api_key_secret:
+        raise UnauthenticatedBind(
+            f"spec {spec.name!r} has no kubernetes.api_key_secret: its pods would serve /v1/* to anyone in the "
+            "cluster without a key. Create a Secret with key VLLM_API_KEY and name it there (and the gateway "
+            "tier's api_key_env)")
     name, labels = _name(spec), _labels(spec)
     meta = {"name": name, "namespace": k.namespace, "labels": labels}
     objects: list[dict[str, Any]] = []

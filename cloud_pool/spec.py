@@ -19,6 +19,7 @@ from ruamel.yaml import YAML
 from ruamel.yaml.error import MarkedYAMLError
 
 __all__ = [
+    "UnauthenticatedBind",
     "CpuOptions",
     "DraftModel",
     "Eagle3",
@@ -33,6 +34,10 @@ __all__ = [
     "load_spec",
     "parse_spec",
 ]
+
+
+class UnauthenticatedBind(ValueError):
+    """A vLLM server would listen beyond this machine with no API key."""
 
 
 class _Strict(BaseModel):

@@ -6,12 +6,13 @@ import json
 import shlex
 from pathlib import Path
 
+import pytest
 from ruamel.yaml import YAML
 from typer.testing import CliRunner
 
 from tiergate.cloud_pool.cli import app
 from tiergate.cloud_pool.render import kubernetes_objects, kubernetes_yaml, shell_command, vllm_argv, vllm_env
-from tiergate.cloud_pool.spec import load_spec, parse_spec
+from tiergate.cloud_pool.spec import UnauthenticatedBind, load_spec, parse_spec
 
 SPECS = Path(__file__).resolve().parents[2] / "cloud_pool" / "specs"
 
@@ -117,3 +118,13 @@ def test_cli_check_render_and_errors(tmp_path: Path) -> None:
     failed = runner.invoke(app, ["check", str(bad)])
     assert failed.exit_code == 1
     assert f"{bad}:5:27: speculative.num_speculative_tokens" in failed.output
+
+
+def test_kubernetes_without_an_api_key_secret_is_refused(tmp_path: Path) -> None:
+    text = (SPECS / "llama-3.3-70b-tp4.yaml").read_text()
+    spec = parse_spec("\n".join(line for line in text.splitlines() if "api_key_secret" not in line))
+    with pytest.raises(UnauthenticatedBind, match="api_key_secret"):
+        kubernetes_objects(spec)
+    out = tmp_path / "k8s.yaml"
+    refused = CliRunner().invoke(app, ["render", str(SPECS / "cpu-tiny.yaml"), "--k8s", str(out)])
+    assert refused.exit_code == 2 and "api_key_secret" in refused.output and not out.exists()

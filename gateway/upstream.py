@@ -17,11 +17,13 @@ from dataclasses import dataclass
 
 import aiohttp
 import msgspec
+from aiohttp.abc import AbstractResolver
 
 from tiergate.core import tracing
 from tiergate.core.pool import Endpoint
 from tiergate.core.types import Timeouts
 from tiergate.core.wire import decode_json
+from tiergate.gateway.pools.backend_dns import GuardedResolver
 
 __all__ = ["MAX_ANSWER_BYTES", "MAX_EVENT_BYTES", "FailureKind", "UpstreamClient", "UpstreamFailure", "UpstreamResponse",
            "opens_answer"]
@@ -253,13 +255,16 @@ def _first_token(endpoint: Endpoint, batch: list[bytes]) -> bool | None:
 
 
 class UpstreamClient:
-    def __init__(self, *, max_connections: int = 1000, tls: ssl.SSLContext | None = None) -> None:
+    def __init__(self, *, max_connections: int = 1000, tls: ssl.SSLContext | None = None,
+                 resolver: AbstractResolver | None = None) -> None:
         self._max_connections = max_connections
         self._ssl = tls  # verifies https:// backends (TIERGATE_BACKEND_CA_FILE); None: the system's CAs
+        self._resolver = resolver  # under the guard (None: aiohttp's default resolver)
         self._session: aiohttp.ClientSession | None = None
 
     async def start(self) -> None:
         connector = aiohttp.TCPConnector(limit=self._max_connections, limit_per_host=0,
+                                         resolver=GuardedResolver(self._resolver),  # DNS rebinding: edge_urls
                                          keepalive_timeout=30, ttl_dns_cache=10, enable_cleanup_closed=True,
                                          ssl=self._ssl if self._ssl is not None else True)
         self._session = aiohttp.ClientSession(connector=connector, auto_decompress=False,

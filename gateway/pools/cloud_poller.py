@@ -22,6 +22,7 @@ import structlog
 
 from tiergate.core.pool import Endpoint, context_mismatch
 from tiergate.core.tasks import cancel_and_wait
+from tiergate.gateway.pools.backend_dns import GuardedResolver
 from tiergate.gateway.pools.breaker import CircuitBreaker
 from tiergate.gateway.pools.cloud_settings import CloudPoolSettings
 from tiergate.gateway.pools.metrics import CloudMetrics
@@ -109,7 +110,7 @@ class CloudPoller:
         self._stopping = False
         timeout = self.settings.poll_timeout_s
         self._session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=64, limit_per_host=4, keepalive_timeout=30,
+            connector=aiohttp.TCPConnector(limit=64, limit_per_host=4, keepalive_timeout=30, resolver=GuardedResolver(),
                                            ssl=self.settings.access.connector_ssl),
             headers=self.settings.access.headers,  # vLLM guards /v1/models with its --api-key
             timeout=aiohttp.ClientTimeout(total=timeout, connect=timeout),

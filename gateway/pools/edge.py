@@ -19,6 +19,7 @@ import aiohttp
 import structlog
 
 from tiergate.gateway.pools.access import BackendAccess
+from tiergate.gateway.pools.backend_dns import GuardedResolver
 from tiergate.gateway.pools.breaker import CircuitBreaker
 from tiergate.gateway.pools.edge_health import EdgeHealth
 from tiergate.gateway.pools.edge_registry import (
@@ -130,7 +131,7 @@ class EdgePool:
         if self._tasks:
             return
         self._session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(ssl=self.access.connector_ssl),
+            connector=aiohttp.TCPConnector(ssl=self.access.connector_ssl, resolver=GuardedResolver()),
             timeout=aiohttp.ClientTimeout(total=min(2.0, self.health.poll_interval_s)))
         self._tasks.append(asyncio.create_task(self.health.run(self._session), name=f"edge-pool-poll-{self.tier}"))
         self._tasks.append(asyncio.create_task(self.registry.keep_fresh(self._refresh_interval),

@@ -13,9 +13,12 @@ A heartbeat's `url` is where the gateway will POST tenants' prompts and poll `/h
   127.0.0.1 would make the gateway call its own host's services. Anything else is allowed unless the operator lists
   networks (`TIERGATE_EDGE_NETWORKS`); then it must lie in one of them.
 
-A host name is resolved when it is registered and re-checked every `cache_s`; the gateway's HTTP client resolves it
-again when it connects, so a name whose records change in between (DNS rebinding) is not caught here: where that
-matters, list the networks and give nodes IP-literal URLs (`--advertise-url`).
+A host name is resolved when it is registered and re-checked every `cache_s`. The gateway's HTTP clients resolve it
+again when they connect, through `backend_dns.GuardedResolver`, which refuses the addresses no backend may have (metadata,
+link-local, unspecified, multicast, reserved), so a name whose records change after registration (DNS rebinding)
+cannot point the gateway at a metadata service. The connect-time check does not know which backend a name belongs
+to, so it cannot apply the loopback and `TIERGATE_EDGE_NETWORKS` rules, which are for nodes only: where those
+matter, give nodes IP-literal URLs (`--advertise-url`), which are checked in full and never resolved again.
 
 Tested in `tests/gateway/pools/test_edge_urls.py`.
 """
@@ -30,6 +33,8 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from urllib.parse import urlsplit
 
+from tiergate.gateway.pools.backend_dns import never_a_backend
+
 __all__ = ["Network", "UrlError", "UrlPolicy", "base_url"]
 
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
@@ -39,7 +44,6 @@ Resolver = Callable[[str, int], Awaitable[list[str]]]
 _MAX_URL = 2048
 _LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
 _HOSTNAME = re.compile(rf"{_LABEL}(?:\.{_LABEL})*\.?")
-_METADATA = frozenset(ipaddress.ip_address(a) for a in ("169.254.169.254", "fd00:ec2::254", "100.100.100.200"))
 
 
 class UrlError(ValueError):
@@ -108,14 +112,10 @@ class UrlPolicy:
         """Why the gateway will not call `addr` (None: it may)."""
         if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
             addr = addr.ipv4_mapped
-        if addr in _METADATA:
-            return f"{addr} is a cloud metadata service"
-        if addr.is_link_local:
-            return f"{addr} is link-local (where metadata services answer)"
-        if addr.is_loopback:  # before is_reserved, which ::1 is too
+        if why := never_a_backend(addr):
+            return why
+        if addr.is_loopback:
             return None if from_loopback else f"{addr} is loopback, and the node registered from another machine"
-        if addr.is_unspecified or addr.is_multicast or addr.is_reserved:
-            return f"{addr} is not a unicast address"
         if self.networks and not any(addr in net for net in self.networks):
             return f"{addr} is outside TIERGATE_EDGE_NETWORKS ({', '.join(map(str, self.networks))})"
         return None

@@ -119,7 +119,7 @@ class _Ctx:
     decision: Decision = field(default_factory=lambda: Decision(rule="default", tier="edge"))
     req: Any = None
     raw: dict = field(default_factory=dict)
-    policy: Any = field(default_factory=lambda: SimpleNamespace(costs=None))  # its policy version (no costs)
+    policy: Any = field(default_factory=lambda: SimpleNamespace(costs=None, budgets=None))  # its version (no costs)
 
     def max_tokens(self) -> int:
         return 16
@@ -476,7 +476,7 @@ COSTS = CostsConfig(currency="USD", reference_tier="cloud", prices={"edge": EDGE
 
 
 def _priced_ctx(**kw: Any) -> _Ctx:
-    return _Ctx(policy=SimpleNamespace(costs=COSTS), **kw)
+    return _Ctx(policy=SimpleNamespace(costs=COSTS, budgets=None), **kw)
 
 
 def _samples(metrics: GatewayMetrics) -> dict[tuple[str, ...], float]:

@@ -11,6 +11,7 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 import httpx
+import jsonschema
 import msgspec
 import pytest
 from openai import OpenAI
@@ -19,6 +20,7 @@ from tests.gateway.conftest import write_policy
 from tests.support.instant_upstream import make_app
 from tests.support.servers import aiohttp_server, gateway_server
 from tiergate.gateway.auth import KeyRing, hash_key
+from tiergate.gateway.openapi import openapi_document
 from tiergate.gateway.settings import Settings
 
 KEYS = KeyRing.from_inline("key-alpha-1=alpha,key-alpha-2=alpha,key-beta-1=beta")
@@ -74,6 +76,9 @@ def test_a_key_reads_its_own_usage_and_budget_and_never_another_keys(tmp_path):
     assert (theirs["spend"], theirs["requests"]) == (2.0, 1)
     assert theirs["budgets"]["key"]["remaining"] == 4.0 and theirs["budgets"]["tenant"]["remaining"] == 10.0
     assert (beta["spend"], beta["budgets"]) == (4.0, {})  # beta has no budget: its spend is still recorded
+    doc = msgspec.json.decode(openapi_document())
+    for body in (mine, theirs, beta):  # what /openapi.json says the route answers
+        jsonschema.Draft202012Validator({"$ref": "#/components/schemas/Usage", **doc}).validate(body)
 
 
 def test_usage_refuses_a_missing_key_and_a_bad_period_in_the_openai_format(tmp_path):

@@ -26,8 +26,9 @@ import asyncio
 import datetime as dt
 import math
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
+from typing import TypeVar
 
 import structlog
 
@@ -41,6 +42,7 @@ from tiergate.policies.model import Policy
 __all__ = ["Budgets", "Hold", "Usage", "key_id", "worst_case"]
 
 log = structlog.get_logger("tiergate.gateway")
+_T = TypeVar("_T")
 _DEFAULT = BudgetsConfig()
 _DAY_S = 86_400
 _UNCHECKED = (-1, 0)  # the ledger could not be asked, and the request goes on anyway
@@ -110,6 +112,24 @@ class Budgets:
         self._timeout = timeout_s
         self._clock = clock
         self._alerted: set[tuple[str, str]] = set()  # (counter, level): alerted once per budget and period
+        self._spans: dict[tuple[Period, dt.date], PeriodSpan] = {}  # the periods of today, computed once
+
+    async def _bounded(self, op: Awaitable[_T], factor: float = 1.0) -> _T:
+        """`op` within the timeout when the ledger is shared (Redis); in process it cannot hang, and an
+        `asyncio.timeout` (a timer on the loop) would be most of what bookkeeping costs."""
+        if not self._ledger.shared:
+            return await op
+        async with asyncio.timeout(self._timeout * factor):
+            return await op
+
+    def _span(self, period: Period, now: dt.datetime) -> PeriodSpan:
+        key = (period, now.date())
+        found = self._spans.get(key)
+        if found is None:
+            if len(self._spans) > 64:
+                self._spans.clear()
+            found = self._spans[key] = span(period, now)
+        return found
 
     def _now(self) -> dt.datetime:
         return dt.datetime.fromtimestamp(self._clock(), dt.UTC)
@@ -126,7 +146,7 @@ class Budgets:
         return tuple(out)
 
     def _scope(self, name: str, tenant: str, scope: str, budget: Budget, now: dt.datetime) -> _Scope:
-        period = span(budget.period, now)
+        period = self._span(budget.period, now)
         ttl = math.ceil(period.left_s(now)) + _DAY_S
         hard = None if budget.hard is None else round(budget.hard * NANO)
         return _Scope(name, budget, period, Counter(counter_key(self._prefix, tenant, scope, period.id), hard, ttl))
@@ -165,8 +185,7 @@ class Budgets:
         """None: taken; else (index, value) of the counter that refused, or `_UNCHECKED` (the ledger is down and
         the policy allows that; or no budget here is hard)."""
         try:
-            async with asyncio.timeout(self._timeout):
-                return await self._ledger.reserve(counters, amount)
+            return await self._bounded(self._ledger.reserve(counters, amount))
         except Exception as exc:
             self._metrics.ledger_errors.labels("reserve").inc()
             cfg = policy.budgets or _DEFAULT
@@ -189,10 +208,9 @@ class Budgets:
         delta = round(charged * NANO) - hold.amount if hold is not None else 0
         scopes = hold.scopes if hold is not None else ()
         try:
-            async with asyncio.timeout(self._timeout * 4):
-                values = await self._ledger.settle([s.counter for s in scopes], delta,
-                                                   day_key(self._prefix, tenant, now.date().isoformat()),
-                                                   _keyed(fields, key), cfg.retention_days * _DAY_S)
+            values = await self._bounded(self._ledger.settle(
+                [s.counter for s in scopes], delta, day_key(self._prefix, tenant, now.date().isoformat()),
+                _keyed(fields, key), cfg.retention_days * _DAY_S), 4)
         except Exception as exc:
             self._metrics.ledger_errors.labels("settle").inc()
             log.warning("spend_unrecorded", tenant=tenant, cost=charged, error=repr(exc))
@@ -221,13 +239,12 @@ class Budgets:
         now = self._now()
         scopes = self._scopes(policy, tenant, key, now)
         own = next((s for s in scopes if s.name == "key"), scopes[0] if scopes else None)
-        p = span(period or (own.budget.period if own is not None else Period.MONTH), now)
+        p = self._span(period or (own.budget.period if own is not None else Period.MONTH), now)
         k = key_id(key)
         names = [f"key|{k}|cost", f"key|{k}|requests", f"key|{k}|prompt", f"key|{k}|completion"]
         try:
-            async with asyncio.timeout(self._timeout * 4):
-                values, sums = await self._ledger.read(
-                    [s.counter.key for s in scopes], [day_key(self._prefix, tenant, d) for d in p.days()], names)
+            values, sums = await self._bounded(self._ledger.read(
+                [s.counter.key for s in scopes], [day_key(self._prefix, tenant, d) for d in p.days()], names), 4)
         except Exception:
             self._metrics.ledger_errors.labels("read").inc()
             raise OpenAIError(503, "The spend ledger cannot be read; retry shortly.", type="server_error",

@@ -70,6 +70,8 @@ class Counter:
 
 
 class Ledger(Protocol):
+    shared: bool  # in Redis (calls can fail or hang), or in this process
+
     async def reserve(self, counters: Sequence[Counter], amount: int) -> tuple[int, int] | None:
         """Take `amount` from every counter, or from none: None when taken, else (index, value) of the first
         counter it did not fit."""
@@ -88,6 +90,8 @@ class Ledger(Protocol):
 
 class LocalLedger:
     """The ledger in this process (no Redis): each replica counts on its own."""
+
+    shared = False
 
     def __init__(self, clock: Callable[[], float] = time.time) -> None:
         self._clock = clock
@@ -152,6 +156,8 @@ class LocalLedger:
 
 class RedisLedger:
     """The ledger in Redis, shared by every replica (one server or a Cluster)."""
+
+    shared = True
 
     def __init__(self, redis: AnyRedis) -> None:
         self._redis = redis

@@ -163,6 +163,8 @@ def test_settling_corrects_the_reservation_and_alerts_once_at_the_soft_and_hard_
 class _Down:
     """A ledger whose Redis does not answer."""
 
+    shared = True
+
     async def reserve(self, counters: Sequence[Counter], amount: int) -> tuple[int, int] | None:
         raise ConnectionError("redis down")
 

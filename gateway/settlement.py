@@ -312,7 +312,7 @@ class Settlement:
         with _settle_span("shadow"):
             if answer is not None and ctx.policy.costs is not None:
                 await self._spend(ctx, answer.tier, answer.prompt_tokens, answer.completion_tokens, kind="shadow",
-                            reference=False)
+                                  reference=False)
             if answer is None or cache is None:
                 d.metrics.shadow_checks.labels("failed").inc()
                 return

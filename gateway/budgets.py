@@ -15,7 +15,10 @@ reached, alert once per budget and period on each replica: a log line and `tierg
 
 The ledger unreachable (Redis down or slow): a request under a hard budget is refused with a 503
 `budget_unavailable` (`on_redis_down: refuse`, the default) or admitted unchecked (`allow`), counted in
-`tiergate_budget_unchecked_total` and logged; settlements that fail are counted and logged.
+`tiergate_budget_unchecked_total` and logged; settlements that fail are counted and logged. After a failure the
+ledger is not asked again for `pause_s` (a second), as the rate limits do, so that a Redis that hangs does not add
+its timeout to every request; and each kind of failure is logged at most once per `pause_s` (the metrics count
+every one), so that an outage does not flood the logs.
 
 Tested in `tests/gateway/test_budgets.py` and, against real Redis, `tests/integration/test_budgets_redis.py`.
 """
@@ -46,6 +49,10 @@ _T = TypeVar("_T")
 _DEFAULT = BudgetsConfig()
 _DAY_S = 86_400
 _UNCHECKED = (-1, 0)  # the ledger could not be asked, and the request goes on anyway
+
+
+class _LedgerPaused(Exception):
+    """The ledger failed moments ago: this call fails at once, without waiting for Redis again."""
 
 
 def key_id(digest: str) -> str:
@@ -105,7 +112,8 @@ class Usage:
 
 class Budgets:
     def __init__(self, metrics: GatewayMetrics, ledger: Ledger, *, prefix: str = "tg:spend", timeout_s: float = 0.25,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time, pause_s: float = 1.0,
+                 monotonic: Callable[[], float] = time.monotonic) -> None:
         self._metrics = metrics
         self._ledger = ledger
         self._prefix = prefix
@@ -113,14 +121,34 @@ class Budgets:
         self._clock = clock
         self._alerted: set[tuple[str, str]] = set()  # (counter, level): alerted once per budget and period
         self._spans: dict[tuple[Period, dt.date], PeriodSpan] = {}  # the periods of today, computed once
+        self._pause_s = pause_s
+        self._monotonic = monotonic
+        self._skip_until = 0.0  # monotonic: the ledger failed moments ago, do not wait for it again yet
+        self._logged: dict[str, float] = {}  # failure event -> when it was last logged (monotonic)
 
     async def _bounded(self, op: Awaitable[_T], factor: float = 1.0) -> _T:
         """`op` within the timeout when the ledger is shared (Redis); in process it cannot hang, and an
         `asyncio.timeout` (a timer on the loop) would be most of what bookkeeping costs."""
         if not self._ledger.shared:
             return await op
-        async with asyncio.timeout(self._timeout * factor):
-            return await op
+        if self._monotonic() < self._skip_until:
+            if asyncio.iscoroutine(op):
+                op.close()  # never awaited: the ledger is not asked
+            raise _LedgerPaused("the ledger failed moments ago")
+        try:
+            async with asyncio.timeout(self._timeout * factor):
+                return await op
+        except Exception:
+            self._skip_until = self._monotonic() + self._pause_s
+            raise
+
+    def _quietly(self, event: str) -> bool:
+        """Whether to log failure `event` now: at most once per pause."""
+        now = self._monotonic()
+        if now < self._logged.get(event, -math.inf) + self._pause_s:
+            return False
+        self._logged[event] = now
+        return True
 
     def _span(self, period: Period, now: dt.datetime) -> PeriodSpan:
         key = (period, now.date())
@@ -190,12 +218,14 @@ class Budgets:
             self._metrics.ledger_errors.labels("reserve").inc()
             cfg = policy.budgets or _DEFAULT
             if cfg.on_redis_down is OnRedisDown.REFUSE and any(s.counter.hard is not None for s in scopes):
-                log.error("budget_unavailable", tenant=tenant, error=repr(exc), on_redis_down="refuse")
+                if self._quietly("budget_unavailable"):
+                    log.error("budget_unavailable", tenant=tenant, error=repr(exc), on_redis_down="refuse")
                 raise OpenAIError(503, "The spend ledger cannot be read, so this tenant's budget cannot be "
                                        "checked; retry shortly.", type="server_error", code="budget_unavailable",
                                   headers={"retry-after": "5"}) from None
             self._metrics.child(self._metrics.budget_unchecked, tenant).inc()
-            log.warning("budget_unchecked", tenant=tenant, error=repr(exc), on_redis_down="allow")
+            if self._quietly("budget_unchecked"):
+                log.warning("budget_unchecked", tenant=tenant, error=repr(exc), on_redis_down="allow")
             return _UNCHECKED
 
     async def settle(self, hold: Hold | None, policy: Policy, tenant: str, key: str | None, charged: float,
@@ -213,7 +243,8 @@ class Budgets:
                 _keyed(fields, key), cfg.retention_days * _DAY_S), 4)
         except Exception as exc:
             self._metrics.ledger_errors.labels("settle").inc()
-            log.warning("spend_unrecorded", tenant=tenant, cost=charged, error=repr(exc))
+            if self._quietly("spend_unrecorded"):
+                log.warning("spend_unrecorded", tenant=tenant, cost=charged, error=repr(exc))
             return
         for s, value in zip(scopes, values, strict=True):
             if s.budget.soft is not None and value >= s.budget.soft * NANO:

@@ -225,3 +225,37 @@ def test_usage_is_the_keys_own_spend_and_what_its_budgets_have_left():
 
 def test_the_ledger_names_a_key_by_a_prefix_of_its_digest_never_the_key():
     assert key_id(KEY) == KEY[:16] and "key-alpha" not in key_id(KEY)
+
+
+class _Counting(_Down):
+    """A ledger that is down, counting how often it is asked."""
+
+    def __init__(self) -> None:
+        self.asked = 0
+
+    async def reserve(self, counters: Sequence[Counter], amount: int) -> tuple[int, int] | None:
+        self.asked += 1
+        raise ConnectionError("redis down")
+
+
+def test_after_a_failure_the_ledger_is_not_asked_again_for_a_moment_and_the_logs_stay_quiet():
+    """A Redis that hangs must not add its timeout to every request, nor an outage flood the logs: after a failure
+    the next second's requests fail at once (counted, one log line), then the ledger is asked again."""
+    policy = _policy("  on_redis_down: allow\n  tenants:\n    alpha: {hard: 1}\n")
+    metrics = GatewayMetrics(CollectorRegistry())
+    ledger, now = _Counting(), [100.0]
+    budgets = Budgets(metrics, ledger, clock=lambda: NOW, monotonic=lambda: now[0])
+
+    async def run() -> None:
+        for _ in range(5):
+            assert await budgets.reserve(policy, "alpha", KEY, 1.0) == (None, False)
+        assert ledger.asked == 1
+        now[0] += 1.01
+        assert await budgets.reserve(policy, "alpha", KEY, 1.0) == (None, False)
+        assert ledger.asked == 2
+
+    with capture_logs() as logs:
+        asyncio.run(run())
+    assert [e["event"] for e in logs] == ["budget_unchecked", "budget_unchecked"]  # once per second
+    assert _value(metrics, "tiergate_budget_unchecked_total", tenant="alpha") == 6
+    assert _value(metrics, "tiergate_spend_ledger_errors_total", op="reserve") == 6

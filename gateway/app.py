@@ -5,7 +5,7 @@ Where each route's work lives:
   through `gateway.relay.Relay`, accounted by `gateway.accounting.Accounting`;
 - `/v1/models`, `/healthz`, `/readyz`, `/metrics` (the key `TIERGATE_METRICS_KEY`, if set; `gateway.metrics.exposition`),
   `/openapi.json`: here;
-- `/v1/cache/feedback`: `gateway.feedback.CacheFeedback`;
+- `/v1/cache/feedback`: `gateway.feedback.CacheFeedback`; `/v1/usage`: `gateway.usage.UsageEndpoint`;
 - `/admin/...` and `/edge/v1/...`: `gateway.admin`; `/dashboard...`: `gateway.status`;
 - state and lifecycle: `gateway.lifecycle.Gateway`.
 """
@@ -40,6 +40,7 @@ from tiergate.gateway.pipeline import CompletionPipeline, PipelineParts
 from tiergate.gateway.pools.edge_urls import UrlPolicy
 from tiergate.gateway.settings import Settings
 from tiergate.gateway.status import StatusPage, StatusSource
+from tiergate.gateway.usage import UsageEndpoint
 
 __all__ = ["create_app"]
 
@@ -65,6 +66,7 @@ def create_app(settings: Settings | None = None, *, keyring: KeyRing | None = No
     status = StatusPage(StatusSource(admin=gw.admin, started_at=gw.started_at, stats=gw.stats, tiers=gw.tiers,
                                      policy_store=gw.policy_store, draining=gw.is_draining, ready=gw.ready))
     feedback = CacheFeedback(gw.keys, gw.shared_cache)
+    usage = UsageEndpoint(gw.keys, gw.budgets, lambda: gw.policy_store.current.policy)
 
     async def chat(request: Request) -> Response:
         return await completions.handle(request, "chat")
@@ -120,6 +122,7 @@ def create_app(settings: Settings | None = None, *, keyring: KeyRing | None = No
         Route("/v1/completions", text, methods=["POST"]),
         Route("/v1/models", _guarded(models), methods=["GET"]),
         Route("/v1/cache/feedback", _guarded(feedback.handle), methods=["POST"]),
+        Route("/v1/usage", _guarded(usage.handle), methods=["GET"]),
         Route("/healthz", healthz, methods=["GET"]),
         Route("/readyz", readyz, methods=["GET"]),
         Route("/metrics", _guarded(metrics), methods=["GET"]),

@@ -100,6 +100,10 @@ class Authenticator(Protocol):
 
     def authenticate(self, authorization: str | None) -> Tenant: ...
 
+    def identify(self, authorization: str | None) -> tuple[Tenant, str]:
+        """The tenant and the key's SHA-256 (what per-key budgets and usage are kept by), or a 401."""
+        ...
+
 
 class KeyRing:
     """Resolves a bearer key to its tenant in O(1); immutable once built."""
@@ -121,6 +125,10 @@ class KeyRing:
         """Return the tenant for an `Authorization: Bearer KEY` header, or raise a 401 OpenAIError."""
         with tracing.span("auth"):
             return self.resolve(authorization)[0]
+
+    def identify(self, authorization: str | None) -> tuple[Tenant, str]:
+        with tracing.span("auth"):
+            return self.resolve(authorization)
 
     def resolve(self, authorization: str | None) -> tuple[Tenant, str]:
         """The tenant for an `Authorization: Bearer KEY` header and the key's digest, or a 401 OpenAIError."""

@@ -134,6 +134,7 @@ class Outcome:
     streaming: bool = False  # a backend's stream is being relayed: it releases what the request holds when it ends
     cascade: CascadeVerdict | None = None  # a cascade's judgment of its first tier's answer
     shadow_check: bool = False  # a cache hit sampled for verification: its request also goes to the tier after it
+    stream_cost: bool = True  # a stream's final usage chunk carries `cost` (unless `x-tiergate-cost: off`)
 
 
 @dataclass(frozen=True, slots=True)

@@ -59,11 +59,15 @@ class Keys:
 
     def authenticate(self, authorization: str | None) -> Tenant:
         """The tenant for `Authorization: Bearer KEY`, or a 401: missing, malformed, unknown or revoked."""
+        return self.identify(authorization)[0]
+
+    def identify(self, authorization: str | None) -> tuple[Tenant, str]:
+        """The tenant and the key's SHA-256 (`authenticate`'s checks)."""
         with tracing.span("auth"):
             tenant, digest = self._ring.resolve(authorization)
             if digest in self._revoked:
                 raise unauthorized("This API key has been revoked.")
-            return tenant
+            return tenant, digest
 
     async def reload(self) -> str | None:
         """Read the key file again; None when adopted, else why it was refused (the old keys keep serving)."""

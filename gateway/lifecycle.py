@@ -24,9 +24,11 @@ from tiergate.cache.redis.conn import AnyRedis, open_redis
 from tiergate.gateway.accounting import Accounting
 from tiergate.gateway.admin import AdminKey
 from tiergate.gateway.auth import KeyRing
+from tiergate.gateway.budgets import Budgets
 from tiergate.gateway.dispatch import Dispatcher
 from tiergate.gateway.distill import Distiller, JsonlRecords, RedisRecords
 from tiergate.gateway.keys import Keys
+from tiergate.gateway.ledger import LocalLedger, RedisLedger
 from tiergate.gateway.limits import Limiter
 from tiergate.gateway.metrics import GatewayMetrics
 from tiergate.gateway.pools.access import BackendAccess
@@ -81,7 +83,10 @@ class Gateway:
         self.started_at = time.time()
         self.distill = Distiller(self.metrics, RedisRecords(self.redis) if self.redis is not None
                                  else JsonlRecords(settings.distill_file))
-        self.settlements = Settlements(self.accounting, self.limiter, self.metrics, self.shared_cache, self.distill)
+        # Spend per tenant, key, tier and rule, and the budgets' counters: shared through Redis when configured.
+        self.budgets = Budgets(self.metrics, RedisLedger(self.redis) if self.redis is not None else LocalLedger())
+        self.settlements = Settlements(self.accounting, self.limiter, self.metrics, self.shared_cache, self.distill,
+                                       self.budgets)
         self.shadow = ShadowChecks(  # cache hits checked against a tier after they were served
             dispatcher=self.dispatcher, metrics=self.metrics, settlements=self.settlements, cache=self.shared_cache,
             draining=self.is_draining, concurrency=settings.cache_shadow_concurrency, hold=self.tiers.hold)

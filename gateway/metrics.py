@@ -107,6 +107,20 @@ class GatewayMetrics:
                                        "(costs.reference_tier), by tenant, the tier that answered (cache for a hit) "
                                        "and rule: the saving is this minus tiergate_spend_total.",
                                        [TENANT_LABEL, "tier", "rule", "currency"], registry=r)
+        self.budget_refused = Counter("tiergate_budget_refused_total",
+                                      "Requests a hard budget refused (or downgraded), by tenant, scope (tenant, key) "
+                                      "and action (refused, downgraded).", [TENANT_LABEL, "scope", "action"],
+                                      registry=r)
+        self.budget_alerts = Counter("tiergate_budget_alerts_total",
+                                     "Budgets whose spend crossed a limit, by tenant, scope (tenant, key) and level "
+                                     "(soft, hard): each crossing counts once per replica that saw it.",
+                                     [TENANT_LABEL, "scope", "level"], registry=r)
+        self.budget_unchecked = Counter("tiergate_budget_unchecked_total",
+                                        "Requests admitted without their budget checked (the ledger unreachable, "
+                                        "on_redis_down: allow), by tenant.", [TENANT_LABEL], registry=r)
+        self.ledger_errors = Counter("tiergate_spend_ledger_errors_total",
+                                     "Spend ledger operations that failed (Redis unreachable), by operation "
+                                     "(reserve, settle, read).", ["op"], registry=r)
         self.distill = Counter("tiergate_distill_records_total",
                                "Distillation records, by result (recorded, failed).", ["result"], registry=r)
         self._children: dict[tuple[MetricWrapperBase, tuple[str, ...]], MetricWrapperBase] = {}

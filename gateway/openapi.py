@@ -148,6 +148,21 @@ _ANSWERS: dict[str, Schema] = {
                                  "already_reported"], ok={"const": True}, request_id=_STR, entry=_STR, kind=_STR,
                                 invalidated=_INT, entry_threshold={"type": ["number", "null"]},
                                 already_reported=_BOOL),
+    "Usage": _obj(
+        ["object", "tenant", "period", "currency", "spend", "requests", "prompt_tokens", "completion_tokens",
+         "budgets"], object={"const": "usage"}, tenant=_STR,
+        period=_obj(["id", "start", "end"], id={**_STR, "description": "`2026-11-27`, `2026-W48` or `2026-11`"},
+                    start=_STR, end={**_STR, "description": "Exclusive, UTC."}),
+        currency={"type": ["string", "null"], "description": "The policy's `costs.currency` (null: no costs)."},
+        spend={"type": "number", "description": "What this key spent in the period (never another key's)."},
+        requests=_INT, prompt_tokens=_INT, completion_tokens=_INT,
+        budgets={"type": "object", "description": "The budgets this key is under, `tenant` and `key`.",
+                 "additionalProperties": _obj(
+                     ["period", "period_end", "hard_limit", "soft_limit", "remaining"], period=_STR,
+                     period_end=_STR, hard_limit={"type": ["number", "null"]},
+                     soft_limit={"type": ["number", "null"]},
+                     remaining={"type": ["number", "null"], "description": "What the hard limit leaves, "
+                                "reservations of requests still running included."})}),
     "ReloadResult": _obj(["ok", "version", "error"], ok=_BOOL, version=_STR, error={"type": "null"}),
     "ReloadRejected": _obj(["ok", "version", "error"], ok=_BOOL, version=_STR,
                            error=_obj(["message", "type", "code", "param"], message=_STR, type=_STR,
@@ -247,10 +262,13 @@ def _completion(schema: str, summary: str) -> Schema:
         "404": _error("Unknown `model` (`model_not_found`)."),
         "413": _error("Body over TIERGATE_MAX_BODY_BYTES (`body_too_large`) or prompt text over "
                       "TIERGATE_MAX_PROMPT_CHARS characters (`prompt_too_large`)."),
-        "429": _error("The tenant's rate or concurrency limit, or the tier saturated past its queue time.",
+        "429": _error("The tenant's rate or concurrency limit, or the tier saturated past its queue time; or a "
+                      "spent budget (type `insufficient_quota`, code `budget_exceeded`, `x-should-retry: false`, "
+                      "Retry-After at the end of the budget's period).",
                       headers={"retry-after": {"schema": _STR, "required": True, "description": "Seconds."}}),
         "502": _error("The backends failed or answered malformed before anything was sent (`upstream_*`)."),
-        "503": _error("No healthy backend in any tier the decision allows."),
+        "503": _error("No healthy backend in any tier the decision allows; or the spend ledger unreachable "
+                      "under a hard budget with `on_redis_down: refuse` (`budget_unavailable`)."),
         "504": _error("The backends timed out (`upstream_timeout`)."),
         "4XX": _error("A policy rule's `reject` (its own status and code), or a backend's verdict on the request "
                       "relayed as it is (e.g. `context_length_exceeded`)."),
@@ -278,6 +296,15 @@ def _paths() -> dict[str, Schema]:
                 "409": _error("The cache is disabled (`cache_disabled`)."),
                 "413": _TOO_LARGE,
                 "503": _error("The cache store is unreachable (`cache_unavailable`).")})},
+        "/v1/usage": {"get": _op(
+            "The calling key's own usage in the current period (its budget's, else `period`, else the month, UTC): "
+            "spend, requests, tokens, and what its budgets have left.", security=["apiKey"], parameters=[
+                {"name": "period", "in": "query", "schema": {"enum": ["day", "week", "month"]},
+                 "description": "The period, when the key has no budget of its own."}], responses={
+                "200": _json("The key's usage.", _ref("Usage")),
+                "400": _error("`period` is not day, week or month (`invalid_period`)."),
+                "401": _error("Missing or invalid API key."),
+                "503": _error("The spend ledger (Redis) is unreachable (`usage_unavailable`).")})},
         "/healthz": {"get": _op("Liveness.", {"200": _json("Alive.", _obj(["ok"], **ok))})},
         "/readyz": {"get": _op("Readiness: not draining, and a tier has a healthy backend.", {
             "200": _json("Ready.", _ref("Readiness")), "503": _json("Not ready.", _ref("Readiness"))})},

@@ -43,6 +43,7 @@ __all__ = ["CompletionPipeline", "PipelineParts"]
 _INLINE_CLASSIFY_CHARS = 4000  # longer prompts are tokenised in a worker thread, off the event loop
 # Unmodelled request fields known not to change the answer; any other one (`functions`, `reasoning_effort`, ...)
 # might, and the cache key cannot include what it does not understand, so such requests bypass the cache.
+_COST_OFF = frozenset({"off", "false", "0", "no"})  # `x-tiergate-cost: off`: no `cost` in a stream's usage
 _ANSWER_NEUTRAL = frozenset({"metadata", "store", "service_tier", "safety_identifier", "prompt_cache_key"})
 
 
@@ -88,12 +89,12 @@ class CompletionPipeline:
         tenant: Tenant | None = None
         features: Features | None = None
         decision: Decision | None = None
-        outcome = Outcome()
+        outcome = Outcome(stream_cost=request.headers.get("x-tiergate-cost", "").lower() not in _COST_OFF)
         # The request's one routing version: checked, classified, decided, dispatched and settled under it.
         held = Held(gw.routing.hold())
         active = held.routing.routing.active
         try:
-            tenant = gw.keyring.authenticate(request.headers.get("authorization"))
+            tenant, settle.key = gw.keyring.identify(request.headers.get("authorization"))
             body = await read_body(request, gw.settings.max_body_bytes, gw.settings.body_timeout_s)
             try:
                 req, plain = decode_request(body, kind)
@@ -126,6 +127,8 @@ class CompletionPipeline:
                 decision = dataclasses.replace(decision, max_tokens_cap=cap)
             ctx = RequestContext(arrival, tenant, req, raw, extra, plain, features, decision, held)
             held.tokens = await settle.reserve(held.slot, features.prompt_tokens + _answer_budget(ctx))  # or a 429
+            ctx = await settle.reserve_budget(ctx, ctx.max_tokens())  # its worst-case cost, or a 429 (or downgraded)
+            decision = ctx.decision
             hit = await self._lookup(ctx, outcome)
             if hit is not None:
                 return self._relay.cached(ctx, outcome, hit, settle)

@@ -74,7 +74,8 @@ class Relay:
             headers["x-tiergate-cost"] = format_cost(cost)
         if ctx.req.stream:
             include_usage = bool(ctx.req.stream_options and ctx.req.stream_options.include_usage)
-            events = render_sse(hit.answer, include_usage)
+            cost = settle.quote(ctx, "cache", 0, 0) if include_usage and _stream_cost(ctx, outcome) else None
+            events = render_sse(hit.answer, include_usage, cost=cost)
             return StreamingResponse(_iterate(events), media_type=_SSE, headers=headers | _SSE_HEADERS,
                                      background=task)
         return Response(render_json(hit.answer), media_type=_JSON, headers=headers, background=task)
@@ -149,12 +150,19 @@ class Relay:
                                   completion_tokens, store=store, distill=(acc.text, acc.model) if whole else None,
                                   cached_tokens=acc.cached_tokens)
 
-        return _Stream(self._events(ctx, attempt, relay, client_wants_usage, transform), on_close, media_type=_SSE,
-                       headers=headers)
+        def cost() -> float | None:  # the stream's cost, once its usage chunk has come
+            acc = relay.acc
+            return settle.quote(ctx, attempt.tier, acc.prompt_tokens, acc.completion_tokens, acc.cached_tokens)
+
+        priced = cost if client_wants_usage and _stream_cost(ctx, outcome) else None
+        return _Stream(self._events(ctx, attempt, relay, client_wants_usage, transform, priced), on_close,
+                       media_type=_SSE, headers=headers)
 
     async def _events(self, ctx: RequestContext, attempt: Attempt, relay: _Relayed, client_wants_usage: bool,
-                      transform: Callable[[bytes], bytes] | None) -> AsyncGenerator[bytes, None]:
-        """Relay the backend's chunks, then `[DONE]`; a backend failing mid-stream ends in an SSE error event."""
+                      transform: Callable[[bytes], bytes] | None,
+                      cost: Callable[[], float | None] | None = None) -> AsyncGenerator[bytes, None]:
+        """Relay the backend's chunks, then `[DONE]`; a backend failing mid-stream ends in an SSE error event.
+        Given `cost`, the usage chunk carries the request's cost (`usage.cost`)."""
         acc = relay.acc
         try:
             batch = attempt.first
@@ -174,6 +182,8 @@ class Relay:
                     except (msgspec.ValidationError, msgspec.DecodeError):
                         usage_only = False  # relay what we cannot read; it is the backend's own chunk
                     if client_wants_usage:
+                        if usage_only and cost is not None:
+                            payload = _with_cost(payload, cost())
                         out.append(sse(payload))
                     elif not usage_only:
                         out.append(sse(_without_null_usage(payload)))
@@ -199,6 +209,28 @@ class Relay:
             yield sse(err.to_json()) + DONE
 
 _NULL_USAGE_TAIL = b',"usage":null}'
+
+
+def _stream_cost(ctx: RequestContext, outcome: Outcome) -> bool:
+    """Whether a stream's usage chunk carries its cost: unless the request said `x-tiergate-cost: off` or the
+    policy `budgets.stream_cost: false`."""
+    budgets = ctx.policy.budgets
+    return outcome.stream_cost and (budgets is None or budgets.stream_cost)
+
+
+def _with_cost(payload: bytes, cost: float | None) -> bytes:
+    """A usage chunk with `usage.cost` added (OpenRouter's spelling; OpenAI's SDKs keep unknown fields): a number
+    in the policy's currency. Left as it is when unpriced or not an object with a usage object."""
+    if cost is None:
+        return payload
+    try:
+        obj = msgspec.json.decode(payload)
+    except msgspec.DecodeError:
+        return payload
+    if not isinstance(obj, dict) or not isinstance(obj.get("usage"), dict):
+        return payload
+    obj["usage"]["cost"] = cost
+    return msgspec.json.encode(obj)
 
 
 def _without_null_usage(payload: bytes) -> bytes:

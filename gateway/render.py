@@ -178,8 +178,9 @@ def render_json(a: CachedAnswer) -> bytes:
                             "choices": [choice], "usage": _usage(a)})
 
 
-def render_sse(a: CachedAnswer, include_usage: bool, chunk_chars: int = 64) -> list[bytes]:
-    """A cached answer as SSE events (split into modest chunks, as a live stream would be), ending in [DONE]."""
+def render_sse(a: CachedAnswer, include_usage: bool, chunk_chars: int = 64, cost: float | None = None) -> list[bytes]:
+    """A cached answer as SSE events (split into modest chunks, as a live stream would be), ending in [DONE]; its
+    usage chunk (`include_usage`) carries `cost` when given."""
     rid, created = _ids(a.kind)
     obj = "chat.completion.chunk" if a.kind == "chat" else "text_completion"
     out: list[bytes] = []
@@ -200,7 +201,10 @@ def render_sse(a: CachedAnswer, include_usage: bool, chunk_chars: int = 64) -> l
         out.append(chunk(piece, None, first=i == 0))
     out.append(chunk(None, a.finish_reason))
     if include_usage:
+        usage: dict[str, object] = dict(_usage(a))
+        if cost is not None:
+            usage["cost"] = cost
         out.append(sse(_encoder.encode({"id": rid, "object": obj, "created": created, "model": a.model,
-                                        "choices": [], "usage": _usage(a)})))
+                                        "choices": [], "usage": usage})))
     out.append(DONE)
     return out

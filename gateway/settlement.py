@@ -12,10 +12,16 @@ settling: `tiergate_spend_total` (what the work cost, by tenant, tier, rule and 
 `tiergate_spend_reference_total` (what the same answer would have cost on the reference tier; the saving is the
 difference). A JSON answer's `x-tiergate-cost` header is the same figure, quoted by the relay before the answer
 goes out (`quote`) and recorded as quoted. A policy without `costs` counts no spend.
+
+Spend and budgets (`gateway.budgets`): a request under a budget reserves its worst case at admission
+(`reserve_budget`), and whichever way it settles, the same figure (the answer plus any thrown-away work; a shadow
+check is the operator's, never the tenant's) corrects that reservation and goes into the day's spend record by
+tenant, key, tier, rule and kind, in the same ledger write.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable
 from typing import Any, ClassVar
@@ -30,8 +36,10 @@ from tiergate.core.errors import OpenAIError
 from tiergate.core.types import Decision, Features
 from tiergate.gateway.accounting import Accounting
 from tiergate.gateway.auth import Tenant
+from tiergate.gateway.budgets import Budgets, Hold, worst_case
 from tiergate.gateway.context import Arrival, Finished, Outcome, RequestContext
 from tiergate.gateway.distill import Distiller
+from tiergate.gateway.ledger import LocalLedger
 from tiergate.gateway.limits import Limiter, Reservation, TenantSlot
 from tiergate.gateway.metrics import GatewayMetrics
 from tiergate.policies.costs import CostsConfig
@@ -64,9 +72,10 @@ class Settlements:
     """What settling needs, shared by every request; `open` gives one request its `Settlement`."""
 
     def __init__(self, accounting: Accounting, limiter: Limiter, metrics: GatewayMetrics, cache: CacheProvider,
-                 distill: Distiller) -> None:
+                 distill: Distiller, budgets: Budgets | None = None) -> None:
         self.accounting, self.limiter, self.metrics, self.cache, self.distill = (accounting, limiter, metrics, cache,
                                                                                  distill)
+        self.budgets = budgets if budgets is not None else Budgets(metrics, LocalLedger())
 
     def open(self, arrival: Arrival) -> Settlement:
         return Settlement(self, arrival)
@@ -77,7 +86,8 @@ class Settlement:
 
     strict: ClassVar[bool] = False  # tests turn a second settlement into an exception
 
-    __slots__ = ("_deps", "_extra_tokens", "_quote", "_reservation", "_thrown", "_thrown_ctx", "arrival", "settled")
+    __slots__ = ("_deps", "_extra_tokens", "_hold", "_hold_ctx", "_quote", "_reservation", "_thrown", "_thrown_ctx",
+                 "arrival", "key", "settled")
 
     def __init__(self, deps: Settlements, arrival: Arrival) -> None:
         self._deps = deps
@@ -87,6 +97,9 @@ class Settlement:
         self._thrown_ctx: RequestContext | None = None  # the request it was done for (its policy prices it)
         self._quote: tuple[tuple[str, int, int, int], float] | None = None  # the answer's cost, once priced
         self._reservation: Reservation | None = None
+        self._hold: Hold | None = None  # the request's budget reservation
+        self._hold_ctx: RequestContext | None = None
+        self.key: str | None = None  # the SHA-256 of the key the request came with: its spend is also the key's
         self.settled: str | None = None
 
     async def reserve(self, slot: TenantSlot, tokens: int) -> Reservation | None:
@@ -100,6 +113,30 @@ class Settlement:
             await limiter.refund_request(slot)
             raise
         return self._reservation
+
+    async def reserve_budget(self, ctx: RequestContext, answer_tokens: int | None) -> RequestContext:
+        """Reserve the request's worst-case cost from its budgets (`answer_tokens`: the most its answer may use; None:
+        each tier's context), or raise their 429 (and give back the request its admission counted, as `reserve`
+        does). Over a hard limit with `on_exceed: downgrade`, the request goes to the policy's cheaper tier: the
+        context returned is then decided for that tier alone."""
+        budgets = ctx.policy.budgets
+        if budgets is None or ctx.tenant.id not in budgets.tenants or ctx.policy.costs is None:
+            return ctx
+        target = budgets.tenants[ctx.tenant.id].downgrade_to
+        down = dataclasses.replace(ctx.decision, tier=target, fallbacks=(), cascade=None) if target else None
+        prompt = ctx.features.prompt_tokens
+        try:
+            self._hold, downgraded = await self._deps.budgets.reserve(
+                ctx.policy, ctx.tenant.id, self.key, worst_case(ctx.policy, ctx.decision, prompt, answer_tokens),
+                (lambda: worst_case(ctx.policy, down, prompt, answer_tokens)) if down is not None else None)
+        except OpenAIError:
+            if ctx.held.slot is not None:
+                await self._deps.limiter.refund_request(ctx.held.slot)
+            raise
+        if downgraded and down is not None:
+            ctx = dataclasses.replace(ctx, decision=down)
+        self._hold_ctx = ctx
+        return ctx
 
     def add_spent(self, tokens: int, *, ctx: RequestContext | None = None, tier: str | None = None,
                   prompt_tokens: int = 0) -> None:
@@ -129,22 +166,39 @@ class Settlement:
             self._quote = (key, costs.cost(tier, prompt, completion, cached))
         return self._quote[1]
 
-    def _spend(self, ctx: RequestContext | None, tier: str, prompt: int, completion: int, cached: int = 0, *,
-               kind: str = "answer", reference: bool = True) -> None:
+    async def _spend(self, ctx: RequestContext | None, tier: str, prompt: int, completion: int, cached: int = 0, *,
+                     kind: str = "answer", reference: bool = True) -> None:
         """Record what this request cost under its own policy (and what the same answer would have cost on the
-        reference tier), plus the thrown-away work it carries: called once, by whichever way it was settled."""
-        ctx = ctx if ctx is not None else self._thrown_ctx
+        reference tier), plus the thrown-away work it carries, in the metrics and the ledger, and settle its budget
+        reservation to it: called once, by whichever way it was settled."""
+        ctx = ctx if ctx is not None else self._thrown_ctx if self._thrown_ctx is not None else self._hold_ctx
         costs = ctx.policy.costs if ctx is not None else None
         if ctx is None or costs is None:
             return
         m, tenant, rule, currency = self._deps.metrics, ctx.tenant.id, ctx.decision.rule, costs.currency
+        fields: dict[str, float] = {}
+        charged = 0.0
         if kind:
-            m.child(m.spend, tenant, tier, rule, kind, currency).inc(
-                self._answer_cost(costs, tier, prompt, completion, cached))
+            cost = self._answer_cost(costs, tier, prompt, completion, cached)
+            m.child(m.spend, tenant, tier, rule, kind, currency).inc(cost)
+            fields[f"cost|{tier}|{rule}|{kind}"] = cost
+            if kind != "shadow":  # the operator's check, not the tenant's spend
+                charged += cost
         if reference:
-            m.child(m.spend_reference, tenant, tier, rule, currency).inc(costs.reference(prompt, completion, cached))
+            ref = costs.reference(prompt, completion, cached)
+            m.child(m.spend_reference, tenant, tier, rule, currency).inc(ref)
+            fields[f"ref|{tier}|{rule}"] = ref
+            fields |= {"requests": 1, "prompt": prompt, "completion": completion}
         for t, p, c in self._thrown:
-            m.child(m.spend, tenant, t, rule, "escalated", currency).inc(costs.cost(t, p, c))
+            cost = costs.cost(t, p, c)
+            m.child(m.spend, tenant, t, rule, "escalated", currency).inc(cost)
+            name = f"cost|{t}|{rule}|escalated"
+            fields[name] = fields.get(name, 0.0) + cost
+            charged += cost
+        if kind != "shadow" and (kind or charged):
+            fields["cost"] = charged
+        await self._deps.budgets.settle(self._hold, ctx.policy, tenant, self.key if kind != "shadow" else None,
+                                        charged, fields)
 
     def _elapsed(self) -> float:
         return time.perf_counter() - self.arrival.started
@@ -179,7 +233,7 @@ class Settlement:
             d.accounting.record(Finished(ctx.arrival, tier, status, overhead, elapsed, ctx.tenant, ctx.decision,
                                          ctx.features, outcome.cache, prompt_tokens, completion_tokens))
             await self._charge(prompt_tokens + completion_tokens)
-            self._spend(ctx, tier, prompt_tokens, completion_tokens, cached_tokens)
+            await self._spend(ctx, tier, prompt_tokens, completion_tokens, cached_tokens)
             cache = d.cache()
             if store is not None and cache is not None:
                 await cache.store(ctx.req, ctx.tenant.id, ctx.decision.cache, store, outcome.cache_key,
@@ -197,8 +251,8 @@ class Settlement:
             self._deps.accounting.record(Finished(ctx.arrival, "cache", 200, overhead, overhead, ctx.tenant,
                                                   ctx.decision, ctx.features, outcome.cache))
             await self._charge(0)
-            if ctx.policy.costs is not None:
-                self._spend(ctx, "cache", ctx.features.prompt_tokens, hit.answer.completion_tokens)
+            if ctx.policy.costs is not None:  # a hold exists only under a policy with costs
+                await self._spend(ctx, "cache", ctx.features.prompt_tokens, hit.answer.completion_tokens)
             cache = self._deps.cache()
             if cache is not None:
                 await cache.served(ctx.request_id, ctx.tenant.id, hit)
@@ -213,7 +267,7 @@ class Settlement:
             with _settle_span("refused"):
                 self._deps.accounting.refused(done, exc)
                 await self._charge(0)
-                self._spend(None, "none", 0, 0, kind="", reference=False)  # a cascade's thrown-away attempt
+                await self._spend(None, "none", 0, 0, kind="", reference=False)  # a cascade's thrown-away attempt
         headers = {"x-request-id": self.arrival.request_id, **exc.headers}
         if decision is not None:
             headers["x-tiergate-rule"] = decision.rule
@@ -245,7 +299,7 @@ class Settlement:
             with _settle_span("gone"):
                 self._deps.accounting.gone(done)
                 await self._charge(spent)
-                self._spend(ctx, tier, prompt_tokens, 0, kind="gone" if prompt_tokens else "", reference=False)
+                await self._spend(ctx, tier, prompt_tokens, 0, kind="gone" if prompt_tokens else "", reference=False)
         return Response(status_code=499, headers={"x-request-id": self.arrival.request_id})  # seen by nobody
 
     async def shadow(self, ctx: RequestContext, outcome: Outcome, answer: CachedAnswer | None) -> None:
@@ -257,8 +311,8 @@ class Settlement:
         d, cache = self._deps, self._deps.cache()
         with _settle_span("shadow"):
             if answer is not None and ctx.policy.costs is not None:
-                self._spend(ctx, answer.tier, answer.prompt_tokens, answer.completion_tokens, kind="shadow",
-                            reference=False)
+                await self._spend(ctx, answer.tier, answer.prompt_tokens, answer.completion_tokens, kind="shadow",
+                                  reference=False)
             if answer is None or cache is None:
                 d.metrics.shadow_checks.labels("failed").inc()
                 return

@@ -102,6 +102,21 @@ def _cost_issues(policy: Policy) -> list[Issue]:
     return out
 
 
+def _budget_issues(policy: Policy) -> list[Issue]:
+    """Budgets are in money, so they need `costs`; a downgrade goes to a tier that exists."""
+    budgets = policy.budgets
+    if budgets is None:
+        return []
+    out = []
+    if budgets.tenants and policy.costs is None:
+        out.append(Issue(("budgets",), "budgets are in money: they need a `costs` section to price requests"))
+    for name, budget in budgets.tenants.items():
+        if budget.downgrade_to is not None and budget.downgrade_to not in policy.tiers:
+            out.append(Issue(("budgets", "tenants", name, "downgrade_to"),
+                             f"unknown tier {budget.downgrade_to!r}; tiers defined: {', '.join(sorted(policy.tiers))}"))
+    return out
+
+
 def hook_problem(spec: str) -> str | None:
     """Why `module:function` cannot serve as a redaction hook, or None."""
     module, _, name = spec.partition(":")
@@ -187,6 +202,7 @@ def semantic_issues(policy: Policy, check_files: bool = True) -> list[Issue]:
                 issues.append(Issue(("distill", "redact", "hook"), problem))
 
     issues.extend(_cost_issues(policy))
+    issues.extend(_budget_issues(policy))
 
     if catch_all_at is None and policy.default_tier is None:
         issues.append(Issue(("rules",), "no rule matches every request: end the rules with a catch-all rule "

@@ -5,8 +5,8 @@ the path of the offending field; checks across the file (unknown tier, fallback 
 unreachable rules) live in `policies.checks`. A `Policy` that passed both is safe to hand to `PolicyEngine`.
 
 The sections live in their own modules: `policies.conditions` (a rule's `when`), `policies.rules`,
-`policies.overrides` (cache and timeout settings), `policies.tier_config`, `policies.distill_config` and
-`policies.costs`.
+`policies.overrides` (cache and timeout settings), `policies.tier_config`, `policies.distill_config`,
+`policies.costs` and `policies.budgets`.
 
 Tested in `tests/policies/test_engine.py`, `tests/policies/test_loader.py`, `tests/fuzz/test_policy_loader.py`
 and others.
@@ -21,6 +21,7 @@ from typing import Any, Literal
 from pydantic import Field, PrivateAttr, field_validator, model_validator
 
 from tiergate.policies.base import NAME_PATTERN, StrictModel
+from tiergate.policies.budgets import BudgetsConfig
 from tiergate.policies.costs import CostsConfig
 from tiergate.policies.distill_config import DistillConfig
 from tiergate.policies.overrides import CacheOverride, TimeoutsOverride
@@ -54,6 +55,8 @@ class Policy(StrictModel):
     distill: DistillConfig | None = Field(None, description="distillation capture (off unless configured)")
     costs: CostsConfig | None = Field(None, description="prices per tier and the reference tier savings are "
                                                         "measured against (no section: spend is not counted)")
+    budgets: BudgetsConfig | None = Field(None, description="spend limits per tenant and key, in the `costs` "
+                                                            "currency (policies.budgets)")
 
     _source: str = PrivateAttr("<memory>")
     _base_dir: Path = PrivateAttr(default_factory=Path.cwd)

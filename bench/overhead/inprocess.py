@@ -1,11 +1,13 @@
 """The gateway's own cost without the network server: requests driven through the ASGI app in one process.
 
-    .venv/bin/python -m bench.overhead.inprocess [--batches 12] [--gap-ms 0] [--tree PATH]
+    .venv/bin/python -m bench.overhead.inprocess [--batches 12] [--gap-ms 0] [--tree PATH] [--policy-extra FILE]
 
 An instant upstream runs on CPU 1; this process (the gateway app and its aiohttp client) on CPU 0. Back to
 back (`--gap-ms 0`) it reports the best batch of 300 requests: wall and CPU ms per request, steady enough on a
 noisy machine to compare two builds (`--tree` puts another checkout first on the import path). With a gap
 between requests it reports the p50/p90 wall time of requests that find the core idle, i.e. cold.
+`--policy-extra` appends a file's YAML sections (`costs`, `budgets`, ...) to the bench policy: the cost of a
+feature, measured by running with and without it.
 """
 
 from __future__ import annotations
@@ -104,6 +106,7 @@ def main() -> None:
     ap.add_argument("--batches", type=int, default=12)
     ap.add_argument("--gap-ms", type=float, default=0.0)
     ap.add_argument("--tree", type=Path, help="import gateway/, cache/, policies/ from this checkout")
+    ap.add_argument("--policy-extra", type=Path, help="YAML sections appended to the bench policy")
     args = ap.parse_args()
     if args.tree:
         sys.path.insert(0, str(args.tree.resolve()))
@@ -116,7 +119,8 @@ def main() -> None:
     upstream = Server("upstream", [sys.executable, "-m", "tests.support.instant_upstream", "--port", str(port)],
                       f"http://127.0.0.1:{port}/health", cpus={1}, log=tmp / "upstream.log").start()
     try:
-        (tmp / "policy.yaml").write_text(POLICY.format(port=port, defaults=""))
+        extra = args.policy_extra.read_text() if args.policy_extra else ""
+        (tmp / "policy.yaml").write_text(POLICY.format(port=port, defaults="") + extra)
         os.environ.update({"TIERGATE_POLICY": str(tmp / "policy.yaml"), "TIERGATE_API_KEYS": f"{KEY}=bench",
                            "TIERGATE_LOG_LEVEL": "warning", "TIERGATE_EMBEDDER": ""})
         os.sched_setaffinity(0, {0})

@@ -32,14 +32,17 @@ from tiergate.cache import Route, SemanticCache
 from tiergate.cache.types import CachedAnswer, CacheHit
 from tiergate.core import tracing
 from tiergate.core.errors import OpenAIError
-from tiergate.core.types import Decision, Features, Priority
+from tiergate.core.types import Cascade, Decision, Features, Priority
 from tiergate.gateway.auth import KeyRing, Tenant, hash_key
+from tiergate.gateway.budgets import Budgets
 from tiergate.gateway.context import Arrival, Finished, Outcome, UpstreamBody
+from tiergate.gateway.ledger import LocalLedger
 from tiergate.gateway.limits import Limiter, Reservation
 from tiergate.gateway.metrics import GatewayMetrics
 from tiergate.gateway.settings import Settings
 from tiergate.gateway.settlement import AlreadySettled, Settlement, Settlements
 from tiergate.policies.costs import CostsConfig, TierPrice
+from tiergate.policies.loader import parse_policy
 
 # A token limit far above what the tests use: every request reserves its budget and settles it.
 TENANT = Tenant("alpha", Priority.NORMAL, tokens_per_minute=10**9)
@@ -119,7 +122,8 @@ class _Ctx:
     decision: Decision = field(default_factory=lambda: Decision(rule="default", tier="edge"))
     req: Any = None
     raw: dict = field(default_factory=dict)
-    policy: Any = field(default_factory=lambda: SimpleNamespace(costs=None))  # its policy version (no costs)
+    policy: Any = field(default_factory=lambda: SimpleNamespace(costs=None, budgets=None))  # its version (no costs)
+    held: Any = field(default_factory=lambda: SimpleNamespace(slot=None))
 
     def max_tokens(self) -> int:
         return 16
@@ -476,7 +480,7 @@ COSTS = CostsConfig(currency="USD", reference_tier="cloud", prices={"edge": EDGE
 
 
 def _priced_ctx(**kw: Any) -> _Ctx:
-    return _Ctx(policy=SimpleNamespace(costs=COSTS), **kw)
+    return _Ctx(policy=SimpleNamespace(costs=COSTS, budgets=None), **kw)
 
 
 def _samples(metrics: GatewayMetrics) -> dict[tuple[str, ...], float]:
@@ -640,3 +644,86 @@ def test_a_cascade_escalation_costs_both_tiers_in_its_header_and_counters(tmp_pa
     assert thrown > 0 and series[("tiergate_spend_total", "cloud", "cascade", "answer")] == pytest.approx(cloud_cost)
     assert float(r.headers["x-tiergate-cost"]) == pytest.approx(cloud_cost + thrown, abs=1e-10)
     assert series[("tiergate_spend_reference_total", "cloud", "cascade")] == pytest.approx(cloud_cost)
+
+
+# ---- budgets: the reservation settles to what was recorded, on every path ------------------------------------------
+
+BUDGETED = parse_policy("""\
+version: 1
+tiers:
+  edge: {kind: edge, model: tiergate-edge}
+  cloud: {kind: cloud, model: tiergate-cloud, endpoints: ["http://127.0.0.1:1"]}
+costs:
+  currency: USD
+  reference_tier: cloud
+  prices:
+    edge: {prompt_per_1k: 0.01, completion_per_1k: 0.03}
+    cloud: {prompt_per_1k: 0.6, cached_prompt_per_1k: 0.15, completion_per_1k: 2.4}
+budgets:
+  tenants:
+    alpha: {period: day, hard: 10}
+rules:
+  - {name: default, tier: edge}
+""")
+CASCADE = Decision(rule="cascade", tier="edge", fallbacks=("cloud",), cascade=Cascade(escalate_to="cloud"))
+DIGEST = hash_key("key-alpha-1")
+
+
+def _budgeted(fakes: _Fakes) -> tuple[Settlement, Budgets, _Ctx]:
+    """A settlement whose request reserved its worst case from alpha's budget of 10, as the pipeline does."""
+    metrics = GatewayMetrics(CollectorRegistry())
+    budgets = Budgets(metrics, LocalLedger())
+    settle = Settlements(fakes, fakes, metrics, lambda: fakes, fakes, budgets).open(  # type: ignore[arg-type]
+        Arrival.now("r1", "chat"))
+    settle.key = DIGEST
+    ctx = _Ctx(policy=BUDGETED, decision=CASCADE)
+    assert asyncio.run(settle.reserve_budget(ctx, 16)) is ctx  # type: ignore[arg-type]
+    return settle, budgets, ctx
+
+
+def _left(budgets: Budgets) -> float:
+    left = asyncio.run(budgets.usage(BUDGETED, "alpha", DIGEST)).budgets["tenant"]["remaining"]
+    assert isinstance(left, float)
+    return left
+
+
+EDGE_16 = (7 * 0.01 + 16 * 0.03) / 1000  # the first attempt's worst case: 7 prompt, 16 completion tokens
+CLOUD_16 = (7 * 0.6 + 16 * 2.4) / 1000
+THROWN = (7 * 0.01 + 5 * 0.03) / 1000  # the edge's 7 prompt and 5 completion tokens, thrown away
+
+
+def test_a_cascade_reserves_its_costlier_path_and_settles_to_what_it_used() -> None:
+    fakes = _Fakes()
+    settle, budgets, ctx = _budgeted(fakes)
+    assert _left(budgets) == pytest.approx(10 - EDGE_16 - CLOUD_16)
+    settle.add_spent(12, ctx=ctx, tier="edge", prompt_tokens=7)  # type: ignore[arg-type]
+    quoted = settle.quote(ctx, "cloud", 7, 4)  # type: ignore[arg-type]
+    asyncio.run(settle.answered(ctx, Outcome(cache="miss"), "cloud", 200, 0.001, 7, 4))  # type: ignore[arg-type]
+    assert quoted == pytest.approx(THROWN + (7 * 0.6 + 4 * 2.4) / 1000)
+    assert _left(budgets) == pytest.approx(10 - quoted, abs=1e-9)  # the figure the client was told
+    mine = asyncio.run(budgets.usage(BUDGETED, "alpha", DIGEST))
+    assert (mine.spend, mine.requests) == (pytest.approx(quoted), 1)
+
+
+def test_a_refusal_a_hit_and_a_client_gone_settle_their_reservation_too() -> None:
+    fakes = _Fakes()
+    refused, budgets, ctx = _budgeted(fakes)
+    refused.add_spent(12, ctx=ctx, tier="edge", prompt_tokens=7)  # type: ignore[arg-type]
+    exc = OpenAIError(502, "Tier `cloud`: down", code="upstream_down")
+    asyncio.run(refused.refused(exc, tenant=TENANT, decision=CASCADE, features=FEATURES, cache="miss"))
+    assert _left(budgets) == pytest.approx(10 - THROWN, abs=1e-9)  # only the thrown-away attempt
+
+    nothing, budgets, ctx = _budgeted(fakes)
+    asyncio.run(nothing.refused(exc, tenant=TENANT, decision=CASCADE, features=FEATURES, cache="miss"))
+    assert _left(budgets) == 10.0
+
+    hit, budgets, ctx = _budgeted(fakes)
+    answer = CacheHit(CachedAnswer("chat", "hi", "stop", "m", "edge", prompt_tokens=7, completion_tokens=3),
+                      "hit-exact")
+    asyncio.run(hit.hit(ctx, Outcome(cache="hit-exact"), answer, 0.001))  # type: ignore[arg-type]
+    assert _left(budgets) == 10.0
+
+    gone, budgets, ctx = _budgeted(fakes)
+    asyncio.run(gone.gone(tenant=TENANT, decision=CASCADE, features=FEATURES, ctx=ctx,  # type: ignore[arg-type]
+                          outcome=Outcome(cache="miss", body=_body(True))))
+    assert _left(budgets) == pytest.approx(10 - 7 * 0.01 / 1000, abs=1e-9)  # its prompt, on the decided tier

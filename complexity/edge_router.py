@@ -27,7 +27,9 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["FEATURES_VERSION", "HASH_BUCKETS", "RouterArtifact", "RouterFeatures", "RouterModel",
+from tiergate.core.types import Features
+
+__all__ = ["FEATURES_VERSION", "HASH_BUCKETS", "RouterArtifact", "RouterFeatures", "RouterModel", "features_of",
            "router_features"]
 
 FEATURES_VERSION = 1  # bump when `router_features` changes: records and models of another version are not mixed
@@ -94,6 +96,12 @@ def router_features(*, prompt_tokens: int, complexity: float, max_tokens: int | 
         min(head.count("\n"), 64) / 64.0,
     )
     return RouterFeatures(dense, {k: v * norm for k, v in counts.items()})
+
+
+def features_of(f: Features) -> RouterFeatures:
+    """The router's features of a classified request (the same on the request path, in records and in simulate)."""
+    return router_features(prompt_tokens=f.prompt_tokens, complexity=f.complexity, max_tokens=f.max_tokens,
+                           temperature=f.temperature, stream=f.stream, text=f.text)
 
 
 def _sigmoid(z: float) -> float:

@@ -28,10 +28,10 @@ from pathlib import Path
 import structlog
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from tiergate.complexity.edge_router import RouterArtifact, RouterModel
+from tiergate.complexity.edge_router import RouterArtifact, RouterModel, features_of
 from tiergate.core.types import Features
 from tiergate.gateway.context import RequestContext
-from tiergate.gateway.outcomes import OutcomeRecorder, OutcomeSource, features_of
+from tiergate.gateway.outcomes import OutcomeRecorder, OutcomeSource
 from tiergate.gateway.tiers import Routing
 from tiergate.policies.confidence import CascadeVerdict
 from tiergate.policies.model import Policy

@@ -28,13 +28,13 @@ from prometheus_client import CollectorRegistry, Counter
 from redis.exceptions import RedisError
 
 from tiergate.cache.redis.conn import AnyRedis
-from tiergate.complexity.edge_router import FEATURES_VERSION, RouterFeatures, router_features
+from tiergate.complexity.edge_router import FEATURES_VERSION, features_of
 from tiergate.core.types import Features
 from tiergate.gateway.distill import Redactor
 from tiergate.policies.model import Policy
 from tiergate.policies.router_config import RouterConfig
 
-__all__ = ["MemoryOutcomes", "OutcomeRecorder", "OutcomeSource", "RedisOutcomes", "features_of"]
+__all__ = ["MemoryOutcomes", "OutcomeRecorder", "OutcomeSource", "RedisOutcomes"]
 
 log = structlog.get_logger("tiergate.router")
 STREAM_KEY = "tiergate:outcomes"  # read by complexity.router_train (OUTCOMES_STREAM)
@@ -47,12 +47,6 @@ class OutcomeSource:
 
     CASCADE = "cascade"
     EXPLORE = "explore"
-
-
-def features_of(f: Features) -> RouterFeatures:
-    """The router's features of a request, from its classification (the same on the request path and in records)."""
-    return router_features(prompt_tokens=f.prompt_tokens, complexity=f.complexity, max_tokens=f.max_tokens,
-                           temperature=f.temperature, stream=f.stream, text=f.text)
 
 
 class Sink(Protocol):

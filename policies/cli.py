@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import logging
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, TextIO
@@ -24,13 +24,14 @@ import structlog
 import typer
 
 from tiergate.complexity.model import DEFAULT_MODEL_FILE, ComplexityModel
-from tiergate.core.types import Priority
+from tiergate.core.types import Features, Priority
 from tiergate.core.wire import ChatRequest, CompletionRequest
 from tiergate.policies.cascade_sim import describe_cascade
 from tiergate.policies.classify import Classifier, messages_of
 from tiergate.policies.engine import PolicyEngine
 from tiergate.policies.loader import DEFAULT_POLICY, PolicyError, check_policy, load_policy
 from tiergate.policies.model import Policy
+from tiergate.policies.router_config import offline_router
 from tiergate.policies.servers import read_contexts
 from tiergate.policies.simulate import Simulation
 from tiergate.policies.store import policy_version
@@ -149,8 +150,10 @@ def _open(path: str) -> TextIO:
         raise _fail(f"cannot read {path}: {exc.strerror or exc}") from None
 
 
-def _classify_line(clf: Any, engine: Any, obj: Any) -> tuple[Any, Any, Any]:
-    """(request, features, decision) for one input object, or raises ValueError."""
+def _classify_line(clf: Any, engine: Any, obj: Any,
+                   predict: Callable[[Features], Features] | None = None) -> tuple[Any, Any, Any]:
+    """(request, features, decision) for one input object, or raises ValueError; `predict` adds the learned
+    router's edge_success."""
     if isinstance(obj, Exception):
         raise obj
     req, tenant, priority, headers = _request(obj)
@@ -158,6 +161,8 @@ def _classify_line(clf: Any, engine: Any, obj: Any) -> tuple[Any, Any, Any]:
         features = clf.features(req, tenant, priority, headers)
     except Exception as exc:  # the priority header's bad_request, a tokenizer failure, ...
         raise ValueError(getattr(exc, "message", None) or str(exc)) from None
+    if predict is not None:
+        features = predict(features)
     return req, features, engine.decide(features)
 
 
@@ -341,16 +346,26 @@ def simulate(
     file: Annotated[Path, typer.Argument(help="Policy YAML file.")],
     traffic: Annotated[str, typer.Argument(help="Traffic as JSON lines (- for stdin); a line may name its "
                                                 "`source` (kind of traffic) for per-source totals.")],
+    edge_version: Annotated[str | None, typer.Option(help="The edge model version whose learned router decides "
+                                                          "(default: the edge tier's served model).")] = None,
 ) -> None:
-    """Decide every request of a traffic file: one JSON line per request, then a {"totals": ...} line."""
+    """Decide every request of a traffic file: one JSON line per request, then a {"totals": ...} line. With a
+    `router` section, the learned router's model predicts `edge_success` as the gateway would."""
     loaded = _load(file)
     clf = _classifier(loaded)
-    sim = Simulation(loaded.policy)
+    policy = loaded.policy
+    try:
+        version, predict = offline_router(
+            policy.router, policy.resolve_path(policy.router.model) if policy.router else Path(),
+            {n: (t.kind, t.served_model or t.model) for n, t in policy.tiers.items()}, edge_version)
+    except ValueError as exc:
+        raise _fail(str(exc)) from None
+    sim = Simulation(policy, router=(version, predict is not None) if policy.router is not None else None)
     source = _open(traffic)
     try:
         for n, obj in _lines(source):
             try:
-                _, f, d = _classify_line(clf, loaded.engine, obj)
+                _, f, d = _classify_line(clf, loaded.engine, obj, predict)
             except ValueError as exc:
                 sim.error()
                 _emit({"line": n, "error": str(exc)}, sys.stdout)

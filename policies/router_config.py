@@ -10,14 +10,17 @@ Tested in `tests/policies/test_router_config.py`.
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Callable
 from pathlib import Path
 
 from pydantic import Field
 
-from tiergate.complexity.edge_router import RouterArtifact
+from tiergate.complexity.edge_router import RouterArtifact, RouterModel, features_of
+from tiergate.core.types import Features
 from tiergate.policies.base import StrictModel
 
-__all__ = ["RouterConfig", "edge_tier_of", "router_issues"]
+__all__ = ["RouterConfig", "edge_tier_of", "offline_router", "router_issues"]
 
 
 class RouterConfig(StrictModel):
@@ -79,3 +82,22 @@ def router_issues(cfg: RouterConfig | None, tiers: dict[str, str], cascade_rules
         except ValueError as exc:
             out.append((("router", "model"), str(exc), True))
     return out
+
+
+def offline_router(cfg: RouterConfig | None, model_path: Path, tiers: dict[str, tuple[str, str]],
+                   edge_version: str | None) -> tuple[str | None, Callable[[Features], Features] | None]:
+    """What the gateway's router would add to Features, away from a gateway (`tiergate policy simulate`): the edge
+    version used (`edge_version`, else the edge tier's served model) and the function, None on a cold start.
+    `tiers`: name -> (kind, served model). ValueError when the model file does not load."""
+    if cfg is None:
+        return None, None
+    edge = edge_tier_of(cfg, {n: kind for n, (kind, _) in tiers.items()})
+    version = edge_version or (tiers[edge][1] if edge in tiers else None)
+    try:
+        artifact = RouterArtifact.load(model_path)
+    except FileNotFoundError:
+        return version, None
+    model: RouterModel | None = artifact.get(version) if version is not None else None
+    if model is None:
+        return version, None
+    return version, lambda f: dataclasses.replace(f, edge_success=model.predict(features_of(f)))

@@ -4,13 +4,16 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 from pathlib import Path
 
 import numpy as np
 import pytest
+from typer.testing import CliRunner
 
 from tiergate.complexity.edge_router import DENSE, HASH_BUCKETS, RouterArtifact, RouterModel
 from tiergate.core.types import Features, Priority
+from tiergate.policies.cli import policy_app
 from tiergate.policies.engine import PolicyEngine
 from tiergate.policies.loader import PolicyError, load_policy
 
@@ -117,3 +120,35 @@ def test_a_later_rule_on_the_same_band_is_reported_unreachable(tmp_path):
                                                   "    tier: cloud\n  - name: cascade\n")
     with pytest.raises(PolicyError, match="unreachable"):
         _load(tmp_path, text)
+
+
+def _traffic(tmp_path: Path) -> Path:
+    lines = [{"prompt": "Which is a metal?\nA. iron\nB. water\nC. air\nD. wood\nAnswer:", "source": "mmlu"},
+             {"prompt": "Say hello to my friend.", "source": "chat"}]
+    path = tmp_path / "traffic.jsonl"
+    path.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    return path
+
+
+def _simulate(tmp_path: Path, *extra: str) -> list[dict]:
+    r = CliRunner().invoke(policy_app, ["simulate", str(tmp_path / "policy.yaml"), str(_traffic(tmp_path)), *extra])
+    assert r.exit_code == 0, r.output
+    return [json.loads(line) for line in r.output.splitlines()]
+
+
+def test_simulate_shows_what_the_learned_router_would_do(tmp_path):
+    _load(tmp_path, ROUTED)
+    cold = _simulate(tmp_path)
+    assert [row["rule"] for row in cold[:2]] == ["cascade", "cascade"] and "edge_success" not in cold[0]
+    assert cold[-1]["totals"]["router"]["model"] is False and "cold start" in cold[-1]["totals"]["router"]["note"]
+    w = np.zeros(DENSE + HASH_BUCKETS)
+    w[5] = -6.0  # lettered options: the edge fails
+    RouterArtifact({"tiergate-edge": RouterModel("tiergate-edge", w, 2.0)}).save(tmp_path / "router.json")
+    rows = _simulate(tmp_path)
+    assert rows[0]["rule"] == "predicted-failure" and rows[0]["edge_success"] < 0.2
+    assert rows[1]["rule"] == "cascade" and rows[1]["edge_success"] > 0.8
+    router = rows[-1]["totals"]["router"]
+    assert router == {"edge_version": "tiergate-edge", "model": True, "predicted": 2,
+                      "decided_by_edge_success_rules": 1, "share_decided_by_edge_success_rules": 0.5, "note": None}
+    other = _simulate(tmp_path, "--edge-version", "v9")  # a version without a model: a cold start
+    assert other[0]["rule"] == "cascade" and other[-1]["totals"]["router"]["edge_version"] == "v9"

@@ -35,6 +35,7 @@ from tiergate.complexity.edge_router import (
     RouterModel,
     Vector,
 )
+from tiergate.complexity.train import one_blas_thread
 
 __all__ = ["OUTCOMES_STREAM", "Outcomes", "fit_router", "read_outcomes"]
 
@@ -160,6 +161,12 @@ def _auc(score: np.ndarray, y: np.ndarray) -> float | None:
 def fit_router(data: Outcomes, edge_version: str, *, prior: RouterModel | None = None, l2: float = 1.0,
                prior_strength: float = 20.0) -> RouterModel:
     """A calibrated router for `edge_version` from its outcomes (ValueError when they cannot make one)."""
+    with one_blas_thread():  # the same file from the same records on any machine; no threads thrashing 2 cores
+        return _fit_router(data, edge_version, prior, l2, prior_strength)
+
+
+def _fit_router(data: Outcomes, edge_version: str, prior: RouterModel | None, l2: float,
+                prior_strength: float) -> RouterModel:
     x, y = data.x, data.y
     if len(y) < 2 * _FOLDS or y.min() == y.max():
         raise ValueError(f"{len(y)} outcomes for {edge_version!r}; training needs at least {2 * _FOLDS} with both "

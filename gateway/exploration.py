@@ -21,6 +21,7 @@ from collections.abc import Callable
 import structlog
 
 from tiergate.core.types import Decision
+from tiergate.core.wire import ChatRequest
 from tiergate.gateway.cascade import judge_unseen
 from tiergate.gateway.context import RequestContext
 from tiergate.gateway.dispatch import Dispatcher
@@ -71,7 +72,8 @@ class Explorations:
         assert cfg is not None
         decision = judge_decision(policy, ctx.routing.active.engine.decision_of,
                                   self._router.facts(policy).edge_tier)
-        if decision is None or self._draining() or len(self._running) >= cfg.explore_concurrency:
+        tools = isinstance(ctx.req, ChatRequest) and bool(ctx.req.tools)  # a tool call is not judged (no logprobs)
+        if decision is None or tools or self._draining() or len(self._running) >= cfg.explore_concurrency:
             metrics.explorations.labels("skipped").inc()
             return
         held = self._hold(ctx.routing)

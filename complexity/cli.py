@@ -55,9 +55,10 @@ def train_classifier(
     out: Annotated[Path, typer.Option(help="Where to write the model (.json); point `complexity_model:` at it "
                                            "(with --from-outcomes: the router artifact, `router.model`).")],
     data: Annotated[list[Path] | None, typer.Option(help=_DATA_HELP)] = None,
-    from_outcomes: Annotated[str | None, typer.Option(
+    from_outcomes: Annotated[list[str] | None, typer.Option(
         "--from-outcomes", help="Train the learned edge router instead: outcome records from the gateway's Redis "
-                                "(redis://...) or a JSON-lines file of them.")] = None,
+                                "(redis://...) or a JSON-lines file of them (`tiergate policy outcomes` makes one "
+                                "from graded traffic); repeatable.")] = None,
     edge_version: Annotated[str | None, typer.Option(help="With --from-outcomes: the edge model version to train "
                                                           "for (default: the one with the most outcomes).")] = None,
     prior: Annotated[bool, typer.Option(help="With --from-outcomes: start from the artifact's model of the previous "
@@ -73,7 +74,7 @@ def train_classifier(
 ) -> None:
     """Train the complexity model reproducibly (same data, same file) and write it as JSON; or, with
     --from-outcomes, the learned edge router (the artifact at --out keeps its other versions' models)."""
-    if from_outcomes is not None:
+    if from_outcomes:
         _train_router(from_outcomes, out, edge_version, prior, min_outcomes)
         return
     if not data:
@@ -94,14 +95,14 @@ def train_classifier(
                            "selection": meta["selection"]}))
 
 
-def _train_router(source: str, out: Path, edge_version: str | None, use_prior: bool, min_outcomes: int) -> None:
+def _train_router(source: list[str], out: Path, edge_version: str | None, use_prior: bool, min_outcomes: int) -> None:
     try:
         artifact = RouterArtifact.load(out) if out.exists() else RouterArtifact({})
         data, version = read_outcomes(source, edge_version)
     except ValueError as exc:
         raise _fail(str(exc)) from None
     except OSError as exc:
-        raise _fail(f"cannot read the outcomes from {source}: {exc}") from None
+        raise _fail(f"cannot read the outcomes from {', '.join(source)}: {exc}") from None
     if len(data.y) < min_outcomes:
         raise _fail(f"{len(data.y)} outcomes for edge version {version!r} (all versions: {data.versions}); "
                     f"need at least {min_outcomes}")

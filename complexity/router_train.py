@@ -34,16 +34,27 @@ from tiergate.complexity.edge_router import (
     RouterFeatures,
     RouterModel,
     Vector,
+    features_of,
 )
 from tiergate.complexity.train import one_blas_thread
+from tiergate.core.types import Features
 
-__all__ = ["OUTCOMES_STREAM", "Outcomes", "fit_router", "read_outcomes"]
+__all__ = ["OUTCOMES_STREAM", "Outcomes", "fit_router", "outcome_record", "read_outcomes"]
 
 OUTCOMES_STREAM = "tiergate:outcomes"
 _FOLDS = 5
 _BATCH = 1000
 # An edge that could not be reached says nothing about the prompt: such records do not train the router.
 _NOT_ABOUT_THE_PROMPT = frozenset({"first_tier_failed"})
+
+
+def outcome_record(features: Features, *, stood: bool, edge_version: str, tenant: str, rule: str, reason: str,
+                   source: str) -> dict[str, Any]:
+    """One outcome as the gateway records it and training reads it (no prompt text: the caller adds one only for
+    a tenant that opted in)."""
+    return {"ts": round(time.time(), 3), "label": int(stood), "edge_version": edge_version, "fv": FEATURES_VERSION,
+            "features": features_of(features).to_json(), "tenant": tenant, "rule": rule, "reason": reason,
+            "source": source, "prompt_tokens": features.prompt_tokens, "complexity": round(features.complexity, 4)}
 
 
 @dataclass(slots=True)
@@ -86,11 +97,18 @@ def _records_from_redis(url: str, key: str) -> Iterator[Any]:
         client.close()
 
 
-def read_outcomes(source: str, edge_version: str | None) -> tuple[Outcomes, str]:
-    """The records of `edge_version` (None: the version with the most records) from `source`; and that version."""
-    from_redis = source.startswith(("redis://", "rediss://", "unix://"))
-    records: Iterable[Any] = (_records_from_redis(source, OUTCOMES_STREAM) if from_redis
-                              else _records_from_file(Path(source)))
+def _records(sources: Iterable[str]) -> Iterator[Any]:
+    for source in sources:
+        if source.startswith(("redis://", "rediss://", "unix://")):
+            yield from _records_from_redis(source, OUTCOMES_STREAM)
+        else:
+            yield from _records_from_file(Path(source))
+
+
+def read_outcomes(source: str | list[str], edge_version: str | None) -> tuple[Outcomes, str]:
+    """The records of `edge_version` (None: the version with the most records) from `source` (a Redis URL or a
+    JSON-lines file, or several); and that version."""
+    records = _records([source] if isinstance(source, str) else source)
     rows: dict[str, list[tuple[RouterFeatures, int]]] = {}
     skipped = 0
     for rec in records:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import time
-from typing import Any, Protocol
+from typing import Protocol
 
 import msgspec
 import structlog
@@ -28,7 +28,7 @@ from prometheus_client import CollectorRegistry, Counter
 from redis.exceptions import RedisError
 
 from tiergate.cache.redis.conn import AnyRedis
-from tiergate.complexity.edge_router import FEATURES_VERSION, features_of
+from tiergate.complexity.router_train import outcome_record
 from tiergate.core.types import Features
 from tiergate.gateway.distill import Redactor
 from tiergate.policies.model import Policy
@@ -105,10 +105,8 @@ class OutcomeRecorder:
         if len(self._pending) >= _MAX_PENDING:
             self.dropped.inc()
             return
-        rec: dict[str, Any] = {"ts": round(time.time(), 3), "label": int(stood), "edge_version": edge_version,
-                               "fv": FEATURES_VERSION, "features": features_of(features).to_json(),
-                               "tenant": tenant, "rule": rule, "reason": reason, "source": source,
-                               "prompt_tokens": features.prompt_tokens, "complexity": round(features.complexity, 4)}
+        rec = outcome_record(features, stood=stood, edge_version=edge_version, tenant=tenant, rule=rule,
+                             reason=reason, source=source)
         if policy.distill is not None and tenant in policy.distill.tenants:  # opted in: the text, redacted
             rec["prompt"] = self._redactor(policy)(features.text)
         self.recorded.labels(source, "true" if stood else "false").inc()

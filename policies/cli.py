@@ -1,6 +1,6 @@
 """Operator commands for policies and classification, mounted into `tiergate` by gateway/cli.py:
 
-    app.add_typer(policy_app, name="policy")          # tiergate policy check|explain|simulate|schema
+    app.add_typer(policy_app, name="policy")          # tiergate policy check|explain|simulate|schema|outcomes
     app.command("classify")(classify)                 # tiergate classify FILE.jsonl|-
 
 Input lines are JSON objects: `prompt` (text completion) or `messages` (chat), and optionally `model`
@@ -24,6 +24,7 @@ import structlog
 import typer
 
 from tiergate.complexity.model import DEFAULT_MODEL_FILE, ComplexityModel
+from tiergate.complexity.router_train import outcome_record
 from tiergate.core.types import Features, Priority
 from tiergate.core.wire import ChatRequest, CompletionRequest
 from tiergate.policies.cascade_sim import describe_cascade
@@ -409,6 +410,43 @@ def schema(
         typer.echo(f"wrote {out}")
     else:
         typer.echo(text, nl=False)
+
+
+@policy_app.command("outcomes")
+def outcomes(
+    file: Annotated[Path, typer.Argument(help="Policy YAML file (its tokenizers and complexity model).")],
+    graded: Annotated[str, typer.Argument(help="Graded traffic as JSON lines (- for stdin): `prompt` or "
+                                               "`messages`, `stood` (true: the edge's answer was right), optional "
+                                               "`edge_version`, `tenant`.")],
+    edge_version: Annotated[str | None, typer.Option(help="The edge model version graded, for lines that name "
+                                                          "none.")] = None,
+) -> None:
+    """Graded traffic as outcome records for `tiergate classifier train --from-outcomes`: the router's features
+    computed as the gateway computes them, no prompt text. Graded labels teach what the cascade's confidence
+    cannot see (an edge guessing fluently is kept by the cascade, and recorded as standing)."""
+    loaded = _load(file)
+    clf = _classifier(loaded)
+    source = _open(graded)
+    bad = 0
+    try:
+        for n, obj in _lines(source):
+            try:
+                _, f, d = _classify_line(clf, loaded.engine, obj)
+                stood, version = obj.get("stood"), obj.get("edge_version", edge_version)
+                if not isinstance(stood, bool) or not isinstance(version, str) or not version:
+                    raise ValueError("needs `stood` (true/false) and an edge version (`edge_version` or "
+                                     "--edge-version)")
+            except ValueError as exc:
+                bad += 1
+                typer.echo(f"{graded}:{n}: skipped: {exc}", err=True)
+                continue
+            _emit(outcome_record(f, stood=stood, edge_version=version, tenant=f.tenant, rule=d.rule,
+                                 reason="graded", source="graded"), sys.stdout)
+    finally:
+        if source is not sys.stdin:
+            source.close()
+    if bad:
+        raise typer.Exit(1)
 
 
 def classify(

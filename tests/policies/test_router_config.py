@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
+from tiergate.complexity.cli import classifier_app
 from tiergate.complexity.edge_router import DENSE, HASH_BUCKETS, RouterArtifact, RouterModel
 from tiergate.core.types import Features, Priority
 from tiergate.policies.cli import policy_app
@@ -152,3 +153,39 @@ def test_simulate_shows_what_the_learned_router_would_do(tmp_path):
                       "decided_by_edge_success_rules": 1, "share_decided_by_edge_success_rules": 0.5, "note": None}
     other = _simulate(tmp_path, "--edge-version", "v9")  # a version without a model: a cold start
     assert other[0]["rule"] == "cascade" and other[-1]["totals"]["router"]["edge_version"] == "v9"
+
+
+def test_graded_traffic_becomes_outcomes_that_train_a_router_simulate_follows(tmp_path):
+    _load(tmp_path, ROUTED)
+    subjects = ["metal", "gas", "planet", "river", "king", "cell", "rock", "cloud", "tree", "bird"]
+    lines = []
+    for i in range(120):
+        s = subjects[i % len(subjects)]
+        if i % 2:
+            lines.append({"prompt": f"Which is a {s} ({i})?\nA. one\nB. two\nC. three\nD. four\nAnswer:",
+                          "stood": i % 10 == 1})
+        else:
+            lines.append({"prompt": f"Say hello to my friend who likes the {s} number {i}.", "stood": i % 10 != 0})
+    graded = tmp_path / "graded.jsonl"
+    graded.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    r = CliRunner().invoke(policy_app, ["outcomes", str(tmp_path / "policy.yaml"), str(graded),
+                                        "--edge-version", "tiergate-edge"])
+    assert r.exit_code == 0, r.output
+    records = [json.loads(line) for line in r.output.splitlines()]
+    assert len(records) == 120 and {x["source"] for x in records} == {"graded"}
+    assert "hello" not in r.output and "Answer" not in r.output  # features, not text
+    outcomes = tmp_path / "outcomes.jsonl"
+    outcomes.write_text(r.output)
+    r = CliRunner().invoke(classifier_app, ["train", "--from-outcomes", str(outcomes),
+                                            "--out", str(tmp_path / "router.json")])
+    assert r.exit_code == 0, r.output
+    rows = _simulate(tmp_path)
+    assert rows[0]["rule"] == "predicted-failure" and rows[1]["rule"] == "cascade"
+
+
+def test_a_graded_line_without_its_label_is_skipped_and_said(tmp_path):
+    _load(tmp_path, ROUTED)
+    graded = tmp_path / "graded.jsonl"
+    graded.write_text('{"prompt": "hi", "stood": true, "edge_version": "v"}\n{"prompt": "hi"}\n')
+    r = CliRunner().invoke(policy_app, ["outcomes", str(tmp_path / "policy.yaml"), str(graded)])
+    assert r.exit_code == 1 and "graded.jsonl:2: skipped: needs `stood`" in r.output

@@ -1,8 +1,10 @@
 """The completion pipeline: one OpenAI request from its first byte to the start of its answer.
 
     authenticate → read the body → decode it once → check parameters → tenant limits → classify (Features)
-    → the learned router's edge_success (`gateway.learned_router`) → policy (Decision) → cache lookup → dispatch to a tier (falling back as the decision allows) → relay
-    (a cache hit sampled for a shadow check: relay it, then send the request to a tier too: `gateway.shadow`)
+    → the learned router's edge_success (`gateway.learned_router`) → policy (Decision) → cache lookup → dispatch
+    to a tier (falling back as the decision allows; a sampled request the router sent to the cloud is also tried
+    on the edge, unseen: `gateway.exploration`) → relay (a cache hit sampled for a shadow check: relay it, then send
+    the request to a tier too: `gateway.shadow`)
 
 Each step either moves on or raises an `OpenAIError`, which becomes the answer; nothing else escapes. The
 request's state is the frozen `RequestContext` (from the decision on) plus its small `Outcome`.

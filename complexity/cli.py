@@ -1,4 +1,5 @@
-"""`tiergate classifier ...`: train and evaluate the complexity model, build the expert's word vectors.
+"""`tiergate classifier ...`: train and evaluate the complexity model, build the expert's word vectors; train the
+learned edge router from the gateway's outcome records (`train --from-outcomes`, `complexity.router_train`).
 
 Mounted into `tiergate` by gateway/cli.py. Training the multiple-choice expert needs scikit-learn (the `dev`
 extra); the model written is plain JSON that the gateway scores with numpy alone.
@@ -15,7 +16,9 @@ import typer
 
 from tiergate.complexity.apgr import apgr, share_for_pgr
 from tiergate.complexity.choice import DEFAULT_VECTORS_FILE
+from tiergate.complexity.edge_router import RouterArtifact
 from tiergate.complexity.model import ComplexityModel
+from tiergate.complexity.router_train import fit_router, read_outcomes
 from tiergate.complexity.train import Labelled, read_labelled, train
 from tiergate.complexity.word_vectors import build
 
@@ -49,8 +52,19 @@ def _read(data: list[Path]) -> Labelled:
 
 @classifier_app.command("train")
 def train_classifier(
-    data: Annotated[list[Path], typer.Option(help=_DATA_HELP)],
-    out: Annotated[Path, typer.Option(help="Where to write the model (.json); point `complexity_model:` at it.")],
+    out: Annotated[Path, typer.Option(help="Where to write the model (.json); point `complexity_model:` at it "
+                                           "(with --from-outcomes: the router artifact, `router.model`).")],
+    data: Annotated[list[Path] | None, typer.Option(help=_DATA_HELP)] = None,
+    from_outcomes: Annotated[list[str] | None, typer.Option(
+        "--from-outcomes", help="Train the learned edge router instead: outcome records from the gateway's Redis "
+                                "(redis://...) or a JSON-lines file of them (`tiergate policy outcomes` makes one "
+                                "from graded traffic); repeatable.")] = None,
+    edge_version: Annotated[str | None, typer.Option(help="With --from-outcomes: the edge model version to train "
+                                                          "for (default: the one with the most outcomes).")] = None,
+    prior: Annotated[bool, typer.Option(help="With --from-outcomes: start from the artifact's model of the previous "
+                                             "edge version when this version has none yet.")] = True,
+    min_outcomes: Annotated[int, typer.Option(help="With --from-outcomes: fewer outcomes than this is an "
+                                                   "error.")] = MIN_ROWS,
     select: Annotated[bool, typer.Option(help="Choose the design by leave-one-source-out over the sources "
                                               "(needs 3 or more; slower).")] = False,
     expert: Annotated[bool, typer.Option(help="Train the multiple-choice expert when the data has enough "
@@ -58,7 +72,13 @@ def train_classifier(
     license_note: Annotated[str, typer.Option("--license", help="The data's license terms, recorded in the model "
                                                                 "and shown by `tiergate policy check`.")] = "",
 ) -> None:
-    """Train the complexity model reproducibly (same data, same file) and write it as JSON."""
+    """Train the complexity model reproducibly (same data, same file) and write it as JSON; or, with
+    --from-outcomes, the learned edge router (the artifact at --out keeps its other versions' models)."""
+    if from_outcomes:
+        _train_router(from_outcomes, out, edge_version, prior, min_outcomes)
+        return
+    if not data:
+        raise _fail("give --data (the complexity model) or --from-outcomes (the edge router)")
     labelled = _read(data)
     if len(labelled.weak) < MIN_ROWS:
         raise _fail(f"only {len(labelled.weak)} usable rows; need at least {MIN_ROWS}")
@@ -73,6 +93,30 @@ def train_classifier(
                            "skipped_lines": len(labelled.errors), "sources": meta["trained_on"]["sources"],
                            "design": meta["design"], "choice_expert_rows": meta["choice_expert_rows"],
                            "selection": meta["selection"]}))
+
+
+def _train_router(source: list[str], out: Path, edge_version: str | None, use_prior: bool, min_outcomes: int) -> None:
+    try:
+        artifact = RouterArtifact.load(out) if out.exists() else RouterArtifact({})
+        data, version = read_outcomes(source, edge_version)
+    except ValueError as exc:
+        raise _fail(str(exc)) from None
+    except OSError as exc:
+        raise _fail(f"cannot read the outcomes from {', '.join(source)}: {exc}") from None
+    if len(data.y) < min_outcomes:
+        raise _fail(f"{len(data.y)} outcomes for edge version {version!r} (all versions: {data.versions}); "
+                    f"need at least {min_outcomes}")
+    # The prior is another version's model (never this version's own: its outcomes are all in the data already).
+    own = artifact.get(version)
+    named = own.meta.get("prior_version") if own is not None else None
+    prior = (artifact.get(named) if named else None) or artifact.latest_other(version) if use_prior else None
+    try:
+        model = fit_router(data, version, prior=prior)
+    except ValueError as exc:
+        raise _fail(str(exc)) from None
+    artifact.with_model(model).save(out)
+    typer.echo(json.dumps({"out": str(out), "edge_version": version, "skipped_records": data.skipped,
+                           "versions": data.versions, **model.meta}))
 
 
 @classifier_app.command("evaluate")

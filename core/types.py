@@ -52,6 +52,9 @@ class Features:
     stream: bool = False
     max_tokens: int | None = None
     temperature: float | None = None
+    # P(the edge's answer stands), from the learned router (gateway.learned_router); None: no model (cold start),
+    # and then no `edge_success` condition holds.
+    edge_success: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

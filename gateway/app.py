@@ -59,7 +59,7 @@ def create_app(settings: Settings | None = None, *, keyring: KeyRing | None = No
     completions = CompletionPipeline(PipelineParts(
         settings=gw.settings, keyring=gw.keys, routing=gw.tiers, classifier=gw.classifier,
         limiter=gw.limiter, metrics=gw.metrics, cache=gw.shared_cache, dispatcher=gw.dispatcher, relay=gw.relay,
-        settlements=gw.settlements))
+        settlements=gw.settlements, router=gw.router, explorations=gw.explorations))
     admin = AdminEndpoints(gw.admin, gw.policy_store, gw.shared_cache, gw.keys)
     edge = EdgeEndpoints(EdgeAuth(gw.settings.edge_secret, gw.settings.edge_token),
                          UrlPolicy(gw.settings.edge_network_list()), gw.settings.max_body_bytes, gw.tiers)

@@ -11,7 +11,11 @@ Streams: the first tier's stream is held back until the decision, which comes af
 its end without it), then either relayed from its start or dropped for the target's stream. The client sees
 nothing before the decision, so an escalation is invisible apart from its latency (measured in bench/cascade).
 
-Tested in `tests/gateway/test_settlement.py`, `tests/gateway/test_pipeline.py` and `tests/integration/test_cascade.py`.
+Each judgment is also told to `judged` (the learned router records it as an outcome), and `judge_unseen` judges
+an answer the client is not shown the same way (the router's exploration).
+
+Tested in `tests/gateway/test_settlement.py`, `tests/gateway/test_pipeline.py`, `tests/integration/test_cascade.py`
+and `tests/integration/test_learned_router.py`.
 """
 
 from __future__ import annotations
@@ -44,7 +48,11 @@ from tiergate.policies.confidence import (
     verdict,
 )
 
-__all__ = ["CascadeRunner", "applies"]
+__all__ = ["CascadeRunner", "Judged", "applies", "judge_unseen"]
+
+# Told of every judged first-tier answer: (request, verdict, the edge model version that answered); the learned
+# router's outcome records (`gateway.learned_router`).
+Judged = Callable[[RequestContext, CascadeVerdict, str], None]
 
 log = structlog.get_logger("tiergate.gateway")
 _decode = msgspec.json.Decoder().decode
@@ -71,10 +79,12 @@ class _Read:
 
 
 class CascadeRunner:
-    def __init__(self, dispatcher: Dispatcher, metrics: GatewayMetrics, relay: Relay) -> None:
+    def __init__(self, dispatcher: Dispatcher, metrics: GatewayMetrics, relay: Relay,
+                 judged: Judged | None = None) -> None:
         self._dispatcher = dispatcher
         self._metrics = metrics
         self._relay = relay
+        self._judged = judged
 
     async def run(self, ctx: RequestContext, outcome: Outcome, path: str, body: UpstreamBody,
                   settle: Settlement) -> Response:
@@ -109,6 +119,8 @@ class CascadeRunner:
             raise
         spent = time.perf_counter() - started
         outcome.cascade = judged
+        if self._judged is not None:
+            self._judged(ctx, judged, _version(ctx, first.tier, attempt))
         m, rule = self._metrics, ctx.decision.rule
         outcome_label = "kept" if judged.keep else "escalated"
         m.cascade.labels(rule, outcome_label, judged.reason).inc()
@@ -275,6 +287,42 @@ def _first_decision(decision: Decision, cascade: Cascade) -> Decision:
     timeouts = dataclasses.replace(t, first_byte_s=min(t.first_byte_s, cascade.budget_s),
                                    total_s=min(t.total_s, cascade.budget_s))
     return dataclasses.replace(decision, fallbacks=(), timeouts=timeouts, cascade=None)
+
+
+def _version(ctx: RequestContext, tier: str | None, attempt: Attempt | None) -> str:
+    """The model version that answered: what its backend serves, else the tier's configured model."""
+    if attempt is not None:
+        return attempt.endpoint.model
+    cfg = ctx.policy.tiers.get(tier or "")
+    return (cfg.served_model or cfg.model) if cfg is not None else ""
+
+
+async def judge_unseen(dispatcher: Dispatcher, ctx: RequestContext, tiers: Any, decision: Decision
+                       ) -> tuple[CascadeVerdict, str]:
+    """Ask `decision`'s first tier for an answer nobody is shown and judge it by its cascade's thresholds, as a
+    cascade would have (exploration, `gateway.exploration`): the verdict, and the model version that answered."""
+    cascade = decision.cascade
+    assert cascade is not None
+    first = _first_decision(decision, cascade)
+    body = UpstreamBody.of(ctx, as_json=True).amended(_logprob_changes(ctx, None, cascade))
+    attempt: Attempt | None = None
+    read = _Read()
+    path = "/v1/chat/completions" if ctx.req.kind == "chat" else "/v1/completions"
+    try:
+        async with asyncio.timeout(cascade.budget_s):
+            attempt = await dispatcher.open(tiers=tiers, request=ctx.req, features=ctx.features, decision=first,
+                                            path=path, body=body, request_id=ctx.request_id, stream=False)
+            body_bytes = await attempt.response.read()
+            _feed(_parse(body_bytes, attempt.tier), read, ctx.req.kind == "chat")
+        judged = verdict(cascade, read.scores, read.finish, "".join(read.text))
+    except TimeoutError:
+        judged = CascadeVerdict(False, "timeout", _NO_CONFIDENCE)
+    except (OpenAIError, UpstreamFailure) as exc:
+        judged = CascadeVerdict(False, "malformed_answer" if isinstance(exc, _Malformed) else "first_tier_failed",
+                                _NO_CONFIDENCE)
+    finally:
+        _drop(attempt)
+    return judged, _version(ctx, first.tier, attempt)
 
 
 def _drop(attempt: Attempt | None) -> None:

@@ -27,10 +27,13 @@ from tiergate.gateway.auth import KeyRing
 from tiergate.gateway.budgets import Budgets
 from tiergate.gateway.dispatch import Dispatcher
 from tiergate.gateway.distill import Distiller, JsonlRecords, RedisRecords
+from tiergate.gateway.exploration import Explorations
 from tiergate.gateway.keys import Keys
+from tiergate.gateway.learned_router import LearnedRouter
 from tiergate.gateway.ledger import LocalLedger, RedisLedger
 from tiergate.gateway.limits import Limiter
 from tiergate.gateway.metrics import GatewayMetrics
+from tiergate.gateway.outcomes import OutcomeRecorder
 from tiergate.gateway.pools.access import BackendAccess
 from tiergate.gateway.pools.metrics import CloudMetrics
 from tiergate.gateway.quarantine import Quarantine
@@ -91,6 +94,10 @@ class Gateway:
             dispatcher=self.dispatcher, metrics=self.metrics, settlements=self.settlements, cache=self.shared_cache,
             draining=self.is_draining, concurrency=settings.cache_shadow_concurrency, hold=self.tiers.hold)
         self.relay = Relay(self.metrics, self.shadow)
+        # The learned router (policy `router:`): edge_success before decisions, outcome records, exploration.
+        self.router = LearnedRouter(self.registry, OutcomeRecorder(self.redis, self.registry))
+        self.explorations = Explorations(dispatcher=self.dispatcher, router=self.router, draining=self.is_draining,
+                                         hold=self.tiers.hold)
 
     @property
     def cache(self) -> SemanticCache | None:
@@ -126,6 +133,8 @@ class Gateway:
     async def shutdown(self) -> None:
         self.draining = True
         await self.shadow.stop()
+        await self.explorations.stop()
+        await self.router.outcomes.flush()
         await self.policy_store.stop()
         await self.quarantine.stop()
         await self.keys.stop()

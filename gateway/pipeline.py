@@ -1,8 +1,10 @@
 """The completion pipeline: one OpenAI request from its first byte to the start of its answer.
 
     authenticate → read the body → decode it once → check parameters → tenant limits → classify (Features)
-    → policy (Decision) → cache lookup → dispatch to a tier (falling back as the decision allows) → relay
-    (a cache hit sampled for a shadow check: relay it, then send the request to a tier too: `gateway.shadow`)
+    → the learned router's edge_success (`gateway.learned_router`) → policy (Decision) → cache lookup → dispatch
+    to a tier (falling back as the decision allows; a sampled request the router sent to the cloud is also tried
+    on the edge, unseen: `gateway.exploration`) → relay (a cache hit sampled for a shadow check: relay it, then send
+    the request to a tier too: `gateway.shadow`)
 
 Each step either moves on or raises an `OpenAIError`, which becomes the answer; nothing else escapes. The
 request's state is the frozen `RequestContext` (from the decision on) plus its small `Outcome`.
@@ -29,6 +31,8 @@ from tiergate.gateway.cascade import CascadeRunner, applies
 from tiergate.gateway.context import Arrival, Held, Outcome, RequestContext, UpstreamBody
 from tiergate.gateway.disconnect import DisconnectWatch
 from tiergate.gateway.dispatch import Dispatcher
+from tiergate.gateway.exploration import Explorations
+from tiergate.gateway.learned_router import LearnedRouter
 from tiergate.gateway.limits import Limiter
 from tiergate.gateway.metrics import GatewayMetrics
 from tiergate.gateway.params import check_params
@@ -62,6 +66,8 @@ class PipelineParts:
     dispatcher: Dispatcher
     relay: Relay
     settlements: Settlements
+    router: LearnedRouter | None = None  # the learned router: edge_success before the decision, outcome records
+    explorations: Explorations | None = None
 
 
 def _answer_budget(ctx: RequestContext) -> int:
@@ -80,7 +86,8 @@ class CompletionPipeline:
     def __init__(self, parts: PipelineParts) -> None:
         self._parts = parts
         self._relay = parts.relay
-        self._cascade = CascadeRunner(parts.dispatcher, parts.metrics, parts.relay)
+        self._cascade = CascadeRunner(parts.dispatcher, parts.metrics, parts.relay,
+                                      parts.router.judged if parts.router is not None else None)
 
     async def handle(self, request: Request, kind: str) -> Response:
         gw = self._parts
@@ -117,6 +124,8 @@ class CompletionPipeline:
                                                    request.headers, active.policy)
             else:
                 features = gw.classifier.features(req, tenant.id, tenant.priority, request.headers, active.policy)
+            if gw.router is not None:
+                features = gw.router.annotate(features, active.policy, held.routing.routing)
             decision = active.engine.decide(features)
             gw.metrics.child(gw.metrics.decisions, decision.rule, decision.tier or "reject").inc()
             if decision.reject is not None:
@@ -188,6 +197,8 @@ class CompletionPipeline:
         req = ctx.req
         path = "/v1/chat/completions" if req.kind == "chat" else "/v1/completions"
         body = outcome.body = UpstreamBody.of(ctx)  # dispatch marks it sent when it posts it
+        if self._parts.explorations is not None:
+            self._parts.explorations.maybe_start(ctx)
         if applies(ctx):
             return await self._cascade.run(ctx, outcome, path, body, settle)
         attempt = await self._parts.dispatcher.open(tiers=ctx.routing.tiers, request=req, features=ctx.features,

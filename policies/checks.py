@@ -14,6 +14,7 @@ from typing import Literal
 from tiergate.complexity.model import ComplexityModel
 from tiergate.complexity.tokens import TokenizerNotFound, load_tokenizer, resolve_tokenizer
 from tiergate.policies.model import BUILTIN_TOKENIZER, DEFAULT_RULE_NAME, Policy
+from tiergate.policies.router_config import router_issues
 
 __all__ = ["Issue", "semantic_issues"]
 
@@ -203,6 +204,11 @@ def semantic_issues(policy: Policy, check_files: bool = True) -> list[Issue]:
 
     issues.extend(_cost_issues(policy))
     issues.extend(_budget_issues(policy))
+    artifact = str(policy.resolve_path(policy.router.model)) if check_files and policy.router is not None else None
+    issues.extend(Issue(path, message, "error" if is_error else "warning") for path, message, is_error in router_issues(
+        policy.router, {n: t.kind for n, t in policy.tiers.items()},
+        {r.name: r.tier for r in policy.rules if r.cascade is not None and r.tier is not None},
+        [i for i, r in enumerate(policy.rules) if r.when.edge_success is not None], artifact))
 
     if catch_all_at is None and policy.default_tier is None:
         issues.append(Issue(("rules",), "no rule matches every request: end the rules with a catch-all rule "

@@ -1,6 +1,6 @@
 """Operator commands for policies and classification, mounted into `tiergate` by gateway/cli.py:
 
-    app.add_typer(policy_app, name="policy")          # tiergate policy check|explain|simulate|schema
+    app.add_typer(policy_app, name="policy")          # tiergate policy check|explain|simulate|schema|outcomes
     app.command("classify")(classify)                 # tiergate classify FILE.jsonl|-
 
 Input lines are JSON objects: `prompt` (text completion) or `messages` (chat), and optionally `model`
@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import logging
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, TextIO
@@ -24,13 +24,15 @@ import structlog
 import typer
 
 from tiergate.complexity.model import DEFAULT_MODEL_FILE, ComplexityModel
-from tiergate.core.types import Priority
+from tiergate.complexity.router_train import outcome_record
+from tiergate.core.types import Features, Priority
 from tiergate.core.wire import ChatRequest, CompletionRequest
 from tiergate.policies.cascade_sim import describe_cascade
 from tiergate.policies.classify import Classifier, messages_of
 from tiergate.policies.engine import PolicyEngine
 from tiergate.policies.loader import DEFAULT_POLICY, PolicyError, check_policy, load_policy
 from tiergate.policies.model import Policy
+from tiergate.policies.router_config import offline_router
 from tiergate.policies.servers import read_contexts
 from tiergate.policies.simulate import Simulation
 from tiergate.policies.store import policy_version
@@ -149,8 +151,10 @@ def _open(path: str) -> TextIO:
         raise _fail(f"cannot read {path}: {exc.strerror or exc}") from None
 
 
-def _classify_line(clf: Any, engine: Any, obj: Any) -> tuple[Any, Any, Any]:
-    """(request, features, decision) for one input object, or raises ValueError."""
+def _classify_line(clf: Any, engine: Any, obj: Any,
+                   predict: Callable[[Features], Features] | None = None) -> tuple[Any, Any, Any]:
+    """(request, features, decision) for one input object, or raises ValueError; `predict` adds the learned
+    router's edge_success."""
     if isinstance(obj, Exception):
         raise obj
     req, tenant, priority, headers = _request(obj)
@@ -158,6 +162,8 @@ def _classify_line(clf: Any, engine: Any, obj: Any) -> tuple[Any, Any, Any]:
         features = clf.features(req, tenant, priority, headers)
     except Exception as exc:  # the priority header's bad_request, a tokenizer failure, ...
         raise ValueError(getattr(exc, "message", None) or str(exc)) from None
+    if predict is not None:
+        features = predict(features)
     return req, features, engine.decide(features)
 
 
@@ -341,16 +347,26 @@ def simulate(
     file: Annotated[Path, typer.Argument(help="Policy YAML file.")],
     traffic: Annotated[str, typer.Argument(help="Traffic as JSON lines (- for stdin); a line may name its "
                                                 "`source` (kind of traffic) for per-source totals.")],
+    edge_version: Annotated[str | None, typer.Option(help="The edge model version whose learned router decides "
+                                                          "(default: the edge tier's served model).")] = None,
 ) -> None:
-    """Decide every request of a traffic file: one JSON line per request, then a {"totals": ...} line."""
+    """Decide every request of a traffic file: one JSON line per request, then a {"totals": ...} line. With a
+    `router` section, the learned router's model predicts `edge_success` as the gateway would."""
     loaded = _load(file)
     clf = _classifier(loaded)
-    sim = Simulation(loaded.policy)
+    policy = loaded.policy
+    try:
+        version, predict = offline_router(
+            policy.router, policy.resolve_path(policy.router.model) if policy.router else Path(),
+            {n: (t.kind, t.served_model or t.model) for n, t in policy.tiers.items()}, edge_version)
+    except ValueError as exc:
+        raise _fail(str(exc)) from None
+    sim = Simulation(policy, router=(version, predict is not None) if policy.router is not None else None)
     source = _open(traffic)
     try:
         for n, obj in _lines(source):
             try:
-                _, f, d = _classify_line(clf, loaded.engine, obj)
+                _, f, d = _classify_line(clf, loaded.engine, obj, predict)
             except ValueError as exc:
                 sim.error()
                 _emit({"line": n, "error": str(exc)}, sys.stdout)
@@ -394,6 +410,43 @@ def schema(
         typer.echo(f"wrote {out}")
     else:
         typer.echo(text, nl=False)
+
+
+@policy_app.command("outcomes")
+def outcomes(
+    file: Annotated[Path, typer.Argument(help="Policy YAML file (its tokenizers and complexity model).")],
+    graded: Annotated[str, typer.Argument(help="Graded traffic as JSON lines (- for stdin): `prompt` or "
+                                               "`messages`, `stood` (true: the edge's answer was right), optional "
+                                               "`edge_version`, `tenant`.")],
+    edge_version: Annotated[str | None, typer.Option(help="The edge model version graded, for lines that name "
+                                                          "none.")] = None,
+) -> None:
+    """Graded traffic as outcome records for `tiergate classifier train --from-outcomes`: the router's features
+    computed as the gateway computes them, no prompt text. Graded labels teach what the cascade's confidence
+    cannot see (an edge guessing fluently is kept by the cascade, and recorded as standing)."""
+    loaded = _load(file)
+    clf = _classifier(loaded)
+    source = _open(graded)
+    bad = 0
+    try:
+        for n, obj in _lines(source):
+            try:
+                _, f, d = _classify_line(clf, loaded.engine, obj)
+                stood, version = obj.get("stood"), obj.get("edge_version", edge_version)
+                if not isinstance(stood, bool) or not isinstance(version, str) or not version:
+                    raise ValueError("needs `stood` (true/false) and an edge version (`edge_version` or "
+                                     "--edge-version)")
+            except ValueError as exc:
+                bad += 1
+                typer.echo(f"{graded}:{n}: skipped: {exc}", err=True)
+                continue
+            _emit(outcome_record(f, stood=stood, edge_version=version, tenant=f.tenant, rule=d.rule,
+                                 reason="graded", source="graded"), sys.stdout)
+    finally:
+        if source is not sys.stdin:
+            source.close()
+    if bad:
+        raise typer.Exit(1)
 
 
 def classify(

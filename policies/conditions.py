@@ -212,6 +212,8 @@ class When(StrictModel):
     headers: HeadersField = None
     keywords: KeywordsCondition | None = None
     stream: bool | None = None
+    edge_success: UnitRange | None = Field(None, description="the learned router's P(the edge's answer stands) "
+                                                             "is in this range; never holds without a model")
 
     @field_validator("headers")
     @classmethod
@@ -236,6 +238,10 @@ class When(StrictModel):
             return False
         if self.complexity is not None and (
             later.complexity is None or not self.complexity.contains(later.complexity)
+        ):
+            return False
+        if self.edge_success is not None and (
+            later.edge_success is None or not self.edge_success.contains(later.edge_success)
         ):
             return False
         if self.priority is not None:

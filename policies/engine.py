@@ -58,7 +58,8 @@ class Explanation:
         return {
             "features": {"prompt_tokens": f.prompt_tokens, "complexity": round(f.complexity, 4),
                          "priority": f.priority.name.lower(), "model": f.requested_model, "tenant": f.tenant,
-                         "stream": f.stream, "max_tokens": f.max_tokens, "temperature": f.temperature},
+                         "stream": f.stream, "max_tokens": f.max_tokens, "temperature": f.temperature,
+                         "edge_success": None if f.edge_success is None else round(f.edge_success, 4)},
             "rules": [{"rule": t.rule, "outcome": t.outcome,
                        "checks": [{"condition": c.condition, "held": c.held, "observed": c.observed}
                                   for c in t.checks]} for t in self.tried],
@@ -125,6 +126,13 @@ def _conditions(w: When) -> list[tuple[str, Predicate, Observe]]:
         out.append((_bounds("complexity", clo, chi),
                     lambda f: (clo is None or f.complexity >= clo) and (chi is None or f.complexity <= chi),
                     lambda f: f"complexity = {f.complexity:.3f}"))
+    if w.edge_success is not None:
+        elo, ehi = w.edge_success.min, w.edge_success.max
+        out.append((_bounds("edge_success", elo, ehi),
+                    lambda f: f.edge_success is not None and (elo is None or f.edge_success >= elo)
+                    and (ehi is None or f.edge_success <= ehi),
+                    lambda f: "edge_success = " + ("none (no router model)" if f.edge_success is None
+                                                   else f"{f.edge_success:.3f}")))
     if w.priority is not None:
         allowed = w.priority.allowed()
         label = "priority in [" + ", ".join(p.name.lower() for p in sorted(allowed)) + "]"
@@ -215,6 +223,10 @@ class PolicyEngine:
     @property
     def rule_names(self) -> list[str]:
         return [c.rule for c in self._rules]
+
+    def decision_of(self, rule: str) -> Decision | None:
+        """The decision a rule makes (a cascade's thresholds, e.g. to judge an edge answer the same way)."""
+        return next((c.decision for c in self._rules if c.rule == rule), None)
 
     def decide(self, features: Features) -> Decision:
         """The decision of the first rule whose conditions all hold (the last rule always holds)."""

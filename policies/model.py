@@ -6,7 +6,7 @@ unreachable rules) live in `policies.checks`. A `Policy` that passed both is saf
 
 The sections live in their own modules: `policies.conditions` (a rule's `when`), `policies.rules`,
 `policies.overrides` (cache and timeout settings), `policies.tier_config`, `policies.distill_config`,
-`policies.costs` and `policies.budgets`.
+`policies.costs`, `policies.budgets` and `policies.router_config`.
 
 Tested in `tests/policies/test_engine.py`, `tests/policies/test_loader.py`, `tests/fuzz/test_policy_loader.py`
 and others.
@@ -25,6 +25,7 @@ from tiergate.policies.budgets import BudgetsConfig
 from tiergate.policies.costs import CostsConfig
 from tiergate.policies.distill_config import DistillConfig
 from tiergate.policies.overrides import CacheOverride, TimeoutsOverride
+from tiergate.policies.router_config import RouterConfig
 from tiergate.policies.rules import Rule
 from tiergate.policies.tier_config import TierConfig
 
@@ -57,6 +58,8 @@ class Policy(StrictModel):
                                                         "measured against (no section: spend is not counted)")
     budgets: BudgetsConfig | None = Field(None, description="spend limits per tenant and key, in the `costs` "
                                                             "currency (policies.budgets)")
+    router: RouterConfig | None = Field(None, description="the learned pre-generation router: outcome records, "
+                                                         "the model edge_success reads, exploration")
 
     _source: str = PrivateAttr("<memory>")
     _base_dir: Path = PrivateAttr(default_factory=Path.cwd)

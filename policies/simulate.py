@@ -23,8 +23,12 @@ UNLABELLED = "(no source)"
 class Simulation:
     """Accumulates decisions; `row` describes one request, `totals` all of them."""
 
-    def __init__(self, policy: Policy) -> None:
+    def __init__(self, policy: Policy, router: tuple[str | None, bool] | None = None) -> None:
         self._policy = policy
+        # the learned router: (edge version, whether it has a model); None without a `router` section
+        self._router = router
+        self._edge_rules = frozenset(r.name for r in policy.rules if r.when.edge_success is not None)
+        self.predicted = self.by_router = 0
         self.tiers: Counter[str] = Counter()
         self.rules: Counter[str] = Counter()
         self.rejects: Counter[int] = Counter()
@@ -50,6 +54,11 @@ class Simulation:
         if source is not None:
             self.labelled = True
             out["source"] = source
+        if f.edge_success is not None:
+            self.predicted += 1
+            out["edge_success"] = round(f.edge_success, 4)
+        if d.rule in self._edge_rules:
+            self.by_router += 1
         if d.cascade is not None:
             out["cascade"] = self.cascades.add(d, cascade)
         if d.reject is not None:
@@ -99,6 +108,13 @@ class Simulation:
                               "semantic hits come on top"},
             "cascade": self.cascades.totals(n),
         }
+        if self._router is not None:
+            version, has_model = self._router
+            out["router"] = {"edge_version": version, "model": has_model, "predicted": self.predicted,
+                             "decided_by_edge_success_rules": self.by_router,
+                             "share_decided_by_edge_success_rules": share(self.by_router),
+                             "note": None if has_model else "cold start: no model for this edge version, so no "
+                                                            "edge_success condition holds"}
         if self.labelled:
             out["sources"] = {s: {"decided": sum(c.values()), "cloud_share": share(c["cloud"], sum(c.values())),
                                   "edge_share": share(c["edge"], sum(c.values())),

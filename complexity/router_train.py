@@ -1,0 +1,217 @@
+"""Training the learned router (`tiergate classifier train --from-outcomes`): outcome records in, a calibrated
+`RouterModel` for one edge model version out.
+
+The fit is an L2-regularised logistic regression solved by Newton's method (a few hundred features: exact, and
+deterministic), whose regulariser pulls the weights towards a prior instead of towards zero when there is one: after
+a promotion the new edge model starts from the previous version's router and moves away from it as its own outcomes
+accumulate (`prior_strength` is worth that many outcomes of evidence). Calibration is Platt scaling fitted on
+cross-fitted (out-of-fold) scores, so the probabilities the policy's `edge_success` thresholds read are honest on
+requests the model did not train on; those held-out scores are also what the model's `meta` reports.
+
+Records come from a Redis stream (`redis://...`, the gateway's `tiergate:outcomes`) or a JSON-lines file of the
+same records.
+
+Tested in `tests/complexity/test_router_train.py`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import redis
+
+from tiergate.complexity.edge_router import (
+    DENSE,
+    FEATURES_VERSION,
+    HASH_BUCKETS,
+    RouterFeatures,
+    RouterModel,
+    Vector,
+    features_of,
+)
+from tiergate.complexity.train import one_blas_thread
+from tiergate.core.types import Features
+
+__all__ = ["OUTCOMES_STREAM", "Outcomes", "fit_router", "outcome_record", "read_outcomes"]
+
+OUTCOMES_STREAM = "tiergate:outcomes"
+_FOLDS = 5
+_BATCH = 1000
+# An edge that could not be reached says nothing about the prompt: such records do not train the router.
+_NOT_ABOUT_THE_PROMPT = frozenset({"first_tier_failed"})
+
+
+def outcome_record(features: Features, *, stood: bool, edge_version: str, tenant: str, rule: str, reason: str,
+                   source: str) -> dict[str, Any]:
+    """One outcome as the gateway records it and training reads it (no prompt text: the caller adds one only for
+    a tenant that opted in)."""
+    return {"ts": round(time.time(), 3), "label": int(stood), "edge_version": edge_version, "fv": FEATURES_VERSION,
+            "features": features_of(features).to_json(), "tenant": tenant, "rule": rule, "reason": reason,
+            "source": source, "prompt_tokens": features.prompt_tokens, "complexity": round(features.complexity, 4)}
+
+
+@dataclass(slots=True)
+class Outcomes:
+    """Usable records of one edge model version: features (rows) and labels (1: the edge's answer stood)."""
+
+    x: np.ndarray
+    y: np.ndarray
+    skipped: int
+    versions: dict[str, int]  # every edge version seen -> its records
+
+
+def _records_from_file(path: Path) -> Iterator[Any]:
+    with path.open() as f:
+        for line in f:
+            if line.strip():
+                try:
+                    yield json.loads(line)
+                except json.JSONDecodeError:
+                    yield None
+
+
+def _records_from_redis(url: str, key: str) -> Iterator[Any]:
+    client = redis.Redis.from_url(url)
+    try:
+        start = "-"
+        while True:
+            batch = client.xrange(key, min=start, max="+", count=_BATCH) or []
+            for _entry_id, fields in batch:
+                raw = fields.get(b"r") if fields else None
+                try:
+                    yield json.loads(raw) if raw is not None else None
+                except (json.JSONDecodeError, UnicodeDecodeError):
+                    yield None
+            if len(batch) < _BATCH:
+                return
+            last = batch[-1][0]
+            start = "(" + (last.decode() if isinstance(last, bytes) else str(last))
+    finally:
+        client.close()
+
+
+def _records(sources: Iterable[str]) -> Iterator[Any]:
+    for source in sources:
+        if source.startswith(("redis://", "rediss://", "unix://")):
+            yield from _records_from_redis(source, OUTCOMES_STREAM)
+        else:
+            yield from _records_from_file(Path(source))
+
+
+def read_outcomes(source: str | list[str], edge_version: str | None) -> tuple[Outcomes, str]:
+    """The records of `edge_version` (None: the version with the most records) from `source` (a Redis URL or a
+    JSON-lines file, or several); and that version."""
+    records = _records([source] if isinstance(source, str) else source)
+    rows: dict[str, list[tuple[RouterFeatures, int]]] = {}
+    skipped = 0
+    for rec in records:
+        try:
+            if not isinstance(rec, dict) or rec.get("fv") != FEATURES_VERSION or rec.get("label") not in (0, 1):
+                raise ValueError("not a usable record")
+            if rec.get("reason") in _NOT_ABOUT_THE_PROMPT:
+                raise ValueError("the edge was down, not wrong")
+            rows.setdefault(str(rec["edge_version"]), []).append(
+                (RouterFeatures.from_json(rec["features"]), int(rec["label"])))
+        except (KeyError, ValueError, TypeError):
+            skipped += 1
+    versions = {v: len(r) for v, r in rows.items()}
+    if edge_version is None:
+        edge_version = max(versions, key=lambda v: versions[v], default="")
+    chosen = rows.get(edge_version, [])
+    x = np.array([f.vector() for f, _ in chosen]) if chosen else np.zeros((0, DENSE + HASH_BUCKETS))
+    y = np.array([label for _, label in chosen], dtype=np.float64)
+    return Outcomes(x, y, skipped, versions), edge_version
+
+
+def _sigmoid(z: np.ndarray) -> np.ndarray:
+    return np.asarray(0.5 * (1.0 + np.tanh(0.5 * z)))
+
+
+def _newton(x: np.ndarray, y: np.ndarray, mean: Vector, penalty: Vector, iters: int = 30) -> Vector:
+    """Minimise the logistic loss + 0.5 * sum(penalty * (theta - mean)^2); x carries a last column of ones."""
+    theta = mean.copy()
+    for _ in range(iters):
+        p = _sigmoid(x @ theta)
+        grad = x.T @ (p - y) + penalty * (theta - mean)
+        s = p * (1 - p)
+        hess = (x * s[:, None]).T @ x + np.diag(penalty + 1e-9)
+        step = np.linalg.solve(hess, grad)
+        theta = theta - step
+        if float(np.max(np.abs(step))) < 1e-7:
+            break
+    return np.asarray(theta)
+
+
+def _fit_linear(x: np.ndarray, y: np.ndarray, prior: RouterModel | None, l2: float,
+                prior_strength: float) -> Vector:
+    xb = np.hstack([x, np.ones((len(x), 1))])
+    mean = np.zeros(xb.shape[1])
+    penalty = np.full(xb.shape[1], l2)
+    penalty[-1] = 1e-4  # the intercept is the base rate: barely pulled
+    if prior is not None:
+        mean[:-1], mean[-1] = prior.weights, prior.bias
+        penalty[:] = prior_strength
+        penalty[-1] = prior_strength * 1e-2
+    return _newton(xb, y, mean, penalty)
+
+
+def _folds(n: int) -> np.ndarray:
+    return np.arange(n) % _FOLDS  # records are in time order: every fold spans the whole period
+
+
+def _auc(score: np.ndarray, y: np.ndarray) -> float | None:
+    pos, neg = score[y == 1], score[y == 0]
+    if len(pos) == 0 or len(neg) == 0:
+        return None
+    order = np.argsort(np.concatenate([pos, neg]), kind="mergesort")
+    ranks = np.empty(len(order))
+    ranks[order] = np.arange(1, len(order) + 1)
+    return float((ranks[:len(pos)].sum() - len(pos) * (len(pos) + 1) / 2) / (len(pos) * len(neg)))
+
+
+def fit_router(data: Outcomes, edge_version: str, *, prior: RouterModel | None = None, l2: float = 1.0,
+               prior_strength: float = 20.0) -> RouterModel:
+    """A calibrated router for `edge_version` from its outcomes (ValueError when they cannot make one)."""
+    with one_blas_thread():  # the same file from the same records on any machine; no threads thrashing 2 cores
+        return _fit_router(data, edge_version, prior, l2, prior_strength)
+
+
+def _fit_router(data: Outcomes, edge_version: str, prior: RouterModel | None, l2: float,
+                prior_strength: float) -> RouterModel:
+    x, y = data.x, data.y
+    if len(y) < 2 * _FOLDS or y.min() == y.max():
+        raise ValueError(f"{len(y)} outcomes for {edge_version!r}; training needs at least {2 * _FOLDS} with both "
+                         "labels (answers that stood and answers that did not)")
+    folds = _folds(len(y))
+    held = np.zeros(len(y))
+    for k in range(_FOLDS):
+        train, test = folds != k, folds == k
+        if y[train].min() == y[train].max():
+            held[test] = 0.0
+            continue
+        theta = _fit_linear(x[train], y[train], prior, l2, prior_strength)
+        held[test] = x[test] @ theta[:-1] + theta[-1]
+    platt = _newton(np.column_stack([held, np.ones(len(y))]), y, np.array([1.0, 0.0]), np.array([1e-3, 1e-3]))
+    theta = _fit_linear(x, y, prior, l2, prior_strength)
+    p = np.clip(_sigmoid(platt[0] * held + platt[1]), 1e-6, 1 - 1e-6)
+    meta = {"outcomes": len(y), "stood_share": round(float(y.mean()), 4), "trained_at": time.time(),
+            "prior_version": prior.edge_version if prior is not None else None,
+            "held_out": {"log_loss": round(float(-np.mean(y * np.log(p) + (1 - y) * np.log(1 - p))), 4),
+                         "brier": round(float(np.mean((p - y) ** 2)), 4),
+                         "auc": None if (a := _auc(held, y)) is None else round(a, 4)}}
+    for name, v in (("weights", theta), ("platt", platt)):
+        if not np.all(np.isfinite(v)):
+            raise ValueError(f"the fit diverged ({name} not finite)")
+    a, c = float(platt[0]), float(platt[1])
+    if not math.isfinite(a) or a <= 0:  # held-out scores that rank backwards cannot calibrate anything yet:
+        # keep the prior's calibration, or, without one, predict the base rate
+        a, c = (prior.platt_a, prior.platt_b) if prior is not None else (1e-6, float(np.log(y.mean() / (1 - y.mean()))))
+        meta["calibration"] = "prior" if prior is not None else "base_rate"
+    return RouterModel(edge_version, theta[:-1], float(theta[-1]), a, c, meta)

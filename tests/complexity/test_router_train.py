@@ -1,0 +1,123 @@
+"""Training the router from outcome records: it learns what the records say, is calibrated on held-out folds,
+starts from a prior, and the CLI writes an artifact that keeps the other versions' models."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from tiergate.complexity.cli import classifier_app
+from tiergate.complexity.edge_router import FEATURES_VERSION, RouterArtifact, RouterModel, router_features
+from tiergate.complexity.router_train import fit_router, read_outcomes
+
+SUBJECTS = ["plants", "rivers", "planets", "metals", "kings", "cells", "rocks", "clouds"]
+
+
+def _prompt(rng: random.Random, mmlu: bool) -> str:
+    s = rng.choice(SUBJECTS)
+    if mmlu:
+        return f"Which of these is true of {s}?\nA. one\nB. two\nC. three\nD. four\nAnswer:"
+    return f"Say hello to my friend who likes {s}."
+
+
+def records(n: int, version: str = "smollm2", seed: int = 0, mmlu_stands: float = 0.1,
+            other_stands: float = 0.9) -> list[dict]:
+    """Outcome records as the gateway writes them: MMLU-like prompts mostly fail on the edge, others stand."""
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+        mmlu = rng.random() < 0.5
+        text = _prompt(rng, mmlu)
+        f = router_features(prompt_tokens=len(text) // 4, complexity=rng.random(), max_tokens=32, temperature=0,
+                            stream=False, text=text)
+        stood = rng.random() < (mmlu_stands if mmlu else other_stands)
+        out.append({"ts": 0, "label": int(stood), "edge_version": version, "fv": FEATURES_VERSION,
+                    "features": f.to_json(), "tenant": "t", "rule": "cascade", "reason": "confident" if stood
+                    else "low_mean_logprob", "source": "cascade"})
+    return out
+
+
+def _write(path, recs) -> str:
+    path.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    return str(path)
+
+
+def _p(model: RouterModel, mmlu: bool, seed: int = 99) -> float:
+    text = _prompt(random.Random(seed), mmlu)
+    return model.predict(router_features(prompt_tokens=len(text) // 4, complexity=0.5, max_tokens=32,
+                                         temperature=0, stream=False, text=text))
+
+
+def test_the_router_learns_where_the_edge_fails_and_is_calibrated(tmp_path):
+    data, version = read_outcomes(_write(tmp_path / "o.jsonl", records(600)), None)
+    assert version == "smollm2" and len(data.y) == 600
+    model = fit_router(data, version)
+    assert _p(model, mmlu=True) < 0.25 < 0.75 < _p(model, mmlu=False)
+    # calibrated: the mean prediction on fresh records is near their share that stood
+    fresh, _ = read_outcomes(_write(tmp_path / "f.jsonl", records(400, seed=7)), None)
+    preds = [model.predict(router_features(prompt_tokens=0, complexity=0, max_tokens=None, temperature=None,
+                                           stream=False, text="")) for _ in range(1)]
+    assert 0 < preds[0] < 1
+    logits = fresh.x @ model.weights + model.bias
+    p = 1 / (1 + np.exp(-(model.platt_a * logits + model.platt_b)))
+    assert abs(p.mean() - fresh.y.mean()) < 0.05
+    assert model.meta["held_out"]["auc"] > 0.8 and model.meta["outcomes"] == 600
+
+
+def test_unusable_records_are_skipped_and_counted(tmp_path):
+    recs = records(40)
+    recs[0]["fv"] = 99
+    recs[1]["label"] = 2
+    recs[2]["reason"] = "first_tier_failed"  # the edge was down: says nothing about the prompt
+    path = tmp_path / "o.jsonl"
+    path.write_text("not json\n" + "".join(json.dumps(r) + "\n" for r in recs))
+    data, _ = read_outcomes(str(path), "smollm2")
+    assert len(data.y) == 37 and data.skipped == 4
+
+
+def test_one_label_only_cannot_make_a_router(tmp_path):
+    data, version = read_outcomes(_write(tmp_path / "o.jsonl", records(100, mmlu_stands=1, other_stands=1)), None)
+    with pytest.raises(ValueError, match="both labels"):
+        fit_router(data, version)
+
+
+def test_a_new_version_starts_from_the_previous_versions_model(tmp_path):
+    old, _ = read_outcomes(_write(tmp_path / "old.jsonl", records(800, version="v1")), "v1")
+    prior = fit_router(old, "v1")
+    # a few of the new version's outcomes, all of plain prompts: alone, they know nothing of MMLU-like ones
+    few = [r for r in records(200, version="v2", seed=3) if r["features"]["d"][5] == 0][:60]
+    data, _ = read_outcomes(_write(tmp_path / "new.jsonl", few), "v2")
+    with_prior = fit_router(data, "v2", prior=prior)
+    without = fit_router(data, "v2")
+    assert with_prior.meta["prior_version"] == "v1"
+    assert _p(with_prior, mmlu=True) < 0.5 < _p(without, mmlu=True)
+
+
+def test_the_cli_trains_from_outcomes_and_keeps_other_versions(tmp_path):
+    out = tmp_path / "router.json"
+    runner = CliRunner()
+    src = _write(tmp_path / "v1.jsonl", records(300, version="v1"))
+    r = runner.invoke(classifier_app, ["train", "--from-outcomes", src, "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.output)["edge_version"] == "v1"
+    src2 = _write(tmp_path / "v2.jsonl", records(300, version="v2", seed=5))
+    r = runner.invoke(classifier_app, ["train", "--from-outcomes", src2, "--out", str(out), "--edge-version", "v2"])
+    assert r.exit_code == 0, r.output
+    art = RouterArtifact.load(out)
+    assert sorted(art.models) == ["v1", "v2"] and art.get("v2").meta["prior_version"] == "v1"
+
+
+def test_the_cli_says_why_it_cannot_train(tmp_path):
+    runner = CliRunner()
+    src = _write(tmp_path / "o.jsonl", records(20))
+    r = runner.invoke(classifier_app, ["train", "--from-outcomes", src, "--out", str(tmp_path / "r.json")])
+    assert r.exit_code == 2 and "20 outcomes" in r.output and "need at least 50" in r.output
+    r = runner.invoke(classifier_app, ["train", "--out", str(tmp_path / "r.json")])
+    assert r.exit_code == 2 and "--from-outcomes" in r.output
+    r = runner.invoke(classifier_app, ["train", "--from-outcomes", str(tmp_path / "none.jsonl"),
+                                       "--out", str(tmp_path / "r.json")])
+    assert r.exit_code == 2 and "cannot read the outcomes" in r.output

@@ -60,11 +60,12 @@ class Arrival:
 
     request_id: str
     started: float  # perf_counter
-    endpoint: str  # "chat" | "completions": the metrics' and the log's name for the route
+    endpoint: str  # "chat" | "completions" | a surface's ("messages", "responses"): metrics' and logs' route name
 
     @classmethod
-    def now(cls, request_id: str | None, kind: str) -> Arrival:
-        return cls(safe_request_id(request_id), time.perf_counter(), "chat" if kind == "chat" else "completions")
+    def now(cls, request_id: str | None, kind: str, endpoint: str | None = None) -> Arrival:
+        name = endpoint or ("chat" if kind == "chat" else "completions")
+        return cls(safe_request_id(request_id), time.perf_counter(), name)
 
 
 class Held:

@@ -267,6 +267,8 @@ def to_chat(body: bytes) -> tuple[dict[str, Any], MessagesRequest]:
 class MessagesSurface:
     """`POST /v1/messages` over the chat pipeline (`gateway.surface.Surface`)."""
 
+    endpoint = "messages"
+
     def error(self, status: int, error: dict[str, Any]) -> bytes:
         return anthropic_error(status, error)
 

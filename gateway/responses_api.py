@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
 
@@ -77,7 +77,7 @@ class _Request(msgspec.Struct, forbid_unknown_fields=True):
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None
     text: _Text | None = None
-    max_output_tokens: int | None = None
+    max_output_tokens: Annotated[int, msgspec.Meta(ge=1)] | None = None
     temperature: float | None = None
     top_p: float | None = None
     stream: bool = False
@@ -245,6 +245,8 @@ def to_chat(body: bytes) -> tuple[dict[str, Any], _Request]:
 
 class ResponsesSurface:
     """`POST /v1/responses` over the chat pipeline (`gateway.surface.Surface`)."""
+
+    endpoint = "responses"
 
     def error(self, status: int, error: dict[str, Any]) -> bytes:
         return msgspec.json.encode({"error": error})

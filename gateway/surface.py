@@ -12,7 +12,7 @@ Tested in `tests/gateway/test_surface.py`.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -52,12 +52,15 @@ class AnswerTranslator(ErrorFormat, Protocol):
 
 
 class Surface(ErrorFormat, Protocol):
-    """An API shape: how its request becomes a chat request (an `OpenAIError` for one it cannot translate)."""
+    """An API shape: how its request becomes a chat request (an `OpenAIError` for one it cannot translate).
+    `endpoint` is its route's name in metrics and logs."""
+
+    endpoint: str
 
     def translate(self, body: bytes) -> tuple[bytes, AnswerTranslator]: ...
 
 
-ChatHandler = Callable[[Request, str], Any]  # `CompletionPipeline.handle`
+ChatHandler = Callable[[Request, str, str], Awaitable[Response]]  # `CompletionPipeline.handle`
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,13 +97,14 @@ class SurfaceEndpoint:
             body = await read_body(request, self._limits.max_body_bytes, self._limits.body_timeout_s)
             chat_body, back = self._surface.translate(body)
         except OpenAIError as exc:  # refused before the pipeline: settled (logged, counted) as the pipeline would
-            settle = self._settlements.open(Arrival.now(request.headers.get("x-request-id"), "chat"))
+            settle = self._settlements.open(Arrival.now(request.headers.get("x-request-id"), "chat",
+                                                        self._surface.endpoint))
             refused = await settle.refused(exc, tenant=tenant, decision=None, features=None, cache="bypass")
             return Translated(refused, self._surface, None)
         except ClientDisconnect:
             return Response(status_code=499)
         inner = Request(_chat_scope(request.scope, chat_body, auth), _replay(chat_body, request.receive))
-        answer: Response = await self._chat(inner, "chat")
+        answer = await self._chat(inner, "chat", self._surface.endpoint)
         return Translated(answer, back, back)
 
 

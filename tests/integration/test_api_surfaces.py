@@ -151,7 +151,7 @@ def test_messages_go_through_the_pipeline_cache_and_metrics(gw: ThreadedGateway)
     client = _anthropic(gw)
     body: dict[str, Any] = {"model": "auto", "max_tokens": 16,
                             "messages": [{"role": "user", "content": "Name one primary colour."}]}
-    before = _metric(gw, "tiergate_requests_total", endpoint="chat", tier="edge")
+    before = _metric(gw, "tiergate_requests_total", endpoint="messages", tier="edge")
     first = client.messages.with_raw_response.create(**body, extra_body=T0)
     assert first.headers["x-tiergate-cache"] == "miss"
     # The answer is stored after it went out: ask again until the cache has it, as a Messages answer again.
@@ -164,7 +164,7 @@ def test_messages_go_through_the_pipeline_cache_and_metrics(gw: ThreadedGateway)
 
     wait_until(hit, timeout_s=30, what="the Messages answer served from the cache")
     assert hits[-1].parse().content[0].text == first.parse().content[0].text
-    assert _metric(gw, "tiergate_requests_total", endpoint="chat", tier="edge") >= before + 1
+    assert _metric(gw, "tiergate_requests_total", endpoint="messages", tier="edge") >= before + 1
 
 
 def test_messages_errors_are_anthropic_errors(gw: ThreadedGateway) -> None:

@@ -18,7 +18,6 @@ Tested in `tests/gateway/test_messages_api.py` and `tests/integration/test_api_s
 
 from __future__ import annotations
 
-import json
 import uuid
 from typing import Annotated, Any, Literal
 
@@ -97,7 +96,7 @@ class AssistantMessage(msgspec.Struct, tag_field="role", tag="assistant"):
     content: str | list[TextBlock | ToolUseBlock | ThinkingBlock | RedactedThinkingBlock]
 
 
-class Tool(msgspec.Struct):
+class MessagesTool(msgspec.Struct):
     """A client tool; server tools (`web_search_20250305`, ...) run on Anthropic's servers, not here."""
 
     name: Annotated[str, _NonEmpty]
@@ -123,7 +122,7 @@ class ToolChoiceNone(msgspec.Struct, tag_field="type", tag="none"):
     pass
 
 
-class Metadata(msgspec.Struct):
+class MessagesMetadata(msgspec.Struct):
     user_id: str | None = None
 
 
@@ -149,9 +148,9 @@ class MessagesRequest(msgspec.Struct, forbid_unknown_fields=True):
     temperature: Annotated[float, msgspec.Meta(ge=0.0, le=1.0)] | None = None
     top_p: Annotated[float, msgspec.Meta(gt=0.0, le=1.0)] | None = None
     top_k: Annotated[int, msgspec.Meta(ge=0, le=MAX_TOP_K)] | None = None
-    tools: list[Tool] | None = None
+    tools: list[MessagesTool] | None = None
     tool_choice: ToolChoiceAuto | ToolChoiceAny | ToolChoiceTool | ToolChoiceNone | None = None
-    metadata: Metadata | None = None
+    metadata: MessagesMetadata | None = None
     output_config: OutputConfig | None = None
     thinking: dict[str, Any] | None = None  # accepted, ignored (see the module's docstring)
     service_tier: str | None = None  # a hint about Anthropic's capacity; the routing policy decides here
@@ -202,7 +201,7 @@ def _assistant(m: AssistantMessage) -> list[dict[str, Any]]:
     if isinstance(m.content, str):
         return [{"role": "assistant", "content": m.content}]
     text = "".join(b.text for b in m.content if isinstance(b, TextBlock))
-    calls = [{"id": b.id, "type": "function", "function": {"name": b.name, "arguments": json.dumps(b.input)}}
+    calls = [{"id": b.id, "type": "function", "function": {"name": b.name, "arguments": msgspec.json.encode(b.input).decode()}}
              for b in m.content if isinstance(b, ToolUseBlock)]
     # Thinking blocks are an earlier turn's reasoning: nothing a chat model takes back in.
     msg: dict[str, Any] = {"role": "assistant", "content": text}
@@ -279,8 +278,8 @@ class MessagesSurface:
 
 def _arguments(raw: str) -> Any:
     try:
-        return json.loads(raw or "{}")
-    except json.JSONDecodeError:
+        return msgspec.json.decode(raw or "{}")
+    except (msgspec.DecodeError, RecursionError):
         raise OpenAIError(502, "The tier answered with tool arguments that are not JSON.", type="upstream_error",
                           code="upstream_protocol") from None
 

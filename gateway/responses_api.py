@@ -27,28 +27,28 @@ from tiergate.core.errors import bad_request, from_validation
 from tiergate.core.wire import decode_json
 from tiergate.gateway.surface import sse_event
 
-__all__ = ["ResponsesSurface"]
+__all__ = ["ResponsesRequest", "ResponsesSurface", "to_chat"]
 
 
-class _Part(msgspec.Struct):
+class ResponsesPart(msgspec.Struct):
     type: str
     text: str | None = None
     image_url: str | None = None
 
 
-class _Item(msgspec.Struct):
+class ResponsesItem(msgspec.Struct):
     type: str | None = None  # a message may leave it out
     role: Literal["user", "assistant", "system", "developer"] | None = None
-    content: str | list[_Part] | None = None
+    content: str | list[ResponsesPart] | None = None
     call_id: str | None = None
     name: str | None = None
     arguments: str | None = None
-    output: str | list[_Part] | None = None
+    output: str | list[ResponsesPart] | None = None
     id: str | None = None
     status: str | None = None
 
 
-class _Tool(msgspec.Struct):
+class ResponsesTool(msgspec.Struct):
     type: str
     name: str | None = None
     description: str | None = None
@@ -56,7 +56,7 @@ class _Tool(msgspec.Struct):
     strict: bool | None = None
 
 
-class _Format(msgspec.Struct):
+class ResponsesFormat(msgspec.Struct):
     type: Literal["text", "json_object", "json_schema"]
     name: str | None = None
     schema: dict[str, Any] | None = None
@@ -64,19 +64,19 @@ class _Format(msgspec.Struct):
     strict: bool | None = None
 
 
-class _Text(msgspec.Struct):
-    format: _Format | None = None
+class ResponsesText(msgspec.Struct):
+    format: ResponsesFormat | None = None
     verbosity: str | None = None
 
 
-class _Request(msgspec.Struct, forbid_unknown_fields=True):
+class ResponsesRequest(msgspec.Struct, forbid_unknown_fields=True):
     model: str
-    input: str | list[_Item]
+    input: str | list[ResponsesItem]
     instructions: str | None = None
-    tools: list[_Tool] | None = None
+    tools: list[ResponsesTool] | None = None
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None
-    text: _Text | None = None
+    text: ResponsesText | None = None
     max_output_tokens: Annotated[int, msgspec.Meta(ge=1)] | None = None
     temperature: float | None = None
     top_p: float | None = None
@@ -96,27 +96,27 @@ class _Request(msgspec.Struct, forbid_unknown_fields=True):
     stream_options: dict[str, Any] | None = None
 
 
-_decoder = msgspec.json.Decoder(_Request)
+_decoder = msgspec.json.Decoder(ResponsesRequest)
 _STATELESS = "this gateway keeps no responses: send the whole conversation as `input`"
 
 
-def _part(p: _Part, where: str) -> dict[str, Any]:
+def _part(p: ResponsesPart, where: str) -> dict[str, Any]:
     if p.type in ("input_text", "output_text", "text"):
         return {"type": "text", "text": p.text or ""}
-    if p.type == "input_image" and p.image_url:
+    if p.type == "input_image" and p.image_url is not None:
         return {"type": "image_url", "image_url": {"url": p.image_url}}
     raise bad_request(f"A `{p.type}` content part is not supported through this gateway.", code="unsupported_value",
                       param=where)
 
 
-def _content(c: str | list[_Part] | None, where: str) -> str | list[dict[str, Any]]:
+def _content(c: str | list[ResponsesPart] | None, where: str) -> str | list[dict[str, Any]]:
     if c is None or isinstance(c, str):
         return c or ""
     parts = [_part(p, where) for p in c]
     return "\n".join(p["text"] for p in parts) if all(p["type"] == "text" for p in parts) else parts
 
 
-def _messages(req: _Request) -> list[dict[str, Any]]:
+def _messages(req: ResponsesRequest) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     if req.instructions:
         out.append({"role": "system", "content": req.instructions})
@@ -144,9 +144,10 @@ def _messages(req: _Request) -> list[dict[str, Any]]:
             if not item.call_id:
                 raise bad_request("A `function_call_output` item needs a `call_id`.", param=f"{where}.call_id")
             output = _content(item.output, f"{where}.output")
-            out.append({"role": "tool", "tool_call_id": item.call_id,
-                        "content": output if isinstance(output, str) else "\n".join(
-                            p.get("text", "") for p in output)})
+            if not isinstance(output, str):  # a chat tool message carries text only
+                raise bad_request("A `function_call_output` may hold text only, not images.",
+                                  code="unsupported_value", param=f"{where}.output")
+            out.append({"role": "tool", "tool_call_id": item.call_id, "content": output})
         elif kind == "reasoning":
             continue  # an earlier turn's reasoning summary: nothing a chat model takes back in
         elif kind == "item_reference":
@@ -158,7 +159,7 @@ def _messages(req: _Request) -> list[dict[str, Any]]:
     return out
 
 
-def _tools(req: _Request) -> dict[str, Any]:
+def _tools(req: ResponsesRequest) -> dict[str, Any]:
     fields: dict[str, Any] = {}
     if req.tools:
         tools = []
@@ -192,7 +193,7 @@ def _tools(req: _Request) -> dict[str, Any]:
     return fields
 
 
-def _format(req: _Request) -> dict[str, Any] | None:
+def _format(req: ResponsesRequest) -> dict[str, Any] | None:
     f = req.text.format if req.text is not None else None
     if f is None or f.type == "text":
         return None
@@ -208,7 +209,7 @@ def _format(req: _Request) -> dict[str, Any] | None:
     return {"type": "json_schema", "json_schema": js}
 
 
-def to_chat(body: bytes) -> tuple[dict[str, Any], _Request]:
+def to_chat(body: bytes) -> tuple[dict[str, Any], ResponsesRequest]:
     """The chat-completions body for a Responses request (an OpenAIError for one it cannot be)."""
     try:
         req = decode_json(_decoder, body)
@@ -263,7 +264,7 @@ def _new_id(prefix: str) -> str:
 class _Back:
     """One request's answer as a `response` object; for a stream, the output items as they are being written."""
 
-    def __init__(self, req: _Request) -> None:
+    def __init__(self, req: ResponsesRequest) -> None:
         self._req = req
         self._id = _new_id("resp_")
         self._created = int(time.time())

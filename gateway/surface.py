@@ -23,6 +23,7 @@ from starlette.types import Message, Receive, Scope, Send
 
 from tiergate.core.errors import OpenAIError
 from tiergate.core.http import read_body
+from tiergate.core.wire import decode_json
 from tiergate.gateway.auth import Authenticator, Tenant
 from tiergate.gateway.context import Arrival
 from tiergate.gateway.settlement import Settlements
@@ -30,6 +31,7 @@ from tiergate.gateway.settlement import Settlements
 __all__ = ["AnswerTranslator", "ChatHandler", "ErrorFormat", "Surface", "SurfaceEndpoint", "SurfaceLimits", "Translated", "authorization", "sse_event"]
 
 _CHAT_PATH = "/v1/chat/completions"
+_any = msgspec.json.Decoder()  # a backend's bytes, any at all (`decode_json` turns every failure into DecodeError)
 _SSE = b"text/event-stream"
 
 
@@ -192,7 +194,7 @@ class _Rewriter:
 
     def _whole(self, body: bytes) -> bytes:
         try:
-            obj = msgspec.json.decode(body)
+            obj = decode_json(_any, body)
         except msgspec.DecodeError:
             return body  # not JSON (an empty 499): nothing to translate
         if not isinstance(obj, dict):
@@ -227,7 +229,7 @@ class _Rewriter:
                     self._ended = True
                     break
                 try:
-                    obj = msgspec.json.decode(payload)
+                    obj = decode_json(_any, payload)
                 except msgspec.DecodeError:
                     continue  # a backend's unreadable chunk: nothing a client of this surface could use
                 if isinstance(obj, dict) and obj.get("error") is not None:

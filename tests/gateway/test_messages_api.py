@@ -49,8 +49,8 @@ def test_a_tool_round_trip_becomes_calls_then_tool_messages_then_the_users_text(
         tool_choice={"type": "auto", "disable_parallel_tool_use": True})
     assert chat["messages"][1:] == [
         {"role": "assistant", "content": "Checking.", "tool_calls": [
-            {"id": "t1", "type": "function", "function": {"name": "w", "arguments": '{"city": "Paris"}'}},
-            {"id": "t2", "type": "function", "function": {"name": "w", "arguments": '{"city": "Rome"}'}}]},
+            {"id": "t1", "type": "function", "function": {"name": "w", "arguments": '{"city":"Paris"}'}},
+            {"id": "t2", "type": "function", "function": {"name": "w", "arguments": '{"city":"Rome"}'}}]},
         {"role": "tool", "tool_call_id": "t1", "content": "sunny"},
         {"role": "tool", "tool_call_id": "t2", "content": "Error: rain"},
         {"role": "user", "content": "And tomorrow?"}]

@@ -147,24 +147,30 @@ def test_messages_tool_round_trip_streamed_and_not(gw: ThreadedGateway) -> None:
     assert reply.content[0].text == chat2["choices"][0]["message"]["content"]  # type: ignore[union-attr]
 
 
-def test_messages_go_through_the_pipeline_cache_and_metrics(gw: ThreadedGateway) -> None:
-    client = _anthropic(gw)
-    body: dict[str, Any] = {"model": "auto", "max_tokens": 16,
-                            "messages": [{"role": "user", "content": "Name one primary colour."}]}
-    before = _metric(gw, "tiergate_requests_total", endpoint="messages", tier="edge")
-    first = client.messages.with_raw_response.create(**body, extra_body=T0)
+def test_the_surfaces_share_the_pipelines_cache_and_metrics(gw: ThreadedGateway) -> None:
+    """One question asked through chat, then Messages, then Responses: one cache entry answers all three."""
+    question = [{"role": "user", "content": "Name one primary colour."}]
+    before = _metric(gw, "tiergate_requests_total", endpoint="messages", tier="cache")
+    first = httpx.post(gw.url + "/v1/chat/completions", headers={"authorization": f"Bearer {KEY}"}, timeout=120,
+                       json={"model": "auto", "temperature": 0, "max_tokens": 16, "messages": question})
     assert first.headers["x-tiergate-cache"] == "miss"
-    # The answer is stored after it went out: ask again until the cache has it, as a Messages answer again.
-    hits: list[Any] = []
+    text = first.json()["choices"][0]["message"]["content"]
+    client = _anthropic(gw)
+    seen: list[Any] = []
 
-    def hit() -> bool:
-        r = client.messages.with_raw_response.create(**body, extra_body=T0)
-        hits.append(r)
-        return r.headers["x-tiergate-cache"].startswith("hit")
+    def messages_hit() -> bool:  # the answer is stored after it went out: ask until the cache has it
+        r = client.messages.with_raw_response.create(model="auto", max_tokens=16, messages=question,  # type: ignore[arg-type]
+                                                     extra_body=T0)
+        seen.append(r)
+        return r.headers["x-tiergate-cache"] == "hit-exact"
 
-    wait_until(hit, timeout_s=30, what="the Messages answer served from the cache")
-    assert hits[-1].parse().content[0].text == first.parse().content[0].text
-    assert _metric(gw, "tiergate_requests_total", endpoint="messages", tier="edge") >= before + 1
+    wait_until(messages_hit, timeout_s=30, what="the chat answer served to a Messages request from the cache")
+    assert seen[-1].parse().content[0].text == text and seen[-1].headers["x-tiergate-tier"] == "cache"
+    resp = _openai(gw).responses.with_raw_response.create(model="auto", input=question, max_output_tokens=16,  # type: ignore[arg-type]
+                                                          temperature=0)
+    assert resp.headers["x-tiergate-cache"] == "hit-exact" and resp.parse().output_text == text
+    assert _metric(gw, "tiergate_requests_total", endpoint="messages", tier="cache") >= before + 1
+    assert _metric(gw, "tiergate_requests_total", endpoint="responses", tier="cache") >= 1
 
 
 def test_messages_errors_are_anthropic_errors(gw: ThreadedGateway) -> None:

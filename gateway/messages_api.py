@@ -11,7 +11,8 @@ reason, and an answer without thinking blocks is a valid answer to a request tha
 The answer: a chat completion becomes a `message` with text and `tool_use` blocks; a chat stream becomes
 Anthropic's events (message_start, content_block_start/delta/stop with text_delta and input_json_delta,
 message_delta with the stop reason and usage, message_stop). The stream asks the pipeline for usage
-(`stream_options.include_usage`) so `message_delta` carries the tokens the tier counted.
+(`stream_options.include_usage`) so `message_delta` carries the tokens the tier counted; `message_start` carries
+zeros, as the tier counts the prompt only as it answers.
 
 Tested in `tests/gateway/test_messages_api.py` and `tests/integration/test_api_surfaces.py`.
 """
@@ -276,6 +277,15 @@ class MessagesSurface:
         return msgspec.json.encode(chat), _Back(req.model)
 
 
+def _usage(chat: dict[str, Any]) -> dict[str, int]:
+    """Anthropic's usage for chat's: the prompt split into what the tier read from its prefix cache and the rest
+    (Anthropic's `input_tokens` excludes cache reads), nothing written to a cache the client asked for."""
+    prompt = chat.get("prompt_tokens") or 0
+    cached = (chat.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
+    return {"input_tokens": prompt - cached, "cache_read_input_tokens": cached, "cache_creation_input_tokens": 0,
+            "output_tokens": chat.get("completion_tokens") or 0}
+
+
 def _arguments(raw: str) -> Any:
     try:
         return msgspec.json.decode(raw or "{}")
@@ -294,7 +304,7 @@ class _Back:
         self._index = -1  # the open content block, -1 when none
         self._open: str | None = None  # its kind: "text", or the chat tool call's index as "tool:N"
         self._stop: str | None = None
-        self._usage = {"input_tokens": 0, "output_tokens": 0}
+        self._usage = _usage({})
 
     def error(self, status: int, error: dict[str, Any]) -> bytes:
         return anthropic_error(status, error)
@@ -315,8 +325,7 @@ class _Back:
                             "name": fn.get("name", ""), "input": _arguments(fn.get("arguments", ""))})
         u = chat.get("usage") or {}
         stop = _STOP_REASONS.get(choice.get("finish_reason") or "stop", "end_turn")
-        return msgspec.json.encode(self._message(content, stop, {"input_tokens": u.get("prompt_tokens", 0),
-                                                                 "output_tokens": u.get("completion_tokens", 0)}))
+        return msgspec.json.encode(self._message(content, stop, _usage(u)))
 
     # ---- the stream --------------------------------------------------------------------------------------------
 
@@ -347,7 +356,7 @@ class _Back:
     def chunk(self, chat: dict[str, Any]) -> bytes:
         out = [self._begin()]
         if u := chat.get("usage"):
-            self._usage = {"input_tokens": u.get("prompt_tokens", 0), "output_tokens": u.get("completion_tokens", 0)}
+            self._usage = _usage(u)
         for choice in chat.get("choices") or []:
             if choice.get("index", 0) != 0:
                 continue

@@ -112,10 +112,12 @@ def test_the_answer_back() -> None:
                                                       "messages": [{"role": "user", "content": "x"}]}).encode())
     body = json.loads(back.answer({"choices": [{"index": 0, "finish_reason": "length",
                                                 "message": {"role": "assistant", "content": "Hel"}}],
-                                   "usage": {"prompt_tokens": 3, "completion_tokens": 1}}))
+                                   "usage": {"prompt_tokens": 3, "completion_tokens": 1,
+                                             "prompt_tokens_details": {"cached_tokens": 2}}}))
     assert body["model"] == "tiergate-edge" and body["content"] == [{"type": "text", "text": "Hel"}]
     assert body["stop_reason"] == "max_tokens" and body["stop_sequence"] is None
-    assert body["usage"] == {"input_tokens": 3, "output_tokens": 1}
+    assert body["usage"] == {"input_tokens": 1, "cache_read_input_tokens": 2, "cache_creation_input_tokens": 0,
+                             "output_tokens": 1}
 
 
 @pytest.mark.parametrize(("status", "kind"), [(400, "invalid_request_error"), (401, "authentication_error"),

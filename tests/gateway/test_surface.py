@@ -90,7 +90,8 @@ def test_messages_json_answer_with_a_tool_call(tool_gw: ThreadedGateway) -> None
     assert body["content"] == [{"type": "text", "text": "Let me look."},
                                {"type": "tool_use", "id": "call_1", "name": "get_weather", "input": {"city": "Paris"}}]
     assert body["stop_reason"] == "tool_use"
-    assert body["usage"] == {"input_tokens": 11, "output_tokens": 7}
+    assert body["usage"] == {"input_tokens": 11, "cache_read_input_tokens": 0, "cache_creation_input_tokens": 0,
+                             "output_tokens": 7}
     assert int(r.headers["content-length"]) == len(r.content)
 
 
@@ -110,7 +111,8 @@ def test_messages_stream_is_anthropics_event_sequence(tool_gw: ThreadedGateway) 
     partial = "".join(d["delta"]["partial_json"] for n, d in events if n == "content_block_delta" and d["index"] == 1)
     assert json.loads(partial) == {"city": "Paris"}
     assert events[-2][1]["delta"]["stop_reason"] == "tool_use"
-    assert events[-2][1]["usage"] == {"input_tokens": 11, "output_tokens": 7}
+    assert events[-2][1]["usage"] == {"input_tokens": 11, "cache_read_input_tokens": 0,
+                                      "cache_creation_input_tokens": 0, "output_tokens": 7}
 
 
 def test_responses_json_answer_with_a_tool_call(tool_gw: ThreadedGateway) -> None:

@@ -98,7 +98,7 @@ def test_messages_answer_is_the_chat_answer_streamed_or_not(gw: ThreadedGateway)
     assert msg.type == "message" and msg.role == "assistant"
     assert [b.type for b in msg.content] == ["text"]
     assert msg.content[0].text == chat["choices"][0]["message"]["content"]  # type: ignore[union-attr]
-    assert msg.usage.input_tokens == chat["usage"]["prompt_tokens"]
+    assert msg.usage.input_tokens + (msg.usage.cache_read_input_tokens or 0) == chat["usage"]["prompt_tokens"]
     assert msg.usage.output_tokens == chat["usage"]["completion_tokens"]
     assert msg.stop_reason == {"stop": "end_turn", "length": "max_tokens"}[chat["choices"][0]["finish_reason"]]
 
@@ -166,6 +166,9 @@ def test_the_surfaces_share_the_pipelines_cache_and_metrics(gw: ThreadedGateway)
 
     wait_until(messages_hit, timeout_s=30, what="the chat answer served to a Messages request from the cache")
     assert seen[-1].parse().content[0].text == text and seen[-1].headers["x-tiergate-tier"] == "cache"
+    with client.messages.stream(model="auto", max_tokens=16, messages=question, extra_body=T0) as stream:  # type: ignore[arg-type]
+        assert stream.get_final_message().content[0].text == text  # type: ignore[union-attr]
+        assert stream.response.headers["x-tiergate-cache"] == "hit-exact"
     resp = _openai(gw).responses.with_raw_response.create(model="auto", input=question, max_output_tokens=16,  # type: ignore[arg-type]
                                                           temperature=0)
     assert resp.headers["x-tiergate-cache"] == "hit-exact" and resp.parse().output_text == text

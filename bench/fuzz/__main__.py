@@ -189,7 +189,7 @@ def main() -> int:
         gw, reg, edge = procs["gateway"], procs["gateway-registration"], procs["edge-node"]
         node_url = procs["edge-backend"].health_url.removesuffix("/health")
         target = Target(API_KEY, ADMIN_KEY, EDGE_TOKEN, node_url)
-        where = {"gateway-api": gw, "gateway-admin": gw, "edge-registration": reg, "edge-node": edge}
+        where = {"gateway-api": gw, "gateway-surfaces": gw, "gateway-admin": gw, "edge-registration": reg, "edge-node": edge}
         surfaces = []
         for surface in SURFACES:
             server = where[surface]

@@ -202,7 +202,8 @@ def _assistant(m: AssistantMessage) -> list[dict[str, Any]]:
     if isinstance(m.content, str):
         return [{"role": "assistant", "content": m.content}]
     text = "".join(b.text for b in m.content if isinstance(b, TextBlock))
-    calls = [{"id": b.id, "type": "function", "function": {"name": b.name, "arguments": msgspec.json.encode(b.input).decode()}}
+    calls = [{"id": b.id, "type": "function",
+              "function": {"name": b.name, "arguments": msgspec.json.encode(b.input).decode()}}
              for b in m.content if isinstance(b, ToolUseBlock)]
     # Thinking blocks are an earlier turn's reasoning: nothing a chat model takes back in.
     msg: dict[str, Any] = {"role": "assistant", "content": text}

@@ -28,7 +28,8 @@ from tiergate.gateway.auth import Authenticator, Tenant
 from tiergate.gateway.context import Arrival
 from tiergate.gateway.settlement import Settlements
 
-__all__ = ["AnswerTranslator", "ChatHandler", "ErrorFormat", "Surface", "SurfaceEndpoint", "SurfaceLimits", "Translated", "authorization", "sse_event"]
+__all__ = ["AnswerTranslator", "ChatHandler", "ErrorFormat", "Surface", "SurfaceEndpoint", "SurfaceLimits",
+           "Translated", "authorization", "sse_event"]
 
 _CHAT_PATH = "/v1/chat/completions"
 _any = msgspec.json.Decoder()  # a backend's bytes, any at all (`decode_json` turns every failure into DecodeError)

@@ -90,25 +90,25 @@ def test_messages_answer_is_the_chat_answer_streamed_or_not(gw: ThreadedGateway)
     messages = [{"role": "user", "content": PROMPT}]
     chat = _chat(gw, messages=[{"role": "system", "content": "Be brief."}, *messages], max_tokens=24)
     client = _anthropic(gw)
-    raw = client.messages.with_raw_response.create(model="auto", system="Be brief.", messages=messages,  # type: ignore[arg-type]
+    raw = client.messages.with_raw_response.create(model="auto", system="Be brief.", messages=messages,
                                                    max_tokens=24, extra_body=T0)
     msg = raw.parse()
     # Routed by the policy's rule; the chat request just before may have filled the cache with this very answer.
     assert raw.headers["x-tiergate-rule"] == "default" and raw.headers["x-tiergate-tier"] in ("edge", "cache")
     assert msg.type == "message" and msg.role == "assistant"
     assert [b.type for b in msg.content] == ["text"]
-    assert msg.content[0].text == chat["choices"][0]["message"]["content"]  # type: ignore[union-attr]
+    assert msg.content[0].text == chat["choices"][0]["message"]["content"]
     assert msg.usage.input_tokens + (msg.usage.cache_read_input_tokens or 0) == chat["usage"]["prompt_tokens"]
     assert msg.usage.output_tokens == chat["usage"]["completion_tokens"]
     assert msg.stop_reason == {"stop": "end_turn", "length": "max_tokens"}[chat["choices"][0]["finish_reason"]]
 
-    with client.messages.stream(model="auto", system="Be brief.", messages=messages,  # type: ignore[arg-type]
+    with client.messages.stream(model="auto", system="Be brief.", messages=messages,
                                 max_tokens=24, extra_body=T0) as stream:
         events = [e.type for e in stream]
         final = stream.get_final_message()
     assert events[0] == "message_start" and events[-1] == "message_stop"
     assert "content_block_delta" in events and "message_delta" in events
-    assert final.content[0].text == msg.content[0].text  # type: ignore[union-attr]
+    assert final.content[0].text == msg.content[0].text
     assert final.stop_reason == msg.stop_reason
     assert final.usage.output_tokens == msg.usage.output_tokens
 
@@ -118,33 +118,33 @@ def test_messages_tool_round_trip_streamed_and_not(gw: ThreadedGateway) -> None:
     ask = [{"role": "user", "content": TOOL_PROMPT}]
     chat = _chat(gw, messages=ask, tools=[WEATHER_TOOL_CHAT], tool_choice="required", max_tokens=48)
     chat_call = chat["choices"][0]["message"]["tool_calls"][0]["function"]
-    msg = client.messages.create(model="auto", messages=ask, tools=[WEATHER_TOOL_ANTHROPIC],  # type: ignore[arg-type, list-item]
+    msg = client.messages.create(model="auto", messages=ask, tools=[WEATHER_TOOL_ANTHROPIC],
                                  tool_choice={"type": "any"}, max_tokens=48, extra_body=T0)
     assert msg.stop_reason == "tool_use"
     use = next(b for b in msg.content if b.type == "tool_use")
-    assert use.name == "get_weather" and use.input == json.loads(chat_call["arguments"])  # type: ignore[union-attr]
-    jsonschema.validate(use.input, WEATHER_SCHEMA)  # type: ignore[union-attr]
+    assert use.name == "get_weather" and use.input == json.loads(chat_call["arguments"])
+    jsonschema.validate(use.input, WEATHER_SCHEMA)
 
-    with client.messages.stream(model="auto", messages=ask, tools=[WEATHER_TOOL_ANTHROPIC],  # type: ignore[arg-type, list-item]
+    with client.messages.stream(model="auto", messages=ask, tools=[WEATHER_TOOL_ANTHROPIC],
                                 tool_choice={"type": "any"}, max_tokens=48, extra_body=T0) as stream:
         kinds = {(e.type, getattr(getattr(e, "delta", None), "type", None)) for e in stream}
         streamed = stream.get_final_message()
     assert ("content_block_delta", "input_json_delta") in kinds
     streamed_use = next(b for b in streamed.content if b.type == "tool_use")
-    assert streamed.stop_reason == "tool_use" and streamed_use.input == use.input  # type: ignore[union-attr]
+    assert streamed.stop_reason == "tool_use" and streamed_use.input == use.input
 
     # The second turn: the call and its result go back; with tool_choice none the answer is text, and it is the
     # chat answer to the same conversation.
     follow = [*ask, {"role": "assistant", "content": [b.model_dump() for b in msg.content]},
-              {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id, "content": TOOL_RESULT}]}]  # type: ignore[union-attr]
+              {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id, "content": TOOL_RESULT}]}]
     chat2 = _chat(gw, max_tokens=32, tools=[WEATHER_TOOL_CHAT], tool_choice="none", messages=[
         *ask, {"role": "assistant", "content": None, "tool_calls": [
-            {"id": use.id, "type": "function", "function": {"name": "get_weather", "arguments": chat_call["arguments"]}}]},  # type: ignore[union-attr]
-        {"role": "tool", "tool_call_id": use.id, "content": TOOL_RESULT}])  # type: ignore[union-attr]
-    reply = client.messages.create(model="auto", messages=follow, tools=[WEATHER_TOOL_ANTHROPIC],  # type: ignore[arg-type, list-item]
+            {"id": use.id, "type": "function", "function": {"name": "get_weather", "arguments": chat_call["arguments"]}}]},
+        {"role": "tool", "tool_call_id": use.id, "content": TOOL_RESULT}])
+    reply = client.messages.create(model="auto", messages=follow, tools=[WEATHER_TOOL_ANTHROPIC],
                                    tool_choice={"type": "none"}, max_tokens=32, extra_body=T0)
     assert [b.type for b in reply.content] == ["text"]
-    assert reply.content[0].text == chat2["choices"][0]["message"]["content"]  # type: ignore[union-attr]
+    assert reply.content[0].text == chat2["choices"][0]["message"]["content"]
 
 
 def test_the_surfaces_share_the_pipelines_cache_and_metrics(gw: ThreadedGateway) -> None:
@@ -159,17 +159,17 @@ def test_the_surfaces_share_the_pipelines_cache_and_metrics(gw: ThreadedGateway)
     seen: list[Any] = []
 
     def messages_hit() -> bool:  # the answer is stored after it went out: ask until the cache has it
-        r = client.messages.with_raw_response.create(model="auto", max_tokens=16, messages=question,  # type: ignore[arg-type]
+        r = client.messages.with_raw_response.create(model="auto", max_tokens=16, messages=question,
                                                      extra_body=T0)
         seen.append(r)
         return r.headers["x-tiergate-cache"] == "hit-exact"
 
     wait_until(messages_hit, timeout_s=30, what="the chat answer served to a Messages request from the cache")
     assert seen[-1].parse().content[0].text == text and seen[-1].headers["x-tiergate-tier"] == "cache"
-    with client.messages.stream(model="auto", max_tokens=16, messages=question, extra_body=T0) as stream:  # type: ignore[arg-type]
-        assert stream.get_final_message().content[0].text == text  # type: ignore[union-attr]
+    with client.messages.stream(model="auto", max_tokens=16, messages=question, extra_body=T0) as stream:
+        assert stream.get_final_message().content[0].text == text
         assert stream.response.headers["x-tiergate-cache"] == "hit-exact"
-    resp = _openai(gw).responses.with_raw_response.create(model="auto", input=question, max_output_tokens=16,  # type: ignore[arg-type]
+    resp = _openai(gw).responses.with_raw_response.create(model="auto", input=question, max_output_tokens=16,
                                                           temperature=0)
     assert resp.headers["x-tiergate-cache"] == "hit-exact" and resp.parse().output_text == text
     assert _metric(gw, "tiergate_requests_total", endpoint="messages", tier="cache") >= before + 1
@@ -180,13 +180,13 @@ def test_messages_errors_are_anthropic_errors(gw: ThreadedGateway) -> None:
     with pytest.raises(anthropic.AuthenticationError) as auth:
         _anthropic(gw, key="wrong").messages.create(model="auto", max_tokens=8,
                                                     messages=[{"role": "user", "content": "hi"}])
-    assert auth.value.body["error"]["type"] == "authentication_error"  # type: ignore[index]
+    assert auth.value.body["error"]["type"] == "authentication_error"
     with pytest.raises(anthropic.NotFoundError):
         _anthropic(gw).messages.create(model="no-such-model", max_tokens=8,
                                        messages=[{"role": "user", "content": "hi"}])
     with pytest.raises(anthropic.BadRequestError, match="web_search"):
         _anthropic(gw).messages.create(model="auto", max_tokens=8, messages=[{"role": "user", "content": "hi"}],
-                                       tools=[{"type": "web_search_20250305", "name": "web_search"}])  # type: ignore[list-item]
+                                       tools=[{"type": "web_search_20250305", "name": "web_search"}])
     r = httpx.post(gw.url + "/v1/messages", headers={"x-api-key": KEY, "anthropic-version": "2023-06-01"},
                    json={"model": "auto", "messages": [{"role": "user", "content": "hi"}]})
     assert r.status_code == 400
@@ -201,7 +201,7 @@ def test_messages_count_tokens_is_the_policys_count(gw: ThreadedGateway) -> None
     client = _anthropic(gw)
     messages = [{"role": "user", "content": PROMPT}]
     chat_messages = [{"role": "system", "content": "Be brief."}, *messages]
-    counted = client.messages.count_tokens(model="auto", messages=messages, system="Be brief.")  # type: ignore[arg-type]
+    counted = client.messages.count_tokens(model="auto", messages=messages, system="Be brief.")
     policy_count = TokenCounter("builtin:default").count(decode_chat(json.dumps(
         {"model": "auto", "messages": chat_messages}).encode()))
     assert counted.input_tokens == policy_count
@@ -210,7 +210,7 @@ def test_messages_count_tokens_is_the_policys_count(gw: ThreadedGateway) -> None
     longer = client.messages.count_tokens(model="auto", messages=[{"role": "user", "content": PROMPT * 3}])
     assert longer.input_tokens > counted.input_tokens
     with pytest.raises(anthropic.AuthenticationError):
-        _anthropic(gw, key="wrong").messages.count_tokens(model="auto", messages=messages)  # type: ignore[arg-type]
+        _anthropic(gw, key="wrong").messages.count_tokens(model="auto", messages=messages)
 
 
 # ---- OpenAI Responses ---------------------------------------------------------------------------------------------
@@ -234,8 +234,8 @@ def test_responses_answer_is_the_chat_answer_streamed_or_not(gw: ThreadedGateway
     assert types[:2] == ["response.created", "response.in_progress"]
     assert types[-1] == f"response.{resp.status}"
     assert [e.sequence_number for e in events] == list(range(len(events)))
-    deltas = "".join(e.delta for e in events if e.type == "response.output_text.delta")  # type: ignore[union-attr]
-    assert deltas == resp.output_text == events[-1].response.output_text  # type: ignore[union-attr]
+    deltas = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    assert deltas == resp.output_text == events[-1].response.output_text
 
 
 def test_responses_tool_round_trip_streamed_and_not(gw: ThreadedGateway) -> None:
@@ -243,16 +243,16 @@ def test_responses_tool_round_trip_streamed_and_not(gw: ThreadedGateway) -> None
     chat = _chat(gw, messages=[{"role": "user", "content": TOOL_PROMPT}], tools=[WEATHER_TOOL_CHAT],
                  tool_choice="required", max_tokens=48)
     chat_args = chat["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"]
-    resp = client.responses.create(model="auto", input=TOOL_PROMPT, tools=[WEATHER_TOOL_RESPONSES],  # type: ignore[list-item]
+    resp = client.responses.create(model="auto", input=TOOL_PROMPT, tools=[WEATHER_TOOL_RESPONSES],
                                    tool_choice="required", max_output_tokens=48, temperature=0)
     call = next(o for o in resp.output if o.type == "function_call")
     assert call.name == "get_weather" and json.loads(call.arguments) == json.loads(chat_args)
 
-    events = list(client.responses.create(model="auto", input=TOOL_PROMPT, tools=[WEATHER_TOOL_RESPONSES],  # type: ignore[list-item]
+    events = list(client.responses.create(model="auto", input=TOOL_PROMPT, tools=[WEATHER_TOOL_RESPONSES],
                                           tool_choice="required", max_output_tokens=48, temperature=0, stream=True))
-    args = "".join(e.delta for e in events if e.type == "response.function_call_arguments.delta")  # type: ignore[union-attr]
+    args = "".join(e.delta for e in events if e.type == "response.function_call_arguments.delta")
     done = next(e for e in events if e.type == "response.function_call_arguments.done")
-    assert json.loads(args) == json.loads(done.arguments) == json.loads(call.arguments)  # type: ignore[union-attr]
+    assert json.loads(args) == json.loads(done.arguments) == json.loads(call.arguments)
 
     chat2 = _chat(gw, max_tokens=32, tools=[WEATHER_TOOL_CHAT], tool_choice="none", messages=[
         {"role": "user", "content": TOOL_PROMPT},
@@ -260,8 +260,8 @@ def test_responses_tool_round_trip_streamed_and_not(gw: ThreadedGateway) -> None
             {"id": call.call_id, "type": "function", "function": {"name": call.name, "arguments": call.arguments}}]},
         {"role": "tool", "tool_call_id": call.call_id, "content": TOOL_RESULT}])
     reply = client.responses.create(
-        model="auto", tools=[WEATHER_TOOL_RESPONSES], tool_choice="none", max_output_tokens=32, temperature=0,  # type: ignore[list-item]
-        input=[{"role": "user", "content": TOOL_PROMPT}, call.model_dump(),  # type: ignore[list-item]
+        model="auto", tools=[WEATHER_TOOL_RESPONSES], tool_choice="none", max_output_tokens=32, temperature=0,
+        input=[{"role": "user", "content": TOOL_PROMPT}, call.model_dump(),
                {"type": "function_call_output", "call_id": call.call_id, "output": TOOL_RESULT}])
     assert reply.output_text == chat2["choices"][0]["message"]["content"]
     assert all(o.type == "message" for o in reply.output)
@@ -281,7 +281,7 @@ def test_responses_refuse_what_a_stateless_gateway_cannot_do(gw: ThreadedGateway
     for extra, word in (({"store": True}, "store"), ({"previous_response_id": "resp_1"}, "previous_response_id"),
                         ({"tools": [{"type": "web_search"}]}, "web_search")):
         with pytest.raises(openai.BadRequestError, match=word) as err:
-            client.responses.create(model="auto", input="hi", max_output_tokens=8, **extra)  # type: ignore[arg-type]
+            client.responses.create(model="auto", input="hi", max_output_tokens=8, **extra)
         assert err.value.status_code == 400
     with pytest.raises(openai.AuthenticationError):
         openai.OpenAI(base_url=gw.url + "/v1", api_key="wrong", max_retries=0).responses.create(model="auto", input="hi")

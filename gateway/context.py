@@ -217,7 +217,7 @@ class UpstreamBody:
 def answer_headers(ctx: RequestContext, outcome: Outcome, tier: str, overhead_s: float | None = None) -> dict[str, str]:
     """The headers of an answer: where it came from, the rule that sent it there, the gateway's own time."""
     h = {"x-request-id": ctx.request_id, "x-tiergate-tier": tier, "x-tiergate-cache": outcome.cache,
-         "x-tiergate-rule": ctx.decision.rule}
+         "x-tiergate-rule": ctx.decision.rule, "x-tiergate-prompt-tokens": str(ctx.features.prompt_tokens)}
     if outcome.similarity is not None:  # x-tiergate-similarity: the older name, kept for existing clients
         h["x-tiergate-cache-similarity"] = h["x-tiergate-similarity"] = f"{outcome.similarity:.4f}"
     if outcome.cascade is not None:

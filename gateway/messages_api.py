@@ -12,7 +12,7 @@ The answer: a chat completion becomes a `message` with text and `tool_use` block
 Anthropic's events (message_start, content_block_start/delta/stop with text_delta and input_json_delta,
 message_delta with the stop reason and usage, message_stop). The stream asks the pipeline for usage
 (`stream_options.include_usage`) so `message_delta` carries the tokens the tier counted; `message_start` carries
-zeros, as the tier counts the prompt only as it answers.
+the gateway's own count of the prompt (the tier counts it only as it answers).
 
 Tested in `tests/gateway/test_messages_api.py` and `tests/integration/test_api_surfaces.py`.
 """
@@ -309,6 +309,10 @@ class _Back:
 
     def error(self, status: int, error: dict[str, Any]) -> bytes:
         return anthropic_error(status, error)
+
+    def prompt_tokens(self, count: int) -> None:
+        """`message_start` carries the gateway's count; `message_delta` then gives the tier's own."""
+        self._usage = {**self._usage, "input_tokens": count}
 
     def _message(self, content: list[dict[str, Any]], stop: str | None, usage: dict[str, int]) -> dict[str, Any]:
         return {"id": self._id, "type": "message", "role": "assistant", "model": self._model, "content": content,

@@ -273,6 +273,8 @@ _HEADERS = {
     "x-tiergate-cache": (True, "hit-exact, hit-semantic, miss or bypass."),
     "x-tiergate-rule": (True, "Name of the policy rule that routed the request."),
     "x-tiergate-overhead-ms": (True, "Time spent in the gateway itself, in milliseconds."),
+    "x-tiergate-prompt-tokens": (True, "The prompt's tokens as the routing policy counts them (its rules, the tier's "
+                                       "context and the token budgets use this count); the tier's own is in `usage`."),
     "x-tiergate-fallback-from": (False, "The tier the decision named first, when a fallback tier answered."),
     "x-tiergate-cache-similarity": (False, "Cosine similarity of the cached request, on a semantic hit."),
     "x-tiergate-similarity": (False, "The same as `x-tiergate-cache-similarity` (its older name)."),

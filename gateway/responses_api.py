@@ -279,6 +279,9 @@ class _Back:
     def error(self, status: int, error: dict[str, Any]) -> bytes:
         return msgspec.json.encode({"error": error})
 
+    def prompt_tokens(self, count: int) -> None:
+        """Unused: a Responses stream gives usage only in its last event, the tier's."""
+
     def _response(self, status: str, output: list[dict[str, Any]], usage: dict[str, Any] | None) -> dict[str, Any]:
         req = self._req
         fmt = req.text.format if req.text is not None and req.text.format is not None else None

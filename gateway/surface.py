@@ -47,6 +47,9 @@ class AnswerTranslator(ErrorFormat, Protocol):
 
     def answer(self, chat: dict[str, Any]) -> bytes: ...
 
+    def prompt_tokens(self, count: int) -> None:
+        """The gateway's count of the prompt, known before a stream's first event (`x-tiergate-prompt-tokens`)."""
+
     def chunk(self, chat: dict[str, Any]) -> bytes: ...
 
     def done(self) -> bytes: ...
@@ -173,6 +176,10 @@ class _Rewriter:
             ctype = dict(message.get("headers", [])).get(b"content-type", b"")
             self._stream = self._status == 200 and ctype.startswith(_SSE) and self._back is not None
             if self._stream:
+                assert self._back is not None
+                count = dict(message.get("headers", [])).get(b"x-tiergate-prompt-tokens", b"")
+                if count.isdigit():
+                    self._back.prompt_tokens(int(count))
                 await self._send({**message, "headers": _without_length(message.get("headers", []))})
             return
         if kind != "http.response.body":

@@ -104,6 +104,9 @@ def test_messages_stream_is_anthropics_event_sequence(tool_gw: ThreadedGateway) 
         "content_block_start", "content_block_delta", "content_block_delta", "content_block_stop",
         "message_delta", "message_stop"]
     assert all(data["type"] == name for name, data in events)
+    # the gateway's count of the prompt at the start (the tier's own comes in message_delta)
+    counted = int(r.headers["x-tiergate-prompt-tokens"])
+    assert counted > 0 and events[0][1]["message"]["usage"]["input_tokens"] == counted
     assert events[1][1] == {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}
     assert "".join(d["delta"]["text"] for n, d in events if n == "content_block_delta" and d["index"] == 0) \
         == "Let me look."

@@ -104,9 +104,11 @@ def test_messages_answer_is_the_chat_answer_streamed_or_not(gw: ThreadedGateway)
 
     with client.messages.stream(model="auto", system="Be brief.", messages=messages,
                                 max_tokens=24, extra_body=T0) as stream:
-        events = [e.type for e in stream]
+        seen = list(stream)
         final = stream.get_final_message()
+    events = [e.type for e in seen]
     assert events[0] == "message_start" and events[-1] == "message_stop"
+    assert seen[0].message.usage.input_tokens > 0  # the gateway's count, before the tier's comes in message_delta
     assert "content_block_delta" in events and "message_delta" in events
     assert final.content[0].text == msg.content[0].text
     assert final.stop_reason == msg.stop_reason

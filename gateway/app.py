@@ -3,6 +3,8 @@
 Where each route's work lives:
 - `/v1/chat/completions`, `/v1/completions`: `gateway.pipeline.CompletionPipeline` (the request path), answered
   through `gateway.relay.Relay`, accounted by `gateway.accounting.Accounting`;
+- `/v1/messages` (Anthropic Messages), `/v1/responses` (OpenAI Responses): translated into chat requests and
+  answered by that same pipeline (`gateway.surface`, `gateway.messages_api`, `gateway.responses_api`);
 - `/v1/models`, `/healthz`, `/readyz`, `/metrics` (the key `TIERGATE_METRICS_KEY`, if set; `gateway.metrics.exposition`),
   `/openapi.json`: here;
 - `/v1/cache/feedback`: `gateway.feedback.CacheFeedback`; `/v1/usage`: `gateway.usage.UsageEndpoint`;
@@ -34,12 +36,16 @@ from tiergate.gateway.auth import KeyRing
 from tiergate.gateway.edge_auth import EdgeAuth
 from tiergate.gateway.feedback import CacheFeedback
 from tiergate.gateway.lifecycle import Gateway
+from tiergate.gateway.messages_api import MessagesSurface
 from tiergate.gateway.metrics import exposition
 from tiergate.gateway.openapi import openapi_document
 from tiergate.gateway.pipeline import CompletionPipeline, PipelineParts
 from tiergate.gateway.pools.edge_urls import UrlPolicy
+from tiergate.gateway.responses_api import ResponsesSurface
 from tiergate.gateway.settings import Settings
 from tiergate.gateway.status import StatusPage, StatusSource
+from tiergate.gateway.surface import SurfaceEndpoint, SurfaceLimits
+from tiergate.gateway.token_count import TokenCount
 from tiergate.gateway.usage import UsageEndpoint
 
 __all__ = ["create_app"]
@@ -47,7 +53,8 @@ __all__ = ["create_app"]
 log = structlog.get_logger("tiergate.gateway")
 _JSON = "application/json"
 Handler = Callable[[Request], Awaitable[Response]]
-TRACED = frozenset({"/v1/chat/completions", "/v1/completions"})  # the requests that get a trace
+# the requests that get a trace
+TRACED = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/messages", "/v1/responses"})
 
 
 def create_app(settings: Settings | None = None, *, keyring: KeyRing | None = None) -> Starlette:
@@ -67,6 +74,10 @@ def create_app(settings: Settings | None = None, *, keyring: KeyRing | None = No
                                      policy_store=gw.policy_store, draining=gw.is_draining, ready=gw.ready))
     feedback = CacheFeedback(gw.keys, gw.shared_cache)
     usage = UsageEndpoint(gw.keys, gw.budgets, lambda: gw.policy_store.current.policy)
+    surface_limits = SurfaceLimits(gw.settings.max_body_bytes, gw.settings.body_timeout_s)
+    messages_api = SurfaceEndpoint(MessagesSurface(), completions.handle, gw.keys, gw.settlements, surface_limits)
+    responses_api = SurfaceEndpoint(ResponsesSurface(), completions.handle, gw.keys, gw.settlements, surface_limits)
+    count_tokens = TokenCount(gw.keys, gw.tiers, gw.classifier, surface_limits)
 
     async def chat(request: Request) -> Response:
         return await completions.handle(request, "chat")
@@ -120,6 +131,9 @@ def create_app(settings: Settings | None = None, *, keyring: KeyRing | None = No
     routes = [
         Route("/v1/chat/completions", chat, methods=["POST"]),
         Route("/v1/completions", text, methods=["POST"]),
+        Route("/v1/messages", messages_api.handle, methods=["POST"]),
+        Route("/v1/messages/count_tokens", count_tokens.handle, methods=["POST"]),
+        Route("/v1/responses", responses_api.handle, methods=["POST"]),
         Route("/v1/models", _guarded(models), methods=["GET"]),
         Route("/v1/cache/feedback", _guarded(feedback.handle), methods=["POST"]),
         Route("/v1/usage", _guarded(usage.handle), methods=["GET"]),

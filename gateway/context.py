@@ -60,11 +60,12 @@ class Arrival:
 
     request_id: str
     started: float  # perf_counter
-    endpoint: str  # "chat" | "completions": the metrics' and the log's name for the route
+    endpoint: str  # "chat" | "completions" | a surface's ("messages", "responses"): metrics' and logs' route name
 
     @classmethod
-    def now(cls, request_id: str | None, kind: str) -> Arrival:
-        return cls(safe_request_id(request_id), time.perf_counter(), "chat" if kind == "chat" else "completions")
+    def now(cls, request_id: str | None, kind: str, endpoint: str | None = None) -> Arrival:
+        name = endpoint or ("chat" if kind == "chat" else "completions")
+        return cls(safe_request_id(request_id), time.perf_counter(), name)
 
 
 class Held:
@@ -216,7 +217,7 @@ class UpstreamBody:
 def answer_headers(ctx: RequestContext, outcome: Outcome, tier: str, overhead_s: float | None = None) -> dict[str, str]:
     """The headers of an answer: where it came from, the rule that sent it there, the gateway's own time."""
     h = {"x-request-id": ctx.request_id, "x-tiergate-tier": tier, "x-tiergate-cache": outcome.cache,
-         "x-tiergate-rule": ctx.decision.rule}
+         "x-tiergate-rule": ctx.decision.rule, "x-tiergate-prompt-tokens": str(ctx.features.prompt_tokens)}
     if outcome.similarity is not None:  # x-tiergate-similarity: the older name, kept for existing clients
         h["x-tiergate-cache-similarity"] = h["x-tiergate-similarity"] = f"{outcome.similarity:.4f}"
     if outcome.cascade is not None:

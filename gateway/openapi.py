@@ -21,8 +21,10 @@ from tiergate.core.wire import (
     ChatRequest,
     CompletionRequest,
 )
+from tiergate.gateway.messages_api import MessagesRequest
 from tiergate.gateway.params import MAX_TOP_K, SAMPLING_RANGES
 from tiergate.gateway.pools.edge import NodeInfo
+from tiergate.gateway.responses_api import ResponsesRequest
 
 __all__ = ["openapi_document"]
 
@@ -101,8 +103,8 @@ def _controlled(struct: Schema) -> None:
 
 
 def _request_schemas() -> dict[str, Schema]:
-    _, components = msgspec.json.schema_components((ChatRequest, CompletionRequest, NodeInfo),
-                                                   ref_template="#/components/schemas/{name}")
+    _, components = msgspec.json.schema_components((ChatRequest, CompletionRequest, NodeInfo, MessagesRequest,
+                                                    ResponsesRequest), ref_template="#/components/schemas/{name}")
     for struct, limits in _LIMITS.items():
         for field, limit in limits.items():
             _narrow(components[struct]["properties"][field], limit)
@@ -110,6 +112,7 @@ def _request_schemas() -> dict[str, Schema]:
         components[struct]["properties"]["model"]["description"] = _MODEL
         _controlled(components[struct])
     _chat_max_tokens(components["ChatRequest"])
+    _surfaces(components)
     _logprobs(components["ChatRequest"], components["CompletionRequest"])
     components["NodeInfo"]["description"] = ("An edge node's heartbeat: registers it (first time) or refreshes its "
                                              "load; `tier` names an edge tier, default the policy's first.")
@@ -120,6 +123,66 @@ def _request_schemas() -> dict[str, Schema]:
         "additionalProperties": {"type": ["string", "null"]},  # decoded as dict[str, str | None]
     }
     return components
+
+
+_NULL: Schema = {"type": "null"}
+_STATELESS = "Refused with 400: this gateway keeps no responses (send the whole conversation as `input`)."
+_TEXT_PART: Schema = {"type": "object", "required": ["type"],
+                      "properties": {"type": {"enum": ["input_text", "output_text", "text"]},
+                                     "text": {"type": ["string", "null"]}}}
+_IMAGE_PART: Schema = {"type": "object", "required": ["type", "image_url"],
+                       "properties": {"type": {"const": "input_image"}, "image_url": {"type": "string"}}}
+_PARTS: Schema = {"type": "array", "items": {"anyOf": [_TEXT_PART, _IMAGE_PART]}}
+_CALL_ID: Schema = {"type": "string", "minLength": 1}
+# What `responses_api.to_chat` checks beyond the struct's types, by the item's `type` (a message may leave it out).
+_RESPONSES_ITEM: Schema = {"anyOf": [
+    {"type": "object", "required": ["role"], "properties": {
+        "type": {"const": "message"}, "role": {"enum": ["user", "assistant", "system", "developer"]},
+        "content": {"anyOf": [{"type": "string"}, _PARTS, _NULL]}}},
+    {"type": "object", "required": ["type", "call_id", "name"], "properties": {
+        "type": {"const": "function_call"}, "call_id": _CALL_ID, "name": _CALL_ID,
+        "arguments": {"type": ["string", "null"]}}},
+    {"type": "object", "required": ["type", "call_id"], "properties": {
+        "type": {"const": "function_call_output"}, "call_id": _CALL_ID,
+        "output": {"anyOf": [{"type": "string"}, {"type": "array", "items": _TEXT_PART}, _NULL]}}},
+    {"type": "object", "required": ["type"], "properties": {"type": {"const": "reasoning"}}}],
+    "description": "A message (`type` may be left out), a function call, its output, or a reasoning item (ignored)."}
+
+
+def _surfaces(components: dict[str, Schema]) -> None:
+    """The Messages and Responses requests as their translations check them (`gateway.surface`)."""
+    messages = components["MessagesRequest"]
+    messages["properties"]["model"]["description"] = _MODEL
+    components["CountTokensRequest"] = {**messages, "required": [r for r in messages["required"] if r != "max_tokens"],
+                                        "description": "A Messages request; `max_tokens` and `stream` are ignored."}
+    resp = components["ResponsesRequest"]
+    props = resp["properties"]
+    props["model"]["description"] = _MODEL
+    for name in ("temperature", "top_p"):
+        _narrow(props[name], _SAMPLING[name])
+    props["store"] = {"enum": [False, None], "description": _STATELESS}
+    props["previous_response_id"] = {**_NULL, "description": _STATELESS}
+    props["conversation"] = {**_NULL, "description": _STATELESS}
+    props["background"] = {"enum": [False, None], "description": "Answers are given while the request is open."}
+    props["reasoning"] = {"anyOf": [{"type": "object", "additionalProperties": _NULL}, _NULL],
+                          "description": "Only null values: the tiers are not reasoning models."}
+    props["tool_choice"] = {"anyOf": [{"enum": ["auto", "none", "required"]}, {
+        "type": "object", "required": ["type", "name"],
+        "properties": {"type": {"const": "function"}, "name": {"type": "string"}}}, _NULL]}
+    props["input"] = {"anyOf": [{"type": "string"}, {
+        "type": "array", "items": _RESPONSES_ITEM,
+        "contains": {"not": {"required": ["type"], "properties": {"type": {"const": "reasoning"}}}}}]}
+    components["ResponsesTool"]["properties"]["type"] = {
+        "const": "function", "description": "Only function tools: built-in tools (web search, file search, ...) "
+                                            "run on OpenAI's servers and are refused with 400."}
+    components["ResponsesTool"]["properties"]["name"] = {"type": "string", "minLength": 1}
+    components["ResponsesTool"]["required"] = ["type", "name"]
+    components["ResponsesText"]["properties"]["format"] = {"anyOf": [
+        {"type": "object", "required": ["type"], "properties": {"type": {"enum": ["text", "json_object"]}}},
+        {"type": "object", "required": ["type", "name", "schema"],
+         "properties": {"type": {"const": "json_schema"}, "name": {"type": "string", "minLength": 1},
+                        "schema": {"type": "object"}, "strict": {"type": ["boolean", "null"]},
+                        "description": {"type": ["string", "null"]}}}, _NULL]}
 
 
 def _obj(required: list[str], **props: Schema) -> Schema:
@@ -134,6 +197,19 @@ _ANSWERS: dict[str, Schema] = {
     "Completion": {**_obj(["id", "object", "created", "model", "choices"], id=_STR, object=_STR, created=_INT,
                           model=_STR, choices={"type": "array", "items": {"type": "object"}}, usage={"type": "object"}),
                    "description": "The backend's answer, relayed as it came (or rendered from the cache)."},
+    "AnthropicError": _obj(["type", "error"], type={"const": "error"}, error=_obj(
+        ["type", "message"], type=_STR, message=_STR)),
+    "AnthropicMessage": {**_obj(["id", "type", "role", "model", "content", "stop_reason", "usage"], id=_STR,
+                                type={"const": "message"}, role={"const": "assistant"}, model=_STR,
+                                content={"type": "array", "items": {"type": "object"}},
+                                stop_reason={"type": ["string", "null"]}, usage=_obj(
+                                    ["input_tokens", "output_tokens"], input_tokens=_INT, output_tokens=_INT)),
+                         "description": "The answer in Anthropic's shape: `text` and `tool_use` blocks."},
+    "TokenCount": _obj(["input_tokens"], input_tokens=_INT),
+    "Response": {**_obj(["id", "object", "created_at", "status", "model", "output"], id=_STR,
+                        object={"const": "response"}, created_at=_INT, status=_STR, model=_STR,
+                        output={"type": "array", "items": {"type": "object"}}, usage={"type": ["object", "null"]}),
+                 "description": "The answer as a Responses API `response`: `message` and `function_call` items."},
     "ModelList": _obj(["object", "data"], object={"const": "list"}, data={"type": "array", "items": _obj(
         ["id", "object", "created", "owned_by"], id=_STR, object={"const": "model"}, created=_INT, owned_by=_STR)}),
     "Readiness": _obj(["ready", "draining", "policy", "tiers"], ready=_BOOL, draining=_BOOL, policy=_STR,
@@ -183,6 +259,8 @@ _SECURITY_SCHEMES = {
     "nodeKey": {"type": "http", "scheme": "bearer", "description": "The node's own key, derived from "
                 "TIERGATE_EDGE_SECRET and its node id (`tiergate edge node-key ID`): the only credential that "
                 "refreshes, replaces or removes a registration it did not make itself."},
+    "anthropicKey": {"type": "apiKey", "in": "header", "name": "x-api-key",
+                     "description": "A tenant's API key as Anthropic's clients send it (on /v1/messages)."},
     "dashboardKey": {"type": "apiKey", "in": "query", "name": "key",
                      "description": "The admin key in the URL, for a browser: `/dashboard` answers 303 with a cookie."},
     "dashboardCookie": {"type": "apiKey", "in": "cookie", "name": "tiergate_dashboard",
@@ -195,6 +273,8 @@ _HEADERS = {
     "x-tiergate-cache": (True, "hit-exact, hit-semantic, miss or bypass."),
     "x-tiergate-rule": (True, "Name of the policy rule that routed the request."),
     "x-tiergate-overhead-ms": (True, "Time spent in the gateway itself, in milliseconds."),
+    "x-tiergate-prompt-tokens": (True, "The prompt's tokens as the routing policy counts them (its rules, the tier's "
+                                       "context and the token budgets use this count); the tier's own is in `usage`."),
     "x-tiergate-fallback-from": (False, "The tier the decision named first, when a fallback tier answered."),
     "x-tiergate-cache-similarity": (False, "Cosine similarity of the cached request, on a semantic hit."),
     "x-tiergate-similarity": (False, "The same as `x-tiergate-cache-similarity` (its older name)."),
@@ -276,11 +356,41 @@ def _completion(schema: str, summary: str) -> Schema:
     })}
 
 
+def _surface(request: str, answer: str, error: str, summary: str, stream: str) -> Schema:
+    """A surface's operation: its answer and errors documented like a completion's, in its own shapes."""
+    op = _completion(request, summary)["post"]
+    ok = op["responses"]["200"]
+    ok["description"] = f"The answer (JSON), or {stream} when `stream` is true."
+    ok["content"]["application/json"]["schema"] = _ref(answer)
+    for status, doc in op["responses"].items():
+        if status != "200":
+            doc["content"]["application/json"]["schema"] = _ref(error)
+    if error == "AnthropicError":
+        op["security"] = [{"apiKey": []}, {"anthropicKey": []}]
+    return {"post": op}
+
+
 def _paths() -> dict[str, Schema]:
     ok = {"ok": {"const": True}}
+    count = _op("Count a Messages request's prompt tokens as the routing policy does (nothing is generated).",
+                security=["apiKey", "anthropicKey"], requestBody=_body(_ref("CountTokensRequest")), responses={
+                    "200": _json("The count.", _ref("TokenCount")),
+                    "400": _json("Not a Messages request; the message names the field.", _ref("AnthropicError")),
+                    "401": _json("Missing or invalid API key.", _ref("AnthropicError")),
+                    "404": _json("Unknown `model`.", _ref("AnthropicError")),
+                    "413": _json("Body over TIERGATE_MAX_BODY_BYTES.", _ref("AnthropicError"))})
     return {
         "/v1/chat/completions": _completion("ChatRequest", "Create a chat completion."),
         "/v1/completions": _completion("CompletionRequest", "Create a text completion."),
+        "/v1/messages": _surface("MessagesRequest", "AnthropicMessage", "AnthropicError",
+                                 "Anthropic Messages, answered through the chat pipeline; errors in Anthropic's "
+                                 "format. The key as `x-api-key` or a bearer token.",
+                                 "Anthropic's SSE events (message_start ... message_stop)"),
+        "/v1/messages/count_tokens": {"post": count},
+        "/v1/responses": _surface("ResponsesRequest", "Response", "Error",
+                                  "OpenAI Responses, answered through the chat pipeline. Stateless: nothing is "
+                                  "stored.", "the Responses API's SSE events (response.created ... "
+                                             "response.completed)"),
         "/v1/models": {"get": _op("List models: `auto` and one per tier.", security=["apiKey"], responses={
             "200": _json("The models.", _ref("ModelList")), "401": _error("Missing or invalid API key.")})},
         "/v1/cache/feedback": {"post": _op(

@@ -89,9 +89,11 @@ class CompletionPipeline:
         self._cascade = CascadeRunner(parts.dispatcher, parts.metrics, parts.relay,
                                       parts.router.judged if parts.router is not None else None)
 
-    async def handle(self, request: Request, kind: str) -> Response:
+    async def handle(self, request: Request, kind: str, endpoint: str | None = None) -> Response:
+        """Answer one request of `kind` ("chat" or "text"); `endpoint` names the route in metrics and logs when it
+        is not the kind's own (a surface translated into chat: `gateway.surface`)."""
         gw = self._parts
-        arrival = Arrival.now(request.headers.get("x-request-id"), kind)
+        arrival = Arrival.now(request.headers.get("x-request-id"), kind, endpoint)
         settle = gw.settlements.open(arrival)  # the one place this request's ending is settled, whichever it is
         tenant: Tenant | None = None
         features: Features | None = None

@@ -162,14 +162,16 @@ def docs_table(out: dict) -> str:
 one of {len(MUTATORS)} mutators in turn ({', '.join(MUTATORS)}), sent as raw bytes over a socket; a hang is no answer
 within {out['timeout_s']:g} s. "uvicorn 400" counts requests that are not HTTP at all (a control character in a header,
 a raw byte in the path): uvicorn answers those itself with a plain-text 400 before any of our code runs. Every other
-error was an OpenAI error object. "Still serves" is a normal completion answered 200 after the surface's run.
+error was an OpenAI error object (Anthropic's, with the same `error.message` and `error.type`, on /v1/messages).
+"Still serves" is a normal completion answered 200 after the surface's run.
 
 | surface | cases | answered | 5xx | hangs | closed unanswered | statuses | uvicorn 400 | still serves | seconds |
 |---|---:|---:|---:|---:|---:|---|---:|---|---:|
 {rows}
 
 Peak RSS: {rss}. The suite runs the same generator with seed 0 (`tests/fuzz/test_byte_fuzz.py`: 192 gateway-API,
-68 admin, 68 registration and 136 edge-node cases, a few seconds).
+136 gateway-surfaces (Anthropic Messages and Responses), 68 admin, 68 registration and 136 edge-node cases, a few
+seconds).
 """
 
 
@@ -189,7 +191,7 @@ def main() -> int:
         gw, reg, edge = procs["gateway"], procs["gateway-registration"], procs["edge-node"]
         node_url = procs["edge-backend"].health_url.removesuffix("/health")
         target = Target(API_KEY, ADMIN_KEY, EDGE_TOKEN, node_url)
-        where = {"gateway-api": gw, "gateway-admin": gw, "edge-registration": reg, "edge-node": edge}
+        where = {"gateway-api": gw, "gateway-surfaces": gw, "gateway-admin": gw, "edge-registration": reg, "edge-node": edge}
         surfaces = []
         for surface in SURFACES:
             server = where[surface]

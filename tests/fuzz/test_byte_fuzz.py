@@ -68,7 +68,7 @@ def test_edge_registration_that_is_not_utf8_is_a_400(gateway, path, body):
 # ---- the deterministic run -----------------------------------------------------------------------------------
 
 SEED = 0
-CASES = {"gateway-api": 192, "gateway-admin": 68, "edge-registration": 68, "edge-node": 136}
+CASES = {"gateway-api": 192, "gateway-surfaces": 136, "gateway-admin": 68, "edge-registration": 68, "edge-node": 136}
 
 
 def run(port: int, surface: str, node_url: str) -> list[Result]:
@@ -98,7 +98,7 @@ def still_serves(url: str, path: str, body: dict, headers: dict) -> None:
     assert r.status_code == 200 and r.json()["choices"], r.text[:300]
 
 
-@pytest.mark.parametrize("surface", ["gateway-api", "gateway-admin", "edge-registration"])
+@pytest.mark.parametrize("surface", ["gateway-api", "gateway-surfaces", "gateway-admin", "edge-registration"])
 def test_no_byte_sequence_gets_a_5xx_from_the_gateway(gateway, tmp_path, surface):
     url = gateway["gw"].url
     if surface == "edge-registration":  # the nodes it registers must not receive the other surfaces' completions

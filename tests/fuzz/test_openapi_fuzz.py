@@ -6,8 +6,10 @@ a valid `model` most of the time so that requests also get past routing into dis
 Edge registration is fuzzed on a gateway of its own, so that the nodes it registers do not receive the
 completions. For every answer:
 - the gateway's own code never answers 5xx (with healthy instant backends no upstream error is possible either);
-- every error the document gives as `Error` is the OpenAI shape `{"error": {"message", "type", "code", "param"}}`;
-- a 200 completion is a complete answer: JSON with choices, or SSE chunks ending in `data: [DONE]`;
+- every error the document gives as `Error` is the OpenAI shape `{"error": {"message", "type", "code", "param"}}`,
+  as `AnthropicError` (on /v1/messages) Anthropic's `{"type": "error", "error": {"type", "message"}}`;
+- a 200 completion is a complete answer: JSON with choices, or SSE chunks ending in `data: [DONE]`; a 200 stream of
+  the Messages or Responses API is named events ending in `message_stop` or `response.completed`/`incomplete`;
 - schemathesis' own checks pass (status codes, content types, headers and bodies as documented; schema-valid
   inputs accepted, schema-violating ones refused);
 - the gateway is still healthy and ready afterwards (no crash).
@@ -44,6 +46,7 @@ CREDENTIALS = {"apiKey": AUTH, "adminKey": {"Authorization": f"Bearer {ADMIN_KEY
                "edgeToken": {"Authorization": f"Bearer {EDGE_TOKEN}", **CLAIM},
                "metricsKey": {"Authorization": f"Bearer {METRICS_KEY}"}}
 MODELS = ["auto", "auto", "tiergate-edge", "tiergate-cloud", None]  # None: keep what schemathesis generated
+SURFACES = {"/v1/messages", "/v1/messages/count_tokens", "/v1/responses"}  # served through the chat pipeline
 _DOC = json.loads(openapi_document())
 OPERATIONS = [(path, method.upper()) for path, item in _DOC["paths"].items() for method in item]
 EXAMPLES = {"POST": 150, "GET": 25}
@@ -89,12 +92,19 @@ def credentials(path: str, method: str) -> dict[str, str] | None:
     return CREDENTIALS[next(iter(security[0]))] if security else None
 
 
-def documented_error(path: str, method: str, status: int) -> bool:
-    """Does the document give this answer as an OpenAI error (exact status first, then its `4XX`/`5XX` range)?"""
+def served(path: str) -> bool:
+    """Answered by a tier (a completion, or a surface over the chat pipeline)?"""
+    return path.endswith("completions") or path in SURFACES
+
+
+def documented_error(path: str, method: str, status: int) -> str | None:
+    """The error shape the document gives this answer (exact status first, then its `4XX`/`5XX` range): `Error`
+    (OpenAI's), `AnthropicError`, or None when it is not documented as an error."""
     responses = _DOC["paths"][path][method.lower()]["responses"]
     documented = responses.get(str(status)) or responses.get(f"{status // 100}XX") or {}
     schema = documented.get("content", {}).get("application/json", {}).get("schema", {})
-    return schema.get("$ref") == "#/components/schemas/Error"
+    shape = schema.get("$ref", "").removeprefix("#/components/schemas/")
+    return shape if shape in ("Error", "AnthropicError") else None
 
 
 def body_violates_document(path: str, method: str, body) -> bool:
@@ -130,14 +140,36 @@ def check_error_shape(r) -> dict:
     return err
 
 
+def check_anthropic_error_shape(r) -> None:
+    body = r.json()
+    assert set(body) == {"type", "error"} and body["type"] == "error", body
+    assert set(body["error"]) == {"type", "message"} and body["error"]["message"], body
+    assert "Traceback" not in r.text
+
+
 def header(r, name: str) -> str:
     """schemathesis' Response keeps headers as lower-cased name -> list of values."""
     values = r.headers.get(name.lower()) or [""]
     return values[0]
 
 
+def check_surface_stream(r) -> None:
+    """Named events, each `event: NAME` then `data: {"type": NAME, ...}`, ending as a whole answer does."""
+    events = []
+    for block in filter(None, r.text.split("\n\n")):
+        name, data = block.split("\n")
+        assert name.startswith("event: ") and data.startswith("data: "), block[:300]
+        assert msgspec.json.decode(data[6:])["type"] == name[7:]
+        events.append(name[7:])
+    assert events[-1] in ("message_stop", "response.completed", "response.incomplete"), events
+
+
 def check_answer(path: str, r) -> None:
     ctype = header(r, "content-type")
+    if path in SURFACES:
+        if ctype.startswith("text/event-stream"):
+            check_surface_stream(r)
+        return  # a JSON answer: schemathesis checks it against the document's schema
     if ctype.startswith("text/event-stream"):
         events = [line[6:] for line in r.text.splitlines() if line.startswith("data: ")]
         assert events and events[-1] == "[DONE]", r.text[-300:]
@@ -172,7 +204,7 @@ def test_operation(gateway, edge_gateway, schema, path, method, mode):
         positive = mode is GenerationMode.POSITIVE
         if positive and isinstance(case.body, (dict, list)):
             case.body = whole_floats_as_ints(case.body)
-        if positive and path.endswith("completions") and model is not None and isinstance(case.body, dict):
+        if positive and served(path) and model is not None and isinstance(case.body, dict):
             case.body["model"] = model  # still schema-valid: `model` is any string
         # Negative cases: half of them carry a valid key so that their bad bodies get past authentication;
         # such a case may no longer violate the schema (its violation may have been the header).
@@ -183,11 +215,13 @@ def test_operation(gateway, edge_gateway, schema, path, method, mode):
         assert r.status_code < 500, f"{r.status_code} from the gateway: {r.text[:500]}"
         if path in ("/healthz", "/readyz", "/metrics", "/openapi.json"):
             assert r.status_code == 200
+        elif r.status_code >= 400 and documented_error(path, method, r.status_code) == "AnthropicError":
+            check_anthropic_error_shape(r)
         elif r.status_code >= 400 and documented_error(path, method, r.status_code):
             err = check_error_shape(r)
             if mode is GenerationMode.POSITIVE and r.status_code == 400:
                 rejected_valid[str(err["param"])] += 1
-        elif r.status_code == 200 and path.endswith("completions"):
+        elif r.status_code == 200 and served(path):
             check_answer(path, r)
         if mutated and body_violates_document(path, method, case.body):
             assert r.status_code >= 400, f"accepted a body the document forbids: {case.body!r:.500}"
@@ -203,7 +237,7 @@ def test_operation(gateway, edge_gateway, schema, path, method, mode):
         run()
     print(f"{method} {path} {mode.value}: statuses {dict(sorted(statuses.items()))}; schema-valid but refused, "
           f"by param: {dict(rejected_valid)}")
-    if path.endswith("completions") and mode is GenerationMode.POSITIVE:
+    if served(path) and mode is GenerationMode.POSITIVE:
         assert statuses[200] > 0, statuses  # the fuzzing did reach dispatch, not only validation
     health = httpx.get(url + "/readyz", timeout=5)
     assert health.status_code == 200 and health.json()["ready"]

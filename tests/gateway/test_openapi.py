@@ -112,8 +112,10 @@ def test_every_operation_states_its_auth_and_errors():
             if path.startswith("/edge/"):
                 assert security == ["edgeToken", "nodeKey"]
             if security and path != "/dashboard":  # the page itself answers people in HTML
+                # Anthropic's clients read Anthropic's error shape
+                shape = "AnthropicError" if path.startswith("/v1/messages") else "Error"
                 assert op["responses"]["401"]["content"]["application/json"]["schema"] == {
-                    "$ref": "#/components/schemas/Error"}
+                    "$ref": f"#/components/schemas/{shape}"}
 
 
 def test_the_gateway_serves_this_document(gw):

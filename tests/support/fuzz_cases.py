@@ -8,6 +8,8 @@ bytes, wrong content types, odd headers (non-ASCII, huge, duplicated, chunked bo
 
 Surfaces (each a list of seed requests):
 - `gateway-api`: /v1/chat/completions and /v1/completions (JSON and streaming), /v1/models;
+- `gateway-surfaces`: /v1/messages (JSON and streaming, tools, tool results; `x-api-key` or a bearer key),
+  /v1/messages/count_tokens, /v1/responses (JSON and streaming, items with calls and their outputs);
 - `gateway-admin`: /admin/policy/reload, /admin/cache/invalidate, /dashboard/data, /metrics, /readyz;
 - `edge-registration`: /edge/v1/heartbeat, /edge/v1/deregister (on a gateway of their own: see bench/fuzz);
 - `edge-node`: an edge node's /v1/chat/completions, /v1/completions, /v1/models, /health.
@@ -88,6 +90,8 @@ def _seeds(surface: str, t: Target, rng: random.Random) -> list[_Seed]:
         comp = {"model": "auto", "prompt": text, "max_tokens": rng.randint(1, 8), "stream": rng.random() < 0.5}
         return [_Seed("POST", "/v1/chat/completions", chat, "api"), _Seed("POST", "/v1/completions", comp, "api"),
                 _Seed("GET", "/v1/models", None, "api")]
+    if surface == "gateway-surfaces":
+        return _surface_seeds(t, rng, text)
     if surface == "gateway-admin":
         return [_Seed("POST", "/admin/policy/reload", None, "admin"),
                 _Seed("POST", rng.choice(["/admin/cache/invalidate?all=true", "/admin/cache/invalidate?tenant=t",
@@ -114,7 +118,41 @@ def _seeds(surface: str, t: Target, rng: random.Random) -> list[_Seed]:
     raise ValueError(f"unknown surface {surface!r}; known: {', '.join(SURFACES)}")
 
 
-SURFACES = ("gateway-api", "gateway-admin", "edge-registration", "edge-node")
+def _surface_seeds(t: Target, rng: random.Random, text: str) -> list[_Seed]:
+    """Anthropic Messages and OpenAI Responses requests, translated by the gateway into chat requests."""
+    schema = {"type": "object", "properties": {"city": {"type": "string"}}}
+    messages: dict[str, object] = {
+        "model": rng.choice(["auto", "tiergate-edge", "claude-opus-4-8"]), "max_tokens": rng.randint(1, 8),
+        "system": rng.choice(["Be brief.", [{"type": "text", "text": "Be brief."}]]),
+        "messages": [{"role": "user", "content": text}]}
+    if rng.random() < 0.4:
+        messages["tools"] = [{"name": "w", "input_schema": schema}]
+        messages["tool_choice"] = rng.choice([{"type": "auto"}, {"type": "any"}, {"type": "tool", "name": "w"}])
+        messages["messages"] = [
+            {"role": "user", "content": text},
+            {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "w", "input": {"city": "x"}}]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": text}]}]
+    if rng.random() < 0.5:
+        messages["stream"] = True
+    if rng.random() < 0.3:
+        messages |= {k: v for k, v in _sampling(rng).items() if k in ("temperature", "top_p", "top_k")}
+    key = {"x-api-key": t.api_key} if rng.random() < 0.5 else {}
+    responses: dict[str, object] = {"model": rng.choice(["auto", "tiergate-cloud"]), "input": text,
+                                    "max_output_tokens": rng.randint(1, 8), "stream": rng.random() < 0.5}
+    if rng.random() < 0.4:
+        responses["tools"] = [{"type": "function", "name": "w", "parameters": schema}]
+        responses["input"] = [{"role": "user", "content": text},
+                              {"type": "function_call", "call_id": "c1", "name": "w", "arguments": "{}"},
+                              {"type": "function_call_output", "call_id": "c1", "output": text}]
+    if rng.random() < 0.2:
+        responses["text"] = {"format": {"type": "json_schema", "name": "a", "schema": schema}}
+    count = {"model": "auto", "messages": [{"role": "user", "content": text}]}
+    return [_Seed("POST", "/v1/messages", messages, "none" if key else "api", key),
+            _Seed("POST", "/v1/messages/count_tokens", count, "api"),
+            _Seed("POST", "/v1/responses", responses, "api")]
+
+
+SURFACES = ("gateway-api", "gateway-surfaces", "gateway-admin", "edge-registration", "edge-node")
 
 # ---- how a JSON value is spelled with one raw fragment in it ------------------------------------------------
 

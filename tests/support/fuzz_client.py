@@ -98,6 +98,11 @@ def _dechunk(data: bytes) -> bytes:
     return bytes(out)
 
 
+# The last event of a whole stream on the Messages and Responses routes.
+_SURFACE_ENDS = {"/v1/messages": (b"message_stop",), "/v1/responses": (b"response.completed", b"response.incomplete"),
+                 "/v1/messages/count_tokens": ()}
+
+
 def _shape(case: Case, status: int, headers: dict[bytes, bytes], body: bytes) -> str:
     ctype = headers.get(b"content-type", b"")
     if status >= 400:
@@ -107,6 +112,16 @@ def _shape(case: Case, status: int, headers: dict[bytes, bytes], body: bytes) ->
         except (ValueError, KeyError, TypeError):
             ok = False
         return "openai" if ok else "plain"
+    if status == 200 and case.path.split("?")[0] in _SURFACE_ENDS:
+        if ctype.startswith(b"text/event-stream"):  # named events, ending as a whole answer ends
+            names = [ln[7:].strip() for ln in body.split(b"\n") if ln.startswith(b"event: ")]
+            return "complete" if names and names[-1] in _SURFACE_ENDS[case.path.split("?")[0]] else "incomplete"
+        try:
+            answer = json.loads(body)
+            return "complete" if "content" in answer or "output" in answer or "input_tokens" in answer \
+                else "incomplete"
+        except (ValueError, TypeError):
+            return "incomplete"
     if status == 200 and case.path.endswith("completions"):
         if ctype.startswith(b"text/event-stream"):
             events = [ln[6:] for ln in body.split(b"\n") if ln.startswith(b"data: ")]

@@ -81,7 +81,8 @@ class CompletionPipeline:
         self._relay = parts.relay
         self._cascade = CascadeRunner(parts.dispatcher, parts.metrics, parts.relay)
 
-    async def handle(self, request: Request, kind: str) -> Response:
+    async def handle(self, request: Request, kind: str, cache: bool = True) -> Response:
+        """Answer one request; `cache: False` keeps it out of the cache (one of several choices: `gateway.fanout`)."""
         gw = self._parts
         arrival = Arrival.now(request.headers.get("x-request-id"), kind)
         settle = gw.settlements.open(arrival)  # the one place this request's ending is settled, whichever it is
@@ -100,6 +101,8 @@ class CompletionPipeline:
                 raw = raw_fields(body)  # an unknown key that is not UTF-8 fails only here
             except (msgspec.ValidationError, msgspec.DecodeError) as exc:
                 raise from_validation(exc) from None
+            if (served := active.policy.resolve_model(req.model)) != req.model:  # a client's own name, aliased
+                req = msgspec.structs.replace(req, model=served)
             check_params(req, [t.model for t in active.policy.tiers.values()])
             extra = tuple(unknown_names(raw, kind))
             if extra and (refused := refused_field(raw, list(extra))):
@@ -126,7 +129,7 @@ class CompletionPipeline:
                 decision = dataclasses.replace(decision, max_tokens_cap=cap)
             ctx = RequestContext(arrival, tenant, req, raw, extra, plain, features, decision, held)
             held.tokens = await settle.reserve(held.slot, features.prompt_tokens + _answer_budget(ctx))  # or a 429
-            hit = await self._lookup(ctx, outcome)
+            hit = await self._lookup(ctx, outcome) if cache else None
             if hit is not None:
                 return self._relay.cached(ctx, outcome, hit, settle)
             return await self._dispatch_while_connected(ctx, outcome, request, settle)

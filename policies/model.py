@@ -14,6 +14,7 @@ and others.
 
 from __future__ import annotations
 
+import fnmatch
 import re
 from pathlib import Path
 from typing import Any, Literal
@@ -27,8 +28,9 @@ from tiergate.policies.overrides import CacheOverride, TimeoutsOverride
 from tiergate.policies.rules import Rule
 from tiergate.policies.tier_config import TierConfig
 
-__all__ = ["BUILTIN_TOKENIZER", "DEFAULT_RULE_NAME", "Defaults", "Policy"]
+__all__ = ["AUTO_MODEL", "BUILTIN_TOKENIZER", "DEFAULT_RULE_NAME", "Defaults", "Policy"]
 
+AUTO_MODEL = "auto"  # the model name that lets the policy choose the tier
 DEFAULT_RULE_NAME = "default"  # the implicit last rule that `default_tier` stands for
 BUILTIN_TOKENIZER = "builtin:default"  # the BERT WordPiece tokenizer shipped with the gateway
 _RESERVED_TIERS = frozenset({"cache"})  # x-tiergate-tier: cache means "answered from the cache"
@@ -54,6 +56,9 @@ class Policy(StrictModel):
     distill: DistillConfig | None = Field(None, description="distillation capture (off unless configured)")
     costs: CostsConfig | None = Field(None, description="prices per tier and the reference tier savings are "
                                                         "measured against (no section: spend is not counted)")
+    model_aliases: dict[str, str] = Field(
+        default_factory=dict, description="model names clients send (exact, or a glob such as `claude-*`) -> "
+                                          "`auto` or a tier name, so unmodified apps keep their own model names")
 
     _source: str = PrivateAttr("<memory>")
     _base_dir: Path = PrivateAttr(default_factory=Path.cwd)
@@ -113,6 +118,24 @@ class Policy(StrictModel):
             if tier.model == model:
                 return tier
         return None
+
+    def alias_for(self, model: str) -> tuple[str, str] | None:
+        """The alias that applies to a model name no tier serves: (its pattern, its target: `auto` or a tier name).
+        An exact alias wins over a glob; globs are tried in file order (`fnmatchcase`: model names are
+        case-sensitive)."""
+        if model == AUTO_MODEL or self.tier_for_model(model) is not None:
+            return None
+        if (target := self.model_aliases.get(model)) is not None:
+            return model, target
+        return next(((p, t) for p, t in self.model_aliases.items() if fnmatch.fnmatchcase(model, p)), None)
+
+    def resolve_model(self, model: str) -> str:
+        """The model a request naming `model` is served as: `auto` or a tier's public model name through an alias,
+        else `model` itself (a tier's name, `auto`, or one nobody serves: the caller answers 404)."""
+        alias = self.alias_for(model)
+        if alias is None:
+            return model
+        return alias[1] if alias[1] == AUTO_MODEL else self.tiers[alias[1]].model
 
     def effective_rules(self) -> list[Rule]:
         """The rules in order, with `default_tier` appended as a last catch-all rule named 'default'."""

@@ -116,7 +116,10 @@ def create_app(settings: Settings | None = None, *, keyring: KeyRing | None = No
                         media_type=CONTENT_TYPE_LATEST)
 
     async def openapi(request: Request) -> Response:
-        return Response(openapi_document(), media_type=_JSON)
+        embedder = embeddings.embedder()
+        return Response(openapi_document(settings.max_choices, settings.embeddings_max_inputs,
+                                         settings.embeddings_model, embedder.dim if embedder else None),
+                        media_type=_JSON)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:

@@ -51,6 +51,7 @@ class EmbeddingRequest(msgspec.Struct, kw_only=True):
 
 
 _decoder = msgspec.json.Decoder(EmbeddingRequest)
+_ANY: msgspec.json.Decoder[object] = msgspec.json.Decoder()
 
 
 class Embeddings:
@@ -132,9 +133,9 @@ class Embeddings:
 
     def _parse(self, body: bytes) -> EmbeddingRequest:
         try:
-            raw = msgspec.json.decode(body)
-        except msgspec.DecodeError:
-            raw = None
+            raw = decode_json(_ANY, body)  # any bytes: invalid UTF-8 and deep nesting raise msgspec's errors only
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            raw = None  # the typed decoding below says what is wrong
         if isinstance(raw, dict) and _is_token_ids(raw.get("input")):
             raise bad_request("Token-id input is not supported: send text (a string or a list of strings).",
                               param="input")

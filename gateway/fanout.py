@@ -29,13 +29,16 @@ from starlette.types import Message, Receive, Scope, Send
 
 from tiergate.core.errors import OpenAIError, bad_request
 from tiergate.core.http import DONE, error_response, read_body, sse
+from tiergate.core.wire import decode_json
 from tiergate.gateway.context import MAX_REQUEST_ID, safe_request_id
+from tiergate.policies.costs import format_cost
 
 __all__ = ["FanOut", "Plan", "plan"]
 
 log = structlog.get_logger("tiergate.gateway")
 Handle = Callable[[Request, str, bool], Awaitable[Response]]  # the pipeline: (request, kind, cache allowed)
 _USAGE_FIELDS = ("prompt_tokens", "completion_tokens", "total_tokens")
+_ANY: msgspec.json.Decoder[Any] = msgspec.json.Decoder()
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,9 +55,9 @@ def plan(body: bytes, kind: str, max_choices: int) -> Plan | None:
     """The requests to send instead of `body`, or None when it asks for one answer (or is malformed: the pipeline
     then answers it, naming the field). Raises a 400 for an `n` or a prompt list it will not serve."""
     try:
-        obj = msgspec.json.decode(body)
-    except msgspec.DecodeError:
-        return None
+        obj = decode_json(_ANY, body)  # any bytes: invalid UTF-8 and deep nesting raise msgspec's errors only
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return None  # the pipeline answers it
     if not isinstance(obj, dict):
         return None
     n = obj.get("n")
@@ -178,6 +181,8 @@ class _Subs:
         first: dict[str, Any] | None = None
         headers: dict[str, str] = {}
         tiers: list[str] = []
+        overhead_ms = cost = 0.0
+        priced = False
         for i in range(len(self.work.bodies)):
             got = _Captured()
 
@@ -196,6 +201,9 @@ class _Subs:
             answer = msgspec.json.decode(bytes(got.body))
             first = first or answer
             headers = headers or sub_headers
+            overhead_ms += float(sub_headers.get("x-tiergate-overhead-ms") or 0)
+            if "x-tiergate-cost" in sub_headers:
+                priced, cost = True, cost + float(sub_headers["x-tiergate-cost"])
             if (tier := sub_headers.get("x-tiergate-tier")) and tier not in tiers:
                 tiers.append(tier)
             for choice in answer.get("choices") or ():
@@ -205,10 +213,14 @@ class _Subs:
                 usage[name] += int((answer.get("usage") or {}).get(name) or 0)
         assert first is not None
         merged = {**first, "choices": choices, "usage": usage}
-        for name in ("content-length", "x-tiergate-cost", "x-tiergate-overhead-ms"):  # per sub-request only
-            headers.pop(name, None)
-        headers |= {"x-request-id": self.rid, "x-tiergate-tier": ",".join(tiers),
-                    "x-tiergate-answers": str(len(choices))}
+        headers.pop("content-length", None)
+        headers.pop("x-tiergate-cost", None)  # per answer: the sum below
+        headers |= {"x-request-id": self.rid, "x-tiergate-answers": str(len(choices)),
+                    "x-tiergate-overhead-ms": f"{overhead_ms:.3f}"}
+        if priced:
+            headers["x-tiergate-cost"] = format_cost(cost)
+        if len(tiers) > 1:  # x-tiergate-tier stays the first answer's
+            headers["x-tiergate-answer-tiers"] = ",".join(tiers)
         return Response(msgspec.json.encode(merged), media_type="application/json", headers=headers)
 
 
@@ -235,7 +247,7 @@ class _MergedStream(Response):
                     if state.status == 200 and not started:
                         started = True
                         headers = [(k, v) for k, v in message.get("headers", [])
-                                   if k not in (b"content-length", b"x-request-id", b"x-tiergate-overhead-ms")]
+                                   if k not in (b"content-length", b"x-request-id")]
                         headers += [(b"x-request-id", subs.rid.encode()),
                                     (b"x-tiergate-answers", str(len(subs.work.bodies)).encode())]
                         await send({"type": "http.response.start", "status": 200, "headers": headers})

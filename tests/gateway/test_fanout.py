@@ -165,3 +165,19 @@ def test_every_answer_reserves_its_own_budget_so_n_cannot_step_around_a_token_li
                        json=body)
         assert r.status_code == 429 and r.json()["error"]["code"] == "token_limit_exceeded"
         assert s["edges"][0].app[HITS] == 1  # the first answer ran (and was charged); the second was refused
+
+
+def test_each_prompt_of_a_list_is_cached_as_that_prompt_alone_and_n_never_is(tmp_path) -> None:
+    with stack(tmp_path) as s:
+        client, edge = _client(s), s["edges"][0].app
+        client.completions.create(model="auto", prompt=["alpha", "beta"], max_tokens=2, temperature=0)
+        assert edge[HITS] == 2
+        raw = client.completions.with_raw_response.create(model="auto", prompt="beta", max_tokens=2, temperature=0)
+        assert raw.headers["x-tiergate-cache"] == "hit-exact" and edge[HITS] == 2  # stored by the list, as "beta"
+        listed = client.completions.with_raw_response.create(model="auto", prompt=["beta", "alpha"], max_tokens=2,
+                                                             temperature=0)
+        assert [c.index for c in listed.parse().choices] == [0, 1] and edge[HITS] == 2  # both from the cache
+        assert listed.headers["x-tiergate-tier"] == "cache"
+        many = client.completions.with_raw_response.create(model="auto", prompt="beta", max_tokens=2, temperature=0,
+                                                           n=2)
+        assert many.headers["x-tiergate-cache"] == "bypass" and edge[HITS] == 4

@@ -78,7 +78,7 @@ def create_app(settings: Settings | None = None, *, keyring: KeyRing | None = No
                                      policy_store=gw.policy_store, draining=gw.is_draining, ready=gw.ready))
     feedback = CacheFeedback(gw.keys, gw.shared_cache)
 
-    fanout = FanOut(completions.handle, gw.keys.authenticate, max_body_bytes=gw.settings.max_body_bytes,
+    fanout = FanOut(completions.handle, completions.refuse, gw.keys.authenticate, max_body_bytes=gw.settings.max_body_bytes,
                     body_timeout_s=gw.settings.body_timeout_s, max_choices=gw.settings.max_choices)
     embeddings = Embeddings(gw.settings, gw.keys, gw.limiter, gw.metrics, gw.shared_cache)
     cards = ModelCards(gw.tiers, embeddings.model_card, int(gw.started_at))

@@ -17,6 +17,7 @@ Tested in `tests/gateway/test_fanout.py` and `tests/integration/test_api_surface
 
 from __future__ import annotations
 
+import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -28,7 +29,7 @@ from starlette.responses import Response
 from starlette.types import Message, Receive, Scope, Send
 
 from tiergate.core.errors import OpenAIError, bad_request
-from tiergate.core.http import DONE, error_response, read_body, sse
+from tiergate.core.http import DONE, read_body, replay, sse
 from tiergate.core.wire import decode_json
 from tiergate.gateway.context import MAX_REQUEST_ID, safe_request_id
 from tiergate.policies.costs import format_cost
@@ -37,8 +38,10 @@ __all__ = ["FanOut", "Plan", "plan"]
 
 log = structlog.get_logger("tiergate.gateway")
 Handle = Callable[[Request, str, bool], Awaitable[Response]]  # the pipeline: (request, kind, cache allowed)
+Refuse = Callable[[Request, str, OpenAIError | ClientDisconnect], Awaitable[Response]]  # the pipeline's ending
 _USAGE_FIELDS = ("prompt_tokens", "completion_tokens", "total_tokens")
 _ANY: msgspec.json.Decoder[Any] = msgspec.json.Decoder()
+_PROMPT_LIST = re.compile(rb'"prompt"\s*:\s*\[')
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +57,9 @@ class Plan:
 def plan(body: bytes, kind: str, max_choices: int) -> Plan | None:
     """The requests to send instead of `body`, or None when it asks for one answer (or is malformed: the pipeline
     then answers it, naming the field). Raises a 400 for an `n` or a prompt list it will not serve."""
+    if b'"n"' not in body and (kind != "text" or _PROMPT_LIST.search(body) is None):
+        return None  # the common case, without decoding the body twice (a key spelled with escapes: the pipeline
+        # still refuses what it cannot serve alone)
     try:
         obj = decode_json(_ANY, body)  # any bytes: invalid UTF-8 and deep nesting raise msgspec's errors only
     except (msgspec.DecodeError, msgspec.ValidationError):
@@ -102,9 +108,9 @@ class FanOut:
     """`POST /v1/chat/completions` and `/v1/completions` in front of the pipeline: a request for one answer goes
     to it as it came; one for several goes as that many, merged (`plan`)."""
 
-    def __init__(self, handle: Handle, authenticate: Callable[[str | None], object], *, max_body_bytes: int,
-                 body_timeout_s: float, max_choices: int) -> None:
-        self._handle, self._authenticate = handle, authenticate
+    def __init__(self, handle: Handle, refuse: Refuse, authenticate: Callable[[str | None], object], *,
+                 max_body_bytes: int, body_timeout_s: float, max_choices: int) -> None:
+        self._handle, self._refuse, self._authenticate = handle, refuse, authenticate
         self._max_body, self._body_timeout, self._max_choices = max_body_bytes, body_timeout_s, max_choices
 
     async def handle(self, request: Request, kind: str) -> Response:
@@ -115,10 +121,8 @@ class FanOut:
         try:
             body = await read_body(request, self._max_body, self._body_timeout)
             work = plan(body, kind, self._max_choices)
-        except OpenAIError as exc:
-            return error_response(exc)
-        except ClientDisconnect:
-            return Response(status_code=499)
+        except (OpenAIError, ClientDisconnect) as exc:  # settled, logged and counted as the pipeline's own
+            return await self._refuse(request, kind, exc)
         if work is None:
             return await self._handle(_replayed(request, body, None), kind, True)
         rid = safe_request_id(request.headers.get("x-request-id"))
@@ -132,22 +136,15 @@ class FanOut:
 def _replayed(request: Request, body: bytes, request_id: str | None) -> Request:
     """`request` with `body` as its body (read once already) and, when given, another request id; after the body
     its channel is the client's own, so a disconnect is still noticed."""
-    sent = False
-
-    async def receive() -> Message:
-        nonlocal sent
-        if not sent:
-            sent = True
-            return {"type": "http.request", "body": body, "more_body": False}
-        return await request.receive()
-
     scope = dict(request.scope)
     headers = [(k, v) for k, v in scope["headers"] if k not in (b"content-length", b"x-request-id")]
     headers.append((b"content-length", str(len(body)).encode()))
     if request_id is not None:
         headers.append((b"x-request-id", request_id.encode()))
+    elif (rid := request.headers.get("x-request-id")) is not None:
+        headers.append((b"x-request-id", rid.encode("latin-1")))
     scope["headers"] = headers
-    return Request(scope, receive)
+    return Request(scope, replay(body, request.receive))
 
 
 @dataclass(slots=True)

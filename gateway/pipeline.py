@@ -142,6 +142,19 @@ class CompletionPipeline:
             if not outcome.streaming:  # a relayed stream releases it when it ends
                 held.release()
 
+    async def refuse(self, request: Request, kind: str, exc: OpenAIError | ClientDisconnect) -> Response:
+        """End a request that failed before it got here (its body, read by `gateway.fanout`), settled as the
+        pipeline settles its own: an OpenAI error, or a client gone while sending its body."""
+        gw = self._parts
+        settle = gw.settlements.open(Arrival.now(request.headers.get("x-request-id"), kind))
+        try:
+            tenant: Tenant | None = gw.keyring.authenticate(request.headers.get("authorization"))
+        except OpenAIError:
+            tenant = None
+        if isinstance(exc, ClientDisconnect):
+            return await settle.gone(tenant=tenant, decision=None, features=None, outcome=Outcome())
+        return await settle.refused(exc, tenant=tenant, decision=None, features=None, cache="bypass")
+
     async def _lookup(self, ctx: RequestContext, outcome: Outcome) -> CacheHit | None:
         cache, rule, req = self._parts.cache(), ctx.decision.cache, ctx.req
         if (cache is None or not rule.enabled or isinstance(req, ChatRequest) and req.tools or not ctx.plain

@@ -181,3 +181,9 @@ def test_each_prompt_of_a_list_is_cached_as_that_prompt_alone_and_n_never_is(tmp
         many = client.completions.with_raw_response.create(model="auto", prompt="beta", max_tokens=2, temperature=0,
                                                            n=2)
         assert many.headers["x-tiergate-cache"] == "bypass" and edge[HITS] == 4
+
+
+def test_a_body_without_n_or_a_prompt_list_is_not_decoded_twice() -> None:
+    assert plan(b'{"model": "auto", "prompt": "[not a list]", "messages": []}', "text", 8) is None
+    assert plan(_enc({"model": "auto", "prompt": ["a", "b"]}), "chat", 8) is None  # chat has no prompt
+    assert plan(b'{"model":"auto","prompt" :\n [ "a", "b" ]}', "text", 8) is not None

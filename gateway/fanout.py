@@ -241,6 +241,8 @@ class _MergedStream(Response):
                 nonlocal started, template
                 if message["type"] == "http.response.start":
                     state.status = message["status"]
+                    state.headers = [(k, v) for k, v in message.get("headers", [])
+                                     if k not in (b"content-length", b"x-request-id")]
                     if state.status == 200 and not started:
                         started = True
                         headers = [(k, v) for k, v in message.get("headers", [])
@@ -267,8 +269,7 @@ class _MergedStream(Response):
             if state.status != 200:
                 if not started:  # nothing sent yet: the refusal is the answer, as it was sent
                     await send({"type": "http.response.start", "status": state.status or 502,
-                                "headers": [(b"content-type", b"application/json"),
-                                            (b"x-request-id", subs.rid.encode())]})
+                                "headers": [*state.headers, (b"x-request-id", subs.rid.encode())]})
                     await send({"type": "http.response.body", "body": bytes(state.error)})
                     return
                 await send({"type": "http.response.body", "body": sse(bytes(state.error)) + DONE})
@@ -287,6 +288,7 @@ class _SubStream:
 
     index: int
     status: int = 0
+    headers: list[tuple[bytes, bytes]] = field(default_factory=list)  # its response's, as sent to it
     error: bytearray = field(default_factory=bytearray)
     pending: bytes = b""
     failed: bool = False

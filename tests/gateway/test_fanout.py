@@ -158,13 +158,26 @@ def test_each_answer_is_limited_like_a_request_and_refusals_are_openai_errors(tm
 
 def test_every_answer_reserves_its_own_budget_so_n_cannot_step_around_a_token_limit(tmp_path) -> None:
     keys = tmp_path / "keys.yaml"
-    keys.write_text("tenants:\n  tiny: {tokens_per_minute: 60}\nkeys:\n  - {tenant: tiny, key: tiny-key-123}\n")
+    keys.write_text("tenants:\n  tiny: {tokens_per_minute: 60}\n  other: {tokens_per_minute: 60}\nkeys:\n"
+                    "  - {tenant: tiny, key: tiny-key-123}\n  - {tenant: other, key: other-key-123}\n")
     with stack(tmp_path, keyring=KeyRing.from_file(keys), policy={"fallback": False}) as s:
         body = {"model": "auto", "messages": [{"role": "user", "content": "x"}], "max_tokens": 50, "n": 2}
         r = httpx.post(s["gw"].url + "/v1/chat/completions", headers={"Authorization": "Bearer tiny-key-123"},
                        json=body)
         assert r.status_code == 429 and r.json()["error"]["code"] == "token_limit_exceeded"
         assert s["edges"][0].app[HITS] == 1  # the first answer ran (and was charged); the second was refused
+        assert int(r.headers["retry-after"]) >= 1
+        streamed = httpx.post(s["gw"].url + "/v1/chat/completions", json=body | {"stream": True},
+                              headers={"Authorization": "Bearer tiny-key-123"})
+        assert streamed.status_code == 429 and int(streamed.headers["retry-after"]) >= 1  # refused before a byte
+        assert streamed.headers["content-type"] == "application/json"
+        cut = httpx.post(s["gw"].url + "/v1/chat/completions", json=body | {"stream": True},
+                         headers={"Authorization": "Bearer other-key-123"})  # a fresh window: the first answer fits
+        events = [line[6:] for line in cut.text.splitlines() if line.startswith("data: ")]
+        assert cut.status_code == 200 and events[-1] == "[DONE]"
+        chunks = [msgspec.json.decode(e) for e in events[:-1]]
+        assert {c["choices"][0]["index"] for c in chunks if c.get("choices")} == {0}
+        assert chunks[-1]["error"]["code"] == "token_limit_exceeded"  # the second answer's refusal ends the stream
 
 
 def test_each_prompt_of_a_list_is_cached_as_that_prompt_alone_and_n_never_is(tmp_path) -> None:

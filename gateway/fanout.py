@@ -20,7 +20,7 @@ from __future__ import annotations
 import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import msgspec
 import structlog
@@ -34,14 +34,19 @@ from tiergate.core.wire import decode_json
 from tiergate.gateway.context import MAX_REQUEST_ID, safe_request_id
 from tiergate.policies.costs import format_cost
 
-__all__ = ["FanOut", "Plan", "plan"]
+__all__ = ["FanOut", "Handle", "Plan", "plan"]
 
 log = structlog.get_logger("tiergate.gateway")
-Handle = Callable[[Request, str, bool], Awaitable[Response]]  # the pipeline: (request, kind, cache allowed)
 Refuse = Callable[[Request, str, OpenAIError | ClientDisconnect], Awaitable[Response]]  # the pipeline's ending
 _USAGE_FIELDS = ("prompt_tokens", "completion_tokens", "total_tokens")
 _ANY: msgspec.json.Decoder[Any] = msgspec.json.Decoder()
 _PROMPT_LIST = re.compile(rb'"prompt"\s*:\s*\[')
+
+
+class Handle(Protocol):
+    """The pipeline's entry (`CompletionPipeline.handle`); `cache: False` keeps the request out of the cache."""
+
+    async def __call__(self, request: Request, kind: str, *, cache: bool = ...) -> Response: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,14 +122,14 @@ class FanOut:
         try:
             self._authenticate(request.headers.get("authorization"))
         except OpenAIError:  # the pipeline answers it (401), accounted as every refusal is
-            return await self._handle(request, kind, True)
+            return await self._handle(request, kind)
         try:
             body = await read_body(request, self._max_body, self._body_timeout)
             work = plan(body, kind, self._max_choices)
         except (OpenAIError, ClientDisconnect) as exc:  # settled, logged and counted as the pipeline's own
             return await self._refuse(request, kind, exc)
         if work is None:
-            return await self._handle(_replayed(request, body, None), kind, True)
+            return await self._handle(_replayed(request, body, None), kind)
         rid = safe_request_id(request.headers.get("x-request-id"))
         log.info("fan_out", request_id=rid, endpoint=kind, answers=len(work.bodies), cached=work.cache)
         subs = _Subs(self._handle, request, kind, work, rid)
@@ -169,7 +174,7 @@ class _Subs:
     async def respond(self, i: int, receive: Receive, send: Send) -> None:
         """Sub-request `i` through the pipeline, its response sent to `send`."""
         sub = _replayed(self.request, self.work.bodies[i], self.sub_id(i))
-        response = await self.handle(sub, self.kind, self.work.cache)
+        response = await self.handle(sub, self.kind, cache=self.work.cache)
         await response(sub.scope, receive, send)
 
     async def merged_json(self) -> Response:

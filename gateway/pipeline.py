@@ -81,7 +81,7 @@ class CompletionPipeline:
         self._relay = parts.relay
         self._cascade = CascadeRunner(parts.dispatcher, parts.metrics, parts.relay)
 
-    async def handle(self, request: Request, kind: str, cache: bool = True) -> Response:
+    async def handle(self, request: Request, kind: str, *, cache: bool = True) -> Response:
         """Answer one request; `cache: False` keeps it out of the cache (one of several choices: `gateway.fanout`)."""
         gw = self._parts
         arrival = Arrival.now(request.headers.get("x-request-id"), kind)

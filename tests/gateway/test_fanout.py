@@ -200,3 +200,15 @@ def test_a_body_without_n_or_a_prompt_list_is_not_decoded_twice() -> None:
     assert plan(b'{"model": "auto", "prompt": "[not a list]", "messages": []}', "text", 8) is None
     assert plan(_enc({"model": "auto", "prompt": ["a", "b"]}), "chat", 8) is None  # chat has no prompt
     assert plan(b'{"model":"auto","prompt" :\n [ "a", "b" ]}', "text", 8) is not None
+
+
+def test_keys_spelled_with_json_escapes_are_refused_not_half_served(tmp_path) -> None:
+    with stack(tmp_path) as s:
+        headers = AUTH | {"content-type": "application/json"}
+        r = httpx.post(s["gw"].url + "/v1/chat/completions", headers=headers,
+                       content=b'{"model":"auto","messages":[{"role":"user","content":"x"}],"\\u006e":2}')
+        assert r.status_code == 400 and r.json()["error"]["param"] == "n"
+        r = httpx.post(s["gw"].url + "/v1/completions", headers=headers,
+                       content=b'{"model":"auto","\\u0070rompt":["a","b"]}')
+        assert r.status_code == 400 and r.json()["error"]["param"] == "prompt"
+        assert s["edges"][0].app[HITS] == 0

@@ -166,6 +166,12 @@ class OnnxEmbedder:
     def token_count(self, text: str) -> int:
         return len(self._tok.encode(clean_text(text)).ids)
 
+    def window_counts(self, texts: list[str]) -> list[int | None]:
+        """Each text's tokens as the model reads them (special tokens included), or None for a text longer than
+        the model's window: embedding it would drop its end (`/v1/embeddings` refuses such a text)."""
+        encs = self._tok.encode_batch([clean_text(t) for t in texts])
+        return [None if e.overflowing else sum(e.attention_mask) for e in encs]
+
     def _probe(self) -> np.ndarray:
         return self.embed(["tiergate"]).vectors
 

@@ -11,10 +11,11 @@ import asyncio
 
 from starlette.requests import Request
 from starlette.responses import Response
+from starlette.types import Message, Receive
 
 from tiergate.core.errors import OpenAIError
 
-__all__ = ["DONE", "error_response", "read_body", "sse"]
+__all__ = ["DONE", "error_response", "read_body", "replay", "sse"]
 
 DONE = b"data: [DONE]\n\n"
 
@@ -55,3 +56,18 @@ def error_response(exc: OpenAIError, headers: dict[str, str] | None = None) -> R
     """The error as an HTTP response in the OpenAI format, with its own headers (Retry-After) and `headers`."""
     return Response(exc.to_json(), status_code=exc.status, media_type="application/json",
                     headers={**exc.headers, **headers} if headers else exc.headers)
+
+
+def replay(body: bytes, then: Receive) -> Receive:
+    """An ASGI `receive` that gives `body` (already read, whole) as the request's body, then is `then`: a request
+    read once can be handed on with its body, and its client's disconnect is still seen."""
+    sent = False
+
+    async def receive() -> Message:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await then()
+
+    return receive

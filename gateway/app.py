@@ -3,9 +3,13 @@
 Where each route's work lives:
 - `/v1/chat/completions`, `/v1/completions`: `gateway.pipeline.CompletionPipeline` (the request path), answered
   through `gateway.relay.Relay`, accounted by `gateway.accounting.Accounting`;
+- the same two with `n > 1` or a list of prompts: `gateway.fanout.FanOut`, one pipeline request per answer;
 - `/v1/messages` (Anthropic Messages), `/v1/responses` (OpenAI Responses): translated into chat requests and
   answered by that same pipeline (`gateway.surface`, `gateway.messages_api`, `gateway.responses_api`);
-- `/v1/models`, `/healthz`, `/readyz`, `/metrics` (the key `TIERGATE_METRICS_KEY`, if set; `gateway.metrics.exposition`),
+- `/v1/embeddings`: `gateway.embeddings.Embeddings` (the cache's embedder);
+- `/v1/models`, `/v1/models/{id}`: `gateway.models`;
+- CORS (TIERGATE_CORS_ORIGINS; off when unset): Starlette's `CORSMiddleware`, outermost;
+- `/healthz`, `/readyz`, `/metrics` (the key `TIERGATE_METRICS_KEY`, if set; `gateway.metrics.exposition`),
   `/openapi.json`: here;
 - `/v1/cache/feedback`: `gateway.feedback.CacheFeedback`; `/v1/usage`: `gateway.usage.UsageEndpoint`;
 - `/admin/...` and `/edge/v1/...`: `gateway.admin`; `/dashboard...`: `gateway.status`;
@@ -22,6 +26,7 @@ import structlog
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
+from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
@@ -34,10 +39,13 @@ from tiergate.core.tracing import TracingMiddleware
 from tiergate.gateway.admin import AdminEndpoints, EdgeEndpoints
 from tiergate.gateway.auth import KeyRing
 from tiergate.gateway.edge_auth import EdgeAuth
+from tiergate.gateway.embeddings import Embeddings
+from tiergate.gateway.fanout import FanOut
 from tiergate.gateway.feedback import CacheFeedback
 from tiergate.gateway.lifecycle import Gateway
 from tiergate.gateway.messages_api import MessagesSurface
 from tiergate.gateway.metrics import exposition
+from tiergate.gateway.models import ModelCards
 from tiergate.gateway.openapi import openapi_document
 from tiergate.gateway.pipeline import CompletionPipeline, PipelineParts
 from tiergate.gateway.pools.edge_urls import UrlPolicy
@@ -55,6 +63,10 @@ _JSON = "application/json"
 Handler = Callable[[Request], Awaitable[Response]]
 # the requests that get a trace
 TRACED = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/messages", "/v1/responses"})
+# CORS: keys travel in headers, never cookies, so no credentials mode; browser apps may read the answers' headers
+CORS_METHODS = ["GET", "POST", "DELETE"]
+CORS_EXPOSED = ["x-request-id", "x-tiergate-tier", "x-tiergate-cache", "x-tiergate-rule", "x-tiergate-cost",
+                "x-tiergate-answers", "retry-after", "x-ratelimit-remaining-requests", "x-ratelimit-remaining-tokens"]
 
 
 def create_app(settings: Settings | None = None, *, keyring: KeyRing | None = None) -> Starlette:
@@ -79,24 +91,24 @@ def create_app(settings: Settings | None = None, *, keyring: KeyRing | None = No
     responses_api = SurfaceEndpoint(ResponsesSurface(), completions.handle, gw.keys, gw.settlements, surface_limits)
     count_tokens = TokenCount(gw.keys, gw.tiers, gw.classifier, surface_limits)
 
+    fanout = FanOut(completions.handle, completions.refuse, gw.keys.authenticate, max_body_bytes=gw.settings.max_body_bytes,
+                    body_timeout_s=gw.settings.body_timeout_s, max_choices=gw.settings.max_choices)
+    embeddings = Embeddings(gw.settings, gw.keys, gw.limiter, gw.metrics, gw.shared_cache)
+    cards = ModelCards(gw.tiers, embeddings.model_card, int(gw.started_at))
+
     async def chat(request: Request) -> Response:
-        return await completions.handle(request, "chat")
+        return await fanout.handle(request, "chat")
 
     async def text(request: Request) -> Response:
-        return await completions.handle(request, "text")
+        return await fanout.handle(request, "text")
 
     async def models(request: Request) -> Response:
         gw.keys.authenticate(request.headers.get("authorization"))
-        now = int(gw.started_at)
-        data: list[dict[str, object]] = [{"id": "auto", "object": "model", "created": now, "owned_by": "tiergate",
-                                          "description": "Let the routing policy choose the tier."}]
-        for tier in gw.tiers.values():
-            cfg = tier.config
-            data.append({"id": cfg.model, "object": "model", "created": now, "owned_by": "tiergate",
-                         "tier": tier.name, "kind": cfg.kind, "stand_in": cfg.stand_in,
-                         "backend_models": sorted({ep.model for ep in tier.pool.endpoints()}),
-                         "description": tier.describe})
-        return JSONResponse({"object": "list", "data": data})
+        return JSONResponse({"object": "list", "data": cards.all()})
+
+    async def model(request: Request) -> Response:
+        gw.keys.authenticate(request.headers.get("authorization"))
+        return JSONResponse(cards.get(request.path_params["model_id"]))
 
     async def healthz(request: Request) -> Response:
         return JSONResponse({"ok": True})
@@ -117,7 +129,10 @@ def create_app(settings: Settings | None = None, *, keyring: KeyRing | None = No
                         media_type=CONTENT_TYPE_LATEST)
 
     async def openapi(request: Request) -> Response:
-        return Response(openapi_document(), media_type=_JSON)
+        embedder = embeddings.embedder()
+        return Response(openapi_document(settings.max_choices, settings.embeddings_max_inputs,
+                                         settings.embeddings_model, embedder.dim if embedder else None),
+                        media_type=_JSON)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -135,6 +150,8 @@ def create_app(settings: Settings | None = None, *, keyring: KeyRing | None = No
         Route("/v1/messages/count_tokens", count_tokens.handle, methods=["POST"]),
         Route("/v1/responses", responses_api.handle, methods=["POST"]),
         Route("/v1/models", _guarded(models), methods=["GET"]),
+        Route("/v1/models/{model_id:path}", _guarded(model), methods=["GET"]),
+        Route("/v1/embeddings", embeddings.handle, methods=["POST"]),
         Route("/v1/cache/feedback", _guarded(feedback.handle), methods=["POST"]),
         Route("/v1/usage", _guarded(usage.handle), methods=["GET"]),
         Route("/healthz", healthz, methods=["GET"]),
@@ -151,6 +168,9 @@ def create_app(settings: Settings | None = None, *, keyring: KeyRing | None = No
         *status.routes(),
     ]
     middleware = [Middleware(TracingMiddleware, paths=TRACED)] if traced else []  # none at all when off
+    if origins := settings.cors_origin_list():  # outermost: a preflight is answered before anything else runs
+        middleware.insert(0, Middleware(CORSMiddleware, allow_origins=origins, allow_methods=CORS_METHODS,
+                                        allow_headers=["*"], expose_headers=CORS_EXPOSED, max_age=600))
     app = Starlette(routes=routes, lifespan=lifespan, middleware=middleware, exception_handlers={
         404: _not_found_handler, 405: _method_handler, 500: _internal_handler})
     app.state.gateway = gw

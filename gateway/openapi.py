@@ -21,6 +21,7 @@ from tiergate.core.wire import (
     ChatRequest,
     CompletionRequest,
 )
+from tiergate.gateway.embeddings import EmbeddingRequest
 from tiergate.gateway.messages_api import MessagesRequest
 from tiergate.gateway.params import MAX_TOP_K, SAMPLING_RANGES
 from tiergate.gateway.pools.edge import NodeInfo
@@ -39,13 +40,12 @@ _SAMPLING: dict[str, Schema] = {
     "top_k": {"type": "integer", "minimum": -1, "maximum": MAX_TOP_K},
     "logit_bias": {"type": "object", "propertyNames": {"pattern": "^[0-9]+$"},
                    "additionalProperties": {"type": "number", "minimum": -LOGIT_BIAS_MAX, "maximum": LOGIT_BIAS_MAX}},
-    "n": {"type": "integer", "const": 1},
 }
 _LIMITS: dict[str, dict[str, Schema]] = {
     # The chat `max_tokens` limit is conditional: see `_chat_max_tokens`.
     "ChatRequest": {"messages": {"type": "array", "minItems": 1},
                     "max_completion_tokens": {"type": "integer", "minimum": 1}, **_SAMPLING},
-    "CompletionRequest": {"prompt": {"type": "array", "minItems": 1, "maxItems": 1},
+    "CompletionRequest": {"prompt": {"type": "array", "minItems": 1},
                           "max_tokens": {"type": "integer", "minimum": 1}, "best_of": {"type": "integer", "const": 1},
                           **_SAMPLING},
     # slots, busy, queued and ctx carry their bounds in the struct (msgspec.Meta) and so in its schema already.
@@ -102,9 +102,45 @@ def _controlled(struct: Schema) -> None:
                                                          f"the default: {why}."}
 
 
-def _request_schemas() -> dict[str, Schema]:
-    _, components = msgspec.json.schema_components((ChatRequest, CompletionRequest, NodeInfo, MessagesRequest,
-                                                    ResponsesRequest), ref_template="#/components/schemas/{name}")
+def _answers(chat: Schema, text: Schema, max_choices: int) -> None:
+    """`n` and a prompt list ask for `n × prompts` answers, at most `max_choices` (TIERGATE_MAX_CHOICES)."""
+    many = (f"Answers asked for: `n` × prompts is at most {max_choices} (TIERGATE_MAX_CHOICES); each is served as a "
+            f"request of its own (limits, reservation, accounting), one after another.")
+    for struct in (chat, text):
+        _narrow(struct["properties"]["n"], {"type": "integer", "minimum": 1, "maximum": max_choices})
+        struct["properties"]["n"]["description"] = many
+    _narrow(text["properties"]["prompt"], {"type": "array", "maxItems": max_choices})
+    text["properties"]["prompt"]["description"] = "Text, or a list of texts: one choice per prompt (`index` = " \
+                                                  "prompt × n + choice). Token ids are refused."
+    text.setdefault("allOf", []).extend(
+        {"if": {"required": ["prompt"], "properties": {"prompt": {"type": "array", "minItems": k}}},
+         "then": {"properties": {"n": {"anyOf": [{"type": "integer", "maximum": max_choices // k},
+                                                 {"type": "null"}]}}}}
+        for k in range(2, max_choices + 1))
+
+
+def _embedding_schema(embeddings: Schema, max_inputs: int, model: str, dim: int | None) -> None:
+    text = {"type": "string", "minLength": 1}
+    embeddings["properties"]["input"] = {
+        "anyOf": [text, {"type": "array", "items": text, "minItems": 1, "maxItems": max_inputs}],
+        "description": f"A text or 1 to {max_inputs} texts (TIERGATE_EMBEDDINGS_MAX_INPUTS), each within the model's "
+                       "window (`max_input_tokens` in /v1/models; a longer one is refused with 400 "
+                       "`context_length_exceeded`, which JSON Schema cannot say). Token ids are refused."}
+    embeddings["properties"]["encoding_format"] = {"enum": ["float", "base64"], "default": "float",
+                                                   "description": "base64: little-endian float32."}
+    own = {"const": dim} if dim is not None else {"minimum": 1}
+    embeddings["properties"]["dimensions"] = {
+        "anyOf": [{"type": "integer", **own}, {"type": "null"}],
+        "description": "Omit it, or give the model's own (`dimensions` in /v1/models): the model cannot be "
+                       "shortened, any other value is a 400."}
+    embeddings["properties"]["model"] = {"enum": [model], "description": "TIERGATE_EMBEDDINGS_MODEL; any other name "
+                                         "(and this one while the cache has no embedder) is a 404."}
+
+
+def _request_schemas(max_choices: int, max_inputs: int, model: str, dim: int | None) -> dict[str, Schema]:
+    _, components = msgspec.json.schema_components((ChatRequest, CompletionRequest, NodeInfo, EmbeddingRequest,
+                                                    MessagesRequest, ResponsesRequest),
+                                                   ref_template="#/components/schemas/{name}")
     for struct, limits in _LIMITS.items():
         for field, limit in limits.items():
             _narrow(components[struct]["properties"][field], limit)
@@ -114,6 +150,8 @@ def _request_schemas() -> dict[str, Schema]:
     _chat_max_tokens(components["ChatRequest"])
     _surfaces(components)
     _logprobs(components["ChatRequest"], components["CompletionRequest"])
+    _answers(components["ChatRequest"], components["CompletionRequest"], max_choices)
+    _embedding_schema(components["EmbeddingRequest"], max_inputs, model, dim)
     components["NodeInfo"]["description"] = ("An edge node's heartbeat: registers it (first time) or refreshes its "
                                              "load; `tier` names an edge tier, default the policy's first.")
     components["Deregistration"] = {
@@ -210,8 +248,14 @@ _ANSWERS: dict[str, Schema] = {
                         object={"const": "response"}, created_at=_INT, status=_STR, model=_STR,
                         output={"type": "array", "items": {"type": "object"}}, usage={"type": ["object", "null"]}),
                  "description": "The answer as a Responses API `response`: `message` and `function_call` items."},
+    "Model": _obj(["id", "object", "created", "owned_by"], id=_STR, object={"const": "model"}, created=_INT,
+                  owned_by=_STR),
     "ModelList": _obj(["object", "data"], object={"const": "list"}, data={"type": "array", "items": _obj(
         ["id", "object", "created", "owned_by"], id=_STR, object={"const": "model"}, created=_INT, owned_by=_STR)}),
+    "EmbeddingList": _obj(["object", "data", "model", "usage"], object={"const": "list"}, model=_STR, data={
+        "type": "array", "items": _obj(["object", "index", "embedding"], object={"const": "embedding"}, index=_INT,
+                                       embedding={"anyOf": [{"type": "array", "items": {"type": "number"}}, _STR]})},
+                          usage=_obj(["prompt_tokens", "total_tokens"], prompt_tokens=_INT, total_tokens=_INT)),
     "Readiness": _obj(["ready", "draining", "policy", "tiers"], ready=_BOOL, draining=_BOOL, policy=_STR,
                       tiers={"type": "object", "additionalProperties": _BOOL, "description": "Tier -> healthy."},
                       cache={"type": "object", "description": "The cache's store (informational: a cache that is "
@@ -281,6 +325,9 @@ _HEADERS = {
     "x-tiergate-cascade": (False, "A cascade rule's outcome: kept (the first tier's answer) or escalated."),
     "x-tiergate-cascade-reason": (False, "Why: confident, low_mean_logprob, low_token_logprob, low_margin, length, "
                                          "empty, first_tier_failed, malformed_answer or timeout."),
+    "x-tiergate-answers": (False, "With `n > 1` or a list of prompts: how many answers (each a request of its own)."),
+    "x-tiergate-answer-tiers": (False, "With several answers from more than one tier (or the cache): each, in order "
+                                       "of first use; x-tiergate-tier is the first answer's."),
     "x-tiergate-confidence": (False, "The mean token log-probability of the first tier's answer, as judged."),
 }
 
@@ -391,8 +438,31 @@ def _paths() -> dict[str, Schema]:
                                   "OpenAI Responses, answered through the chat pipeline. Stateless: nothing is "
                                   "stored.", "the Responses API's SSE events (response.created ... "
                                              "response.completed)"),
-        "/v1/models": {"get": _op("List models: `auto` and one per tier.", security=["apiKey"], responses={
-            "200": _json("The models.", _ref("ModelList")), "401": _error("Missing or invalid API key.")})},
+        "/v1/models": {"get": _op(
+            "List models: `auto`, one per tier, the embedding model (while the cache has an embedder) and the "
+            "policy's `model_aliases`.", security=["apiKey"], responses={
+                "200": _json("The models.", _ref("ModelList")), "401": _error("Missing or invalid API key.")})},
+        "/v1/models/{model_id}": {"get": _op(
+            "Retrieve one model: any id `/v1/models` lists, or a name a glob alias maps.", security=["apiKey"],
+            parameters=[{"name": "model_id", "in": "path", "required": True, "schema": _STR,
+                         "description": "The model's id (it may contain `/`)."}],
+            responses={"200": _json("The model.", _ref("Model")), "401": _error("Missing or invalid API key."),
+                       "404": _error("No such model (`model_not_found`).")})},
+        "/v1/embeddings": {"post": _op(
+            "Create embeddings with the semantic cache's own embedder (onnxruntime, in the gateway).",
+            security=["apiKey"], requestBody=_body(_ref("EmbeddingRequest")), responses={
+                "200": _json("One L2-normalised vector per input, in order.", _ref("EmbeddingList"),
+                             headers={"x-request-id": {"schema": _STR, "required": True, "description": "Request id."}}),
+                "400": _error("The body does not match this schema (`param` names the field), a text longer than the "
+                              "model's window (`context_length_exceeded`), or `dimensions` not the model's own."),
+                "401": _error("Missing or invalid API key."),
+                "404": _error("Not the embedding model's name, or no embedder configured (`model_not_found`)."),
+                "408": _error("The body did not arrive in time (`body_timeout`)."),
+                "413": _error("Body over TIERGATE_MAX_BODY_BYTES (`body_too_large`) or input over "
+                              "TIERGATE_MAX_PROMPT_CHARS characters (`prompt_too_large`)."),
+                "429": _error("The tenant's rate, token or concurrency limit.",
+                              headers={"retry-after": {"schema": _STR, "required": True,
+                                                       "description": "Seconds."}})})},
         "/v1/cache/feedback": {"post": _op(
             "Report that a cache hit's answer was wrong: its entry is invalidated and, for a semantic hit, no longer "
             "served at that similarity. Only the tenant that got the answer can report it, within a day.",
@@ -483,11 +553,15 @@ _DESCRIPTION = ("OpenAI-compatible gateway routing between edge (llama.cpp), clo
                 "`integer` cannot say.")
 
 
-@lru_cache(maxsize=1)
-def openapi_document() -> bytes:
+@lru_cache(maxsize=8)
+def openapi_document(max_choices: int = 8, max_embedding_inputs: int = 256, embeddings_model: str = "tiergate-embed",
+                     embedding_dim: int | None = None) -> bytes:
+    """The document for a gateway with these settings (TIERGATE_MAX_CHOICES, TIERGATE_EMBEDDINGS_MAX_INPUTS,
+    TIERGATE_EMBEDDINGS_MODEL) and embedder (its dimensions; None: none loaded)."""
+    schemas = _request_schemas(max_choices, max_embedding_inputs, embeddings_model, embedding_dim)
     return msgspec.json.encode({
         "openapi": "3.1.0",
         "info": {"title": "tiergate", "version": "0.1.0", "description": _DESCRIPTION},
-        "components": {"schemas": {**_request_schemas(), **_ANSWERS}, "securitySchemes": _SECURITY_SCHEMES},
+        "components": {"schemas": {**schemas, **_ANSWERS}, "securitySchemes": _SECURITY_SCHEMES},
         "paths": _paths(),
     })

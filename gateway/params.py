@@ -1,7 +1,8 @@
 """The OpenAI parameters the gateway checks itself, before any backend sees the request.
 
-The structs in `core.wire` check types; these are the value rules and what this gateway does not support
-(more than one choice per request), each a 400 or 404 naming the parameter.
+The structs in `core.wire` check types; these are the value rules, each a 400 or 404 naming the parameter. Several
+answers (`n > 1`, a list of prompts) never get here: `gateway.fanout` splits them into single requests first,
+reading the plain keys `n` and `prompt`; a body that spells them otherwise (JSON escapes) is refused here.
 """
 
 from __future__ import annotations
@@ -36,7 +37,8 @@ def check_params(req: ParsedRequest, models: Collection[str]) -> None:
             raise bad_request("`logprobs` must be true or false.", param="logprobs")
     else:
         if isinstance(req.prompt, list) and len(req.prompt) != 1:
-            raise bad_request("`prompt` must be a string or a list of exactly one string.", param="prompt")
+            raise bad_request("Several prompts are served when the key is spelled plainly as `prompt`; this body "
+                              "spells it otherwise.", param="prompt")
         if req.best_of is not None and req.best_of != 1:
             raise bad_request("Only `best_of: 1` is supported: one sequence per request.", param="best_of")
         lp = req.logprobs
@@ -47,7 +49,8 @@ def check_params(req: ParsedRequest, models: Collection[str]) -> None:
     if mt is not None and mt < 1:
         raise bad_request(f"`{max_field}` must be at least 1.", param=max_field)
     if req.n is not None and req.n != 1:
-        raise bad_request("Only `n: 1` is supported.", param="n")
+        raise bad_request("Several answers are served when the key is spelled plainly as `n`; this body spells it "
+                          "otherwise.", param="n")
     _check_sampling(req)
 
 

@@ -89,9 +89,10 @@ class CompletionPipeline:
         self._cascade = CascadeRunner(parts.dispatcher, parts.metrics, parts.relay,
                                       parts.router.judged if parts.router is not None else None)
 
-    async def handle(self, request: Request, kind: str, endpoint: str | None = None) -> Response:
+    async def handle(self, request: Request, kind: str, endpoint: str | None = None, *, cache: bool = True) -> Response:
         """Answer one request of `kind` ("chat" or "text"); `endpoint` names the route in metrics and logs when it
-        is not the kind's own (a surface translated into chat: `gateway.surface`)."""
+        is not the kind's own (a surface translated into chat: `gateway.surface`); `cache: False` keeps it out of the
+        cache (one of several choices: `gateway.fanout`)."""
         gw = self._parts
         arrival = Arrival.now(request.headers.get("x-request-id"), kind, endpoint)
         settle = gw.settlements.open(arrival)  # the one place this request's ending is settled, whichever it is
@@ -110,6 +111,8 @@ class CompletionPipeline:
                 raw = raw_fields(body)  # an unknown key that is not UTF-8 fails only here
             except (msgspec.ValidationError, msgspec.DecodeError) as exc:
                 raise from_validation(exc) from None
+            if (served := active.policy.resolve_model(req.model)) != req.model:  # a client's own name, aliased
+                req = msgspec.structs.replace(req, model=served)
             check_params(req, [t.model for t in active.policy.tiers.values()])
             extra = tuple(unknown_names(raw, kind))
             if extra and (refused := refused_field(raw, list(extra))):
@@ -140,7 +143,7 @@ class CompletionPipeline:
             held.tokens = await settle.reserve(held.slot, features.prompt_tokens + _answer_budget(ctx))  # or a 429
             ctx = await settle.reserve_budget(ctx, ctx.max_tokens())  # its worst-case cost, or a 429 (or downgraded)
             decision = ctx.decision
-            hit = await self._lookup(ctx, outcome)
+            hit = await self._lookup(ctx, outcome) if cache else None
             if hit is not None:
                 return self._relay.cached(ctx, outcome, hit, settle)
             return await self._dispatch_while_connected(ctx, outcome, request, settle)
@@ -152,6 +155,19 @@ class CompletionPipeline:
         finally:
             if not outcome.streaming:  # a relayed stream releases it when it ends
                 held.release()
+
+    async def refuse(self, request: Request, kind: str, exc: OpenAIError | ClientDisconnect) -> Response:
+        """End a request that failed before it got here (its body, read by `gateway.fanout`), settled as the
+        pipeline settles its own: an OpenAI error, or a client gone while sending its body."""
+        gw = self._parts
+        settle = gw.settlements.open(Arrival.now(request.headers.get("x-request-id"), kind))
+        try:
+            tenant: Tenant | None = gw.keyring.authenticate(request.headers.get("authorization"))
+        except OpenAIError:
+            tenant = None
+        if isinstance(exc, ClientDisconnect):
+            return await settle.gone(tenant=tenant, decision=None, features=None, outcome=Outcome())
+        return await settle.refused(exc, tenant=tenant, decision=None, features=None, cache="bypass")
 
     async def _lookup(self, ctx: RequestContext, outcome: Outcome) -> CacheHit | None:
         cache, rule, req = self._parts.cache(), ctx.decision.cache, ctx.req

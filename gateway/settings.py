@@ -23,6 +23,7 @@ __all__ = ["Settings", "is_loopback"]
 
 _KEY = re.compile(r"[!-~]{16,}")  # a bearer key: printable ASCII, no spaces
 _SECRET = re.compile(r"[!-~]{32,}")
+_ORIGIN = re.compile(r"https?://[A-Za-z0-9.-]+(:[0-9]{1,5})?|https?://\[[0-9A-Fa-f:.]+\](:[0-9]{1,5})?")
 
 
 class Settings(BaseSettings):
@@ -73,6 +74,14 @@ class Settings(BaseSettings):
     body_timeout_s: float = Field(default=30.0, gt=0)  # its body, from its headers' end: else 408
     max_connections: int | None = Field(default=None, ge=1)  # per process; past it new requests get 503 (uvicorn)
     max_prompt_chars: int = 400_000
+    # answers one completion request may ask for (`n` × prompts), each served as a request of its own (gateway.fanout)
+    max_choices: int = Field(default=8, ge=1, le=128)
+    # /v1/embeddings (gateway.embeddings): the name the cache's embedder is served under, and texts per request
+    embeddings_model: str = Field(default="tiergate-embed", min_length=1, max_length=256)
+    embeddings_max_inputs: int = Field(default=256, ge=1, le=2048)
+    # browser origins allowed to call the API ("https://app.example.com,http://localhost:3000", or "*"); unset: no
+    # CORS headers at all, and a browser's preflight gets 405 (docs/configuration.md "CORS")
+    cors_origins: str | None = None
     log_format: str = "json"  # json | console
     log_level: str = "info"
     workers: int = 1
@@ -81,7 +90,7 @@ class Settings(BaseSettings):
 
     @field_validator("redis_url", "api_keys_file", "api_keys", "admin_key", "edge_secret", "edge_token",
                      "edge_networks", "backend_ca_file", "metrics_key", "embedder", "cache_judge_url",
-                     "cache_judge_model", "cache_judge_key", "cache_verifier", mode="before")
+                     "cache_judge_model", "cache_judge_key", "cache_verifier", "cors_origins", mode="before")
     @classmethod
     def _empty_is_unset(cls, v: object) -> object:
         """`TIERGATE_EMBEDDER=` (empty) means "not set", not the current directory."""
@@ -125,6 +134,20 @@ class Settings(BaseSettings):
                 raise ValueError(f"TIERGATE_BACKEND_CA_FILE={str(v)!r}: not a readable PEM file of CA "
                                  f"certificates: {exc}") from None
         return v
+
+    @field_validator("cors_origins")
+    @classmethod
+    def _origins_parse(cls, v: str | None) -> str | None:
+        for origin in (v or "").split(","):
+            o = origin.strip()
+            if o and o != "*" and not _ORIGIN.fullmatch(o):
+                raise ValueError(f"TIERGATE_CORS_ORIGINS: {o[:80]!r} is not an origin like https://app.example.com "
+                                 f"or http://localhost:3000 (scheme, host and port only; comma-separated, or *)")
+        return v
+
+    def cors_origin_list(self) -> list[str]:
+        """TIERGATE_CORS_ORIGINS parsed (empty: CORS off)."""
+        return [o.strip() for o in (self.cors_origins or "").split(",") if o.strip()]
 
     def edge_network_list(self) -> list[ipaddress.IPv4Network | ipaddress.IPv6Network]:
         """TIERGATE_EDGE_NETWORKS parsed (empty: unset)."""

@@ -13,7 +13,7 @@ from typing import Literal
 
 from tiergate.complexity.model import ComplexityModel
 from tiergate.complexity.tokens import TokenizerNotFound, load_tokenizer, resolve_tokenizer
-from tiergate.policies.model import BUILTIN_TOKENIZER, DEFAULT_RULE_NAME, Policy
+from tiergate.policies.model import AUTO_MODEL, BUILTIN_TOKENIZER, DEFAULT_RULE_NAME, Policy
 from tiergate.policies.router_config import router_issues
 
 __all__ = ["Issue", "semantic_issues"]
@@ -137,6 +137,18 @@ def semantic_issues(policy: Policy, check_files: bool = True) -> list[Issue]:
     for path, ref in _tier_refs(policy):
         if ref not in policy.tiers:
             issues.append(Issue(path, f"unknown tier {ref!r}; tiers defined: {allowed}"))
+
+    served_by = {tier.model: name for name, tier in policy.tiers.items()}
+    for pattern, target in policy.model_aliases.items():
+        if pattern == AUTO_MODEL or not pattern.strip() or len(pattern) > 256:
+            issues.append(Issue(("model_aliases", pattern), "an alias is a model name or glob of 1 to 256 characters, "
+                                                            "never `auto` (it always means: let the policy choose)"))
+        if target != AUTO_MODEL and target not in policy.tiers:
+            issues.append(Issue(("model_aliases", pattern), f"alias target {target!r} is neither `auto` nor a tier; "
+                                                            f"tiers defined: {allowed}"))
+        if pattern in served_by:
+            issues.append(Issue(("model_aliases", pattern), f"{pattern!r} is tier {served_by[pattern]!r}'s own model "
+                                                            f"name; an alias for it would never apply"))
 
     for name, tier in policy.tiers.items():
         if tier.kind == "cloud" and not tier.endpoints and tier.discovery is None:

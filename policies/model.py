@@ -14,6 +14,7 @@ and others.
 
 from __future__ import annotations
 
+import fnmatch
 import re
 from pathlib import Path
 from typing import Any, Literal
@@ -29,8 +30,9 @@ from tiergate.policies.router_config import RouterConfig
 from tiergate.policies.rules import Rule
 from tiergate.policies.tier_config import TierConfig
 
-__all__ = ["BUILTIN_TOKENIZER", "DEFAULT_RULE_NAME", "Defaults", "Policy"]
+__all__ = ["AUTO_MODEL", "BUILTIN_TOKENIZER", "DEFAULT_RULE_NAME", "Defaults", "Policy"]
 
+AUTO_MODEL = "auto"  # the model name that lets the policy choose the tier
 DEFAULT_RULE_NAME = "default"  # the implicit last rule that `default_tier` stands for
 BUILTIN_TOKENIZER = "builtin:default"  # the BERT WordPiece tokenizer shipped with the gateway
 _RESERVED_TIERS = frozenset({"cache"})  # x-tiergate-tier: cache means "answered from the cache"
@@ -60,6 +62,9 @@ class Policy(StrictModel):
                                                             "currency (policies.budgets)")
     router: RouterConfig | None = Field(None, description="the learned pre-generation router: outcome records, "
                                                          "the model edge_success reads, exploration")
+    model_aliases: dict[str, str] = Field(
+        default_factory=dict, description="model names clients send (exact, or a glob such as `claude-*`) -> "
+                                          "`auto` or a tier name, so unmodified apps keep their own model names")
 
     _source: str = PrivateAttr("<memory>")
     _base_dir: Path = PrivateAttr(default_factory=Path.cwd)
@@ -119,6 +124,24 @@ class Policy(StrictModel):
             if tier.model == model:
                 return tier
         return None
+
+    def alias_for(self, model: str) -> tuple[str, str] | None:
+        """The alias that applies to a model name no tier serves: (its pattern, its target: `auto` or a tier name).
+        An exact alias wins over a glob; globs are tried in file order (`fnmatchcase`: model names are
+        case-sensitive)."""
+        if model == AUTO_MODEL or self.tier_for_model(model) is not None:
+            return None
+        if (target := self.model_aliases.get(model)) is not None:
+            return model, target
+        return next(((p, t) for p, t in self.model_aliases.items() if fnmatch.fnmatchcase(model, p)), None)
+
+    def resolve_model(self, model: str) -> str:
+        """The model a request naming `model` is served as: `auto` or a tier's public model name through an alias,
+        else `model` itself (a tier's name, `auto`, or one nobody serves: the caller answers 404)."""
+        alias = self.alias_for(model)
+        if alias is None:
+            return model
+        return alias[1] if alias[1] == AUTO_MODEL else self.tiers[alias[1]].model
 
     def effective_rules(self) -> list[Rule]:
         """The rules in order, with `default_tier` appended as a last catch-all rule named 'default'."""

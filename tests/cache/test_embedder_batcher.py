@@ -57,3 +57,10 @@ async def test_concurrent_requests_are_embedded_together(onnx_embedder: OnnxEmbe
     alone = onnx_embedder.embed(texts).vectors
     for i, v in enumerate(got):
         assert float(v.values @ alone[i]) > 0.999  # same vectors as embedding them directly, in order
+
+
+def test_window_counts_are_the_model_tokens_or_none_past_the_window(onnx_embedder: OnnxEmbedder) -> None:
+    counts = onnx_embedder.window_counts(["hello world", "word " * 400, "a"])
+    assert counts[0] == onnx_embedder.token_count("hello world") == 4  # [CLS] hello world [SEP]
+    assert counts[1] is None
+    assert counts[2] == 3  # padding to the batch's longest is not counted

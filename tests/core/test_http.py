@@ -12,7 +12,7 @@ import pytest
 from starlette.requests import ClientDisconnect, Request
 
 from tiergate.core.errors import OpenAIError, rate_limited
-from tiergate.core.http import DONE, error_response, read_body, sse
+from tiergate.core.http import DONE, error_response, read_body, replay, sse
 
 pytestmark = pytest.mark.anyio
 
@@ -99,3 +99,14 @@ def test_an_error_response_carries_the_errors_headers_and_the_callers() -> None:
     assert r.status_code == 429
     assert r.headers["retry-after"] == "3" and r.headers["x-tiergate-tier"] == "edge"  # rounded up: never early
     assert error_response(rate_limited("slow down", 7)).headers["retry-after"] == "7"
+
+
+async def test_replay_gives_the_body_once_then_the_clients_own_channel() -> None:
+    later = [{"type": "http.disconnect"}]
+
+    async def client() -> dict:
+        return later.pop()
+
+    receive = replay(b'{"a": 1}', client)
+    assert await receive() == {"type": "http.request", "body": b'{"a": 1}', "more_body": False}
+    assert await receive() == {"type": "http.disconnect"} and not later

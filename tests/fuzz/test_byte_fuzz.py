@@ -25,8 +25,8 @@ AUTH = {"Authorization": "Bearer key-alpha-1", "content-type": "application/json
 
 
 @pytest.fixture(scope="module")
-def gateway(tmp_path_factory):
-    with stack(tmp_path_factory.mktemp("byte-fuzz-gw"), settings={"admin_key": "fuzz-admin-key",
+def gateway(tmp_path_factory, embedder_dir):
+    with stack(tmp_path_factory.mktemp("byte-fuzz-gw"), settings={"admin_key": "fuzz-admin-key", "embedder": embedder_dir,
                                                                   "edge_token": "fuzz-edge-token"}) as s:
         yield s
 

@@ -47,7 +47,7 @@ CREDENTIALS = {"apiKey": AUTH, "adminKey": {"Authorization": f"Bearer {ADMIN_KEY
                "metricsKey": {"Authorization": f"Bearer {METRICS_KEY}"}}
 MODELS = ["auto", "auto", "tiergate-edge", "tiergate-cloud", None]  # None: keep what schemathesis generated
 SURFACES = {"/v1/messages", "/v1/messages/count_tokens", "/v1/responses"}  # served through the chat pipeline
-_DOC = json.loads(openapi_document())
+_DOC = json.loads(openapi_document(embedding_dim=384))  # the fuzzed gateway serves the default embedder
 OPERATIONS = [(path, method.upper()) for path, item in _DOC["paths"].items() for method in item]
 EXAMPLES = {"POST": 150, "GET": 25}
 load_all_checks()
@@ -67,8 +67,8 @@ FUZZ_SETTINGS = {"admin_key": ADMIN_KEY, "edge_token": EDGE_TOKEN, "metrics_key"
 
 
 @pytest.fixture(scope="module")
-def gateway(tmp_path_factory):
-    with stack(tmp_path_factory.mktemp("fuzz-gw"), settings=FUZZ_SETTINGS) as s:
+def gateway(tmp_path_factory, embedder_dir):
+    with stack(tmp_path_factory.mktemp("fuzz-gw"), settings=FUZZ_SETTINGS | {"embedder": embedder_dir}) as s:
         yield s
 
 
@@ -83,7 +83,10 @@ def edge_gateway(tmp_path_factory):
 def schema(gateway):
     live = httpx.get(gateway["gw"].url + "/openapi.json", timeout=10)
     assert live.status_code == 200 and live.json() == _DOC  # what we fuzz is what the gateway serves
-    return schemathesis.openapi.from_url(gateway["gw"].url + "/openapi.json")
+    loaded = schemathesis.openapi.from_url(gateway["gw"].url + "/openapi.json")
+    # every event of a whole answer: `n` × prompts answers of up to 8 chunks each, a usage chunk and [DONE]
+    loaded.config.max_stream_events = 1000
+    return loaded
 
 
 def credentials(path: str, method: str) -> dict[str, str] | None:
@@ -258,13 +261,18 @@ REFUSED_AND_DOCUMENTED_INVALID = [
     ("ChatRequest", "/v1/chat/completions", {"model": "auto", "messages": []}),
     ("ChatRequest", "/v1/chat/completions", {"model": "auto", "messages": [{"role": "user"}], "max_tokens": 0}),
     ("ChatRequest", "/v1/chat/completions", {"model": "auto", "messages": [{"role": "user"}], "top_p": 0}),
-    ("ChatRequest", "/v1/chat/completions", {"model": "auto", "messages": [{"role": "user"}], "n": 2}),
+    ("ChatRequest", "/v1/chat/completions", {"model": "auto", "messages": [{"role": "user"}], "n": 9}),
     ("ChatRequest", "/v1/chat/completions", {"model": "auto", "messages": [{"role": "user"}], "temperature": 3}),
     ("ChatRequest", "/v1/chat/completions",
      {"model": "auto", "messages": [{"role": "user"}], "max_tokens": 5, "max_completion_tokens": 0}),
     ("ChatRequest", "/v1/chat/completions", {"model": "auto", "messages": [{"role": "user"}], "top_p": 1.5}),
     ("ChatRequest", "/v1/chat/completions", {"model": "auto", "messages": [{"role": "user"}], "temperature": -1}),
-    ("CompletionRequest", "/v1/completions", {"model": "auto", "prompt": ["a", "b"]}),
+    ("CompletionRequest", "/v1/completions", {"model": "auto", "prompt": ["a"] * 9}),
+    ("CompletionRequest", "/v1/completions", {"model": "auto", "prompt": ["a", "b", "c"], "n": 3}),
+    ("CompletionRequest", "/v1/completions", {"model": "auto", "prompt": [1, 2, 3]}),
+    ("EmbeddingRequest", "/v1/embeddings", {"model": "tiergate-embed", "input": []}),
+    ("EmbeddingRequest", "/v1/embeddings", {"model": "tiergate-embed", "input": [1, 2]}),
+    ("EmbeddingRequest", "/v1/embeddings", {"model": "tiergate-embed", "input": "x", "encoding_format": "hex"}),
     ("CompletionRequest", "/v1/completions", {"model": "auto", "prompt": []}),
     ("CompletionRequest", "/v1/completions", {"model": "auto", "prompt": "a", "max_tokens": 0}),
     ("CompletionRequest", "/v1/completions", {"model": "auto", "prompt": "a", "n": 0}),

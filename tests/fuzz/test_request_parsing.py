@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 from tiergate.core.errors import OpenAIError, from_validation
 from tiergate.core.wire import ChatRequest, CompletionRequest, decode_chat, decode_completion, encode
+from tiergate.gateway.fanout import plan
 
 FUZZ = settings(max_examples=400, deadline=None, suppress_health_check=list(HealthCheck), database=None)
 DECODERS = {"chat": decode_chat, "text": decode_completion}
@@ -203,3 +204,42 @@ def test_deeply_nested_json_is_a_validation_error(field):
     body = b'{"model":"m","messages":[{"role":"user","content":"x"}],"' + field.encode() + b'":' + inner + b"}"
     assert len(body) < (1 << 20)  # within the gateway's default body limit: any client can send it
     check_outcome("chat", body)
+
+
+# ---- several answers: `gateway.fanout.plan` ------------------------------------------------------------------
+
+prompts = st.one_of(st.text(max_size=10), st.lists(st.one_of(st.text(max_size=6), st.integers(-3, 3),
+                                                             st.lists(st.integers(0, 9), max_size=3), st.none()),
+                                                   max_size=12))
+several = st.fixed_dictionaries({"model": st.just("auto")}, optional={
+    "n": st.one_of(st.integers(-3, 12), st.integers(), st.booleans(), st.floats(0, 3), st.text(max_size=2),
+                   st.none()),
+    "prompt": prompts, "seed": st.one_of(st.integers(-(2**62), 2**62), st.text(max_size=3)),
+    "stream": json_values, "stream_options": json_values, "messages": messages, "extra": json_values})
+
+
+@FUZZ
+@given(body=st.one_of(several, json_values), kind=st.sampled_from(["chat", "text"]),
+       limit=st.integers(1, 16))
+def test_a_request_for_several_answers_is_split_exactly_or_refused_with_a_400(body, kind, limit):
+    """Any JSON: not split (one answer, or malformed: the pipeline answers it), a 400 naming `n` or `prompt`, or
+    `n × prompts` single requests within the limit, in index order, each with one prompt and no `n`."""
+    try:
+        got = plan(msgspec.json.encode(body), kind, limit)
+    except OpenAIError as exc:
+        assert exc.status == 400 and exc.param in ("n", "prompt"), exc.body()
+        return
+    if got is None:
+        return
+    assert isinstance(body, dict)
+    n = body.get("n") or 1
+    listed = body["prompt"] if kind == "text" and isinstance(body.get("prompt"), list) else [None]
+    assert len(got.bodies) == n * len(listed) <= limit and len(got.bodies) > 1
+    assert got.cache is (n == 1)
+    for i, raw in enumerate(got.bodies):
+        sub = msgspec.json.decode(raw)
+        assert "n" not in sub
+        if listed != [None]:
+            assert sub["prompt"] == listed[i // n] and isinstance(sub["prompt"], str)
+        if n > 1 and isinstance(body.get("seed"), int) and not isinstance(body.get("seed"), bool):
+            assert sub["seed"] == body["seed"] + i % n

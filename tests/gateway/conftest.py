@@ -59,7 +59,7 @@ def stack(tmp_path: Path, *, edge_modes=("ok",), cloud_modes=("ok",), settings: 
         clouds = [es.enter_context(aiohttp_server(make_app(chunks, m, model="cloud-model"))) for m in cloud_modes]
         pol = write_policy(tmp_path / "policy.yaml", [e.url for e in edges], [c.url for c in clouds],
                            **(policy or {}))
-        s = Settings(policy=pol, embedder=None, redis_url=None, **(settings or {}))
+        s = Settings(**({"policy": pol, "embedder": None, "redis_url": None} | (settings or {})))
         gw = es.enter_context(gateway_server(s, keyring=keyring))
         yield {"gw": gw, "edges": edges, "clouds": clouds, "policy": pol}
 

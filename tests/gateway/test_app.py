@@ -123,7 +123,7 @@ def _err(r: httpx.Response) -> dict:
     ({"model": "auto", "messages": [{"role": "user", "content": 5}]}, 400, "invalid_field", "messages[0].content"),
     ({"model": "auto", "messages": []}, 400, "invalid_request", "at least one message"),
     ({"model": "gpt-17", "messages": [{"role": "user", "content": "x"}]}, 404, "model_not_found", "gpt-17"),
-    ({"model": "auto", "messages": [{"role": "user", "content": "x"}], "n": 3}, 400, "invalid_request", "n"),
+    ({"model": "auto", "messages": [{"role": "user", "content": "x"}], "n": 9}, 400, "invalid_request", "`n`"),
     ({"model": "auto", "messages": [{"role": "user", "content": "x"}], "max_tokens": 0}, 400, "invalid_request",
      "`max_tokens`"),
     ({"model": "auto", "messages": [{"role": "user", "content": "x"}], "max_tokens": 9, "max_completion_tokens": 0},

@@ -87,9 +87,21 @@ def _seeds(surface: str, t: Target, rng: random.Random) -> list[_Seed]:
             chat["tools"] = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
         if rng.random() < 0.3:
             chat |= _sampling(rng)
-        comp = {"model": "auto", "prompt": text, "max_tokens": rng.randint(1, 8), "stream": rng.random() < 0.5}
+        comp: dict[str, object] = {"model": "auto", "prompt": text, "max_tokens": rng.randint(1, 8),
+                                   "stream": rng.random() < 0.5}
+        if rng.random() < 0.3:  # several answers: each becomes a request of its own (gateway.fanout)
+            chat["n"] = comp["n"] = rng.choice([2, 3, 8, 0, -1, 9, 1 << 63, 2.0, True])
+        if rng.random() < 0.3:  # prompt lists: texts, token ids, nested, empty, over the limit
+            comp["prompt"] = rng.choice([[text, "second"], [text] * rng.randint(2, 12), [], [1, 2, 3], [[1], [2]],
+                                         [text, 5], [""], [text, None]])
+        embed = {"model": rng.choice(["tiergate-embed", "text-embedding-3-small"]),
+                 "input": rng.choice([text, [text, "second"], [], [1, 2], [text] * 300, "", [text, ""]]),
+                 **rng.choice([{}, {"encoding_format": "base64"}, {"encoding_format": "hex"}, {"dimensions": 384},
+                               {"dimensions": -1}])}
+        model = rng.choice(["auto", "tiergate-edge", "claude-opus-4-8", "org/model", "%00", "..", "x" * 300])
         return [_Seed("POST", "/v1/chat/completions", chat, "api"), _Seed("POST", "/v1/completions", comp, "api"),
-                _Seed("GET", "/v1/models", None, "api")]
+                _Seed("GET", "/v1/models", None, "api"), _Seed("POST", "/v1/embeddings", embed, "api"),
+                _Seed("GET", f"/v1/models/{model}", None, "api")]
     if surface == "gateway-surfaces":
         return _surface_seeds(t, rng, text)
     if surface == "gateway-admin":

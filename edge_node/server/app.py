@@ -51,7 +51,8 @@ def create_app(state: ServerState) -> Starlette:
         status = "failed" if failed else "draining" if state.draining else "ok"
         body = {"status": status, "model": state.model_name, "slots": s.slots, "busy": s.busy,
                 "queued": s.queued, "ctx": s.ctx_per_slot, "kv_cells_used": s.kv_cells_used,
-                "kv_cells_total": s.kv_cells_total, "node_id": state.node_id}
+                "kv_cells_total": s.kv_cells_total, "node_id": state.node_id,
+                "lora": lora.name if (lora := engine.rt.cfg.lora_path) else None}
         if failed:
             body["error"] = engine.failure
         return Response(_json.encode(body), status_code=503 if failed or state.draining else 200, media_type=_JSON)

@@ -1,10 +1,10 @@
-"""`tiergate distill export`: the recorded cloud answers as a chat-format training set, with a manifest.
+"""`tiergate distill export`, `train`, `gate`: the recorded cloud answers as a training set, then an edge adapter.
 
 Each line is one example, `{"messages": [..., {"role": "assistant", "content": ANSWER}]}` (text completions:
 `{"prompt": ..., "completion": ...}`), the shape fine-tuning tools read; the manifest says where the records came
 from, which filters applied and how many of each kind were written. Both are written mode 0600: they hold
-tenants' prompts and answers. docs/policy.md ("Distillation capture") shows the way from this file to an INT4 GGUF
-an edge node loads.
+tenants' prompts and answers. `train` and `gate` run `python -m tiergate.training` (the train extra: torch, peft)
+in a child process, so this process never imports torch; docs/distill.md is the operator's loop.
 
 Tested in `tests/gateway/test_distill.py`.
 """
@@ -14,6 +14,8 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import subprocess
+import sys
 import time
 from collections import Counter
 from pathlib import Path
@@ -27,13 +29,40 @@ from tiergate.gateway.settings import Settings
 
 __all__ = ["distill_app"]
 
-distill_app = typer.Typer(help="Distillation capture: export recorded cloud answers as training data.",
+distill_app = typer.Typer(help="Distillation: export recorded cloud answers, train an edge adapter, gate it.",
                           no_args_is_help=True, pretty_exceptions_enable=False)
 
 
 @distill_app.callback()
 def _group() -> None:
-    """Keeps `export` a subcommand (more will come)."""
+    """Keeps `export` a subcommand."""
+
+
+_FORWARD = {"allow_extra_args": True, "ignore_unknown_options": True, "help_option_names": []}
+
+
+def _training(command: str, args: list[str]) -> None:
+    """Run `python -m tiergate.training COMMAND ARGS` in a child process: torch stays out of this process (the
+    gateway's CLI), and a missing `train` extra is one clear line."""
+    probe = subprocess.run([sys.executable, "-c", "import torch, peft, transformers"], capture_output=True, check=False)
+    if probe.returncode != 0:
+        typer.echo("error: training needs the train extra: pip install 'tiergate[train]' "
+                   "(or scripts/setup.sh --dev)", err=True)
+        raise typer.Exit(1)
+    raise typer.Exit(subprocess.run([sys.executable, "-m", "tiergate.training", command, *args],
+                                    check=False).returncode)
+
+
+@distill_app.command("train", context_settings=_FORWARD, add_help_option=False)
+def train(ctx: typer.Context) -> None:
+    """Train a LoRA adapter (GGUF) on an export; `tiergate distill train --help` lists the options."""
+    _training("train", ctx.args)
+
+
+@distill_app.command("gate", context_settings=_FORWARD, add_help_option=False)
+def gate(ctx: typer.Context) -> None:
+    """Score base and base+adapter in llama.cpp and promote or refuse; `--help` lists the options."""
+    _training("gate", ctx.args)
 
 
 def _example(record: dict[str, Any]) -> dict[str, Any]:

@@ -109,7 +109,7 @@ class LlamaRuntime:
             kv_unified=cfg.kv_unified,
             threads=cfg.threads,
             chat_template=self.chat_template.origin,
-            lora=str(cfg.lora_path) if cfg.lora_path else None,
+            lora=str(self.lora_path) if self.lora_path else None,
         )
 
     # ------------------------------------------------------------------ loading
@@ -136,22 +136,32 @@ class LlamaRuntime:
             why = self._log.last_error() or "context creation failed"
             raise ModelLoadError(f"llama.cpp could not create a context for {cfg.model_path}: {why}")
         self.memory = ll.llama_get_memory(self._ctx)
+        self.lora_path: Path | None = None
         if cfg.lora_path is not None:
-            self._apply_lora(cfg.lora_path)
+            self.set_lora(cfg.lora_path)
 
-    def _apply_lora(self, path: Path) -> None:
+    def set_lora(self, path: Path | None) -> None:
+        """Apply the GGUF LoRA adapter at `path` (None: none) in place of the current one; on a refused adapter the
+        current one stays. Engine thread only once serving: the context is the decode loop's."""
         # llama.cpp applies adapters per context, not per sequence: every slot of this node answers with it.
         ll = self._ll
-        if not path.is_file():
-            raise ModelLoadError(f"LoRA adapter {path}: no such file")
-        self._adapter = ll.llama_adapter_lora_init(self._model, os.fsencode(path))
-        if not self._adapter:
-            why = self._log.last_error() or "not a LoRA adapter GGUF for this model"
-            raise ModelLoadError(f"llama.cpp could not load the LoRA adapter {path}: {why}")
-        adapters = (ll.llama_adapter_lora_p_ctypes * 1)(self._adapter)
-        scales = (ctypes.c_float * 1)(1.0)
-        if ll.llama_set_adapters_lora(self._ctx, adapters, 1, scales) != 0:
+        new = None
+        if path is not None:
+            if not path.is_file():
+                raise ModelLoadError(f"LoRA adapter {path}: no such file")
+            new = ll.llama_adapter_lora_init(self._model, os.fsencode(path))
+            if not new:
+                why = self._log.last_error() or "not a LoRA adapter GGUF for this model"
+                raise ModelLoadError(f"llama.cpp could not load the LoRA adapter {path}: {why}")
+        adapters = (ll.llama_adapter_lora_p_ctypes * 1)(new) if new else None
+        scales = (ctypes.c_float * 1)(1.0) if new else None
+        if ll.llama_set_adapters_lora(self._ctx, adapters, 1 if new else 0, scales) != 0:
+            if new:
+                ll.llama_adapter_lora_free(new)
             raise ModelLoadError(f"llama.cpp could not apply the LoRA adapter {path} to the context")
+        if self._adapter:
+            ll.llama_adapter_lora_free(self._adapter)
+        self._adapter, self.lora_path = new, path
 
     def close(self) -> None:
         ll = self._ll if hasattr(self, "_ll") else None

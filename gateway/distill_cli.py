@@ -1,4 +1,4 @@
-"""`tiergate distill export`, `train`, `gate`: the recorded cloud answers as a training set, then an edge adapter.
+"""`tiergate distill export`, `train`, `gate`, `rollout`: recorded cloud answers to an edge adapter on the fleet.
 
 Each line is one example, `{"messages": [..., {"role": "assistant", "content": ANSWER}]}` (text completions:
 `{"prompt": ..., "completion": ...}`), the shape fine-tuning tools read; the manifest says where the records came
@@ -6,7 +6,7 @@ from, which filters applied and how many of each kind were written. Both are wri
 tenants' prompts and answers. `train` and `gate` run `python -m tiergate.training` (the train extra: torch, peft)
 in a child process, so this process never imports torch; docs/distill.md is the operator's loop.
 
-Tested in `tests/gateway/test_distill.py`.
+Tested in `tests/gateway/test_distill.py`, `tests/gateway/test_rollout.py`, `tests/training/test_pipeline.py`.
 """
 
 from __future__ import annotations
@@ -21,10 +21,12 @@ from collections import Counter
 from pathlib import Path
 from typing import Annotated, Any
 
+import aiohttp
 import typer
 
 from tiergate.cache.redis.conn import open_redis, safe_url
 from tiergate.gateway.distill import JsonlRecords, RedisRecords, write_private
+from tiergate.gateway.rollout import NodeError, load_probes, rollout
 from tiergate.gateway.settings import Settings
 
 __all__ = ["distill_app"]
@@ -35,7 +37,7 @@ distill_app = typer.Typer(help="Distillation: export recorded cloud answers, tra
 
 @distill_app.callback()
 def _group() -> None:
-    """Keeps `export` a subcommand."""
+    """Keeps the commands subcommands."""
 
 
 _FORWARD = {"allow_extra_args": True, "ignore_unknown_options": True, "help_option_names": []}
@@ -122,3 +124,32 @@ def export(
     }
     write_private(manifest_path, (json.dumps(manifest, indent=2) + "\n").encode())
     typer.echo(json.dumps({"out": str(out), "manifest": str(manifest_path), "examples": len(kept)}))
+
+
+@distill_app.command("rollout")
+def rollout_cmd(
+    node: Annotated[list[str], typer.Option(help="Edge node base URL (repeatable; the first --canary are canaries).")],
+    adapter: Annotated[str, typer.Option(help="Adapter file name, already in every node's --lora-dir.")],
+    probes: Annotated[Path, typer.Option(help="Questions with known answers (the gate's heldout.jsonl).")],
+    canary: Annotated[int, typer.Option(min=1, help="Nodes swapped first.")] = 1,
+    margin: Annotated[float, typer.Option(help="Points the canaries must gain over the other nodes.")] = 0.0,
+    previous: Annotated[str | None, typer.Option(help="Adapter to roll back to (default: the plain model).")] = None,
+    api_key: Annotated[str | None, typer.Option(envvar="TIERGATE_EDGE_API_KEY", help="The nodes' API key.")] = None,
+    max_tokens: Annotated[int, typer.Option(min=1, help="Tokens per probe answer (as the gate's --max-tokens).")]
+    = 32,
+    out: Annotated[Path | None, typer.Option(help="Write the result JSON here too.")] = None,
+) -> None:
+    """Swap canary nodes to a gated adapter, compare their answers with the others', then promote or roll back."""
+    try:
+        questions = load_probes(probes)
+        result = asyncio.run(rollout(node, adapter, questions, canary=canary, margin=margin, previous=previous,
+                                     api_key=api_key, max_tokens=max_tokens))
+    except (ValueError, OSError, NodeError, aiohttp.ClientError, TimeoutError) as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(1) from None
+    body = json.dumps(result.as_dict())
+    if out is not None:
+        out.write_text(body + "\n")
+    typer.echo(body)
+    if not result.promoted:
+        raise typer.Exit(3)

@@ -16,7 +16,15 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from tiergate.training.converters import ConversionError, convert_lora
 from tiergate.training.data import Example, ExportError, dedupe, file_digest, load_export, split
 from tiergate.training.gate import decide, evaluate
-from tiergate.training.lora import TrainConfig, load_base, save_base, train_lora
+from tiergate.training.lora import (
+    TokenizerMismatch,
+    TrainConfig,
+    chat_texts,
+    check_tokenizer,
+    load_base,
+    save_base,
+    train_lora,
+)
 
 __all__ = ["app"]
 
@@ -72,6 +80,11 @@ def train(
     t0 = time.monotonic()
     typer.echo(f"loading {model} into torch", err=True)
     base, tok = load_base(model)
+    try:
+        check_tokenizer(model, tok, chat_texts(tok, parts.train[:32]))
+    except TokenizerMismatch as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(1) from None
     base_dir = save_base(base, tok, out / "base-hf")
     with Progress(TextColumn("training"), BarColumn(), MofNCompleteColumn(), TextColumn("loss {task.fields[loss]}"),
                   TimeRemainingColumn()) as bar:

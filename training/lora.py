@@ -19,12 +19,15 @@ from typing import Any
 
 import gguf
 import torch
+from llama_cpp import Llama
 from peft import LoraConfig, PeftModel, get_peft_model
+from tokenizers import pre_tokenizers
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from tiergate.training.data import Example
 
-__all__ = ["TARGET_MODULES", "TrainConfig", "load_base", "save_base", "train_lora"]
+__all__ = ["TARGET_MODULES", "TokenizerMismatch", "TrainConfig", "check_tokenizer", "load_base", "save_base",
+           "train_lora"]
 
 TARGET_MODULES = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 _STATE = "trainer_state.pt"
@@ -46,9 +49,27 @@ class TrainConfig:
         return asdict(self)
 
 
-def _chat_template(path: Path) -> str | None:
-    field = gguf.GGUFReader(path).get_field("tokenizer.chat_template")
+class TokenizerMismatch(ValueError):
+    """transformers tokenizes the model's text differently from llama.cpp: training would teach other tokens."""
+
+
+def _gguf_string(path: Path, key: str) -> str | None:
+    field = gguf.GGUFReader(path).get_field(key)
     return field.contents() if field is not None else None
+
+
+def check_tokenizer(model_gguf: Path, tok: PreTrainedTokenizerBase, texts: list[str]) -> None:
+    """Refuse to train when transformers' ids for `texts` differ from llama.cpp's (the runtime that serves)."""
+    llm = Llama(model_path=str(model_gguf), vocab_only=True, verbose=False)
+    try:
+        for text in texts:
+            theirs = llm.tokenize(text.encode(), add_bos=False, special=True)
+            ours = tok(text, add_special_tokens=False)["input_ids"]
+            if ours != theirs:
+                raise TokenizerMismatch(f"{model_gguf}: transformers and llama.cpp tokenize {text[:80]!r} differently "
+                                        f"({len(ours)} and {len(theirs)} tokens)")
+    finally:
+        llm.close()
 
 
 def load_base(model_gguf: Path) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
@@ -64,7 +85,12 @@ def load_base(model_gguf: Path) -> tuple[PreTrainedModel, PreTrainedTokenizerBas
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)  # on the CPU: its buffers are computed
     model.load_state_dict(loaded.state_dict(), strict=True)
     model.tie_weights()
-    template = _chat_template(model_gguf)
+    if _gguf_string(model_gguf, "tokenizer.ggml.pre") == "smollm":
+        # transformers knows no "smollm" pre-tokenizer and falls back to GPT-2's; llama.cpp splits digits first.
+        tok.backend_tokenizer.pre_tokenizer = pre_tokenizers.Sequence([
+            pre_tokenizers.Digits(individual_digits=True),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=True)])
+    template = _gguf_string(model_gguf, "tokenizer.chat_template")
     if template and not tok.chat_template:
         tok.chat_template = template
     if tok.pad_token is None:
@@ -77,6 +103,12 @@ def save_base(model: PreTrainedModel, tok: PreTrainedTokenizerBase, out: Path) -
     model.save_pretrained(out, safe_serialization=True)
     tok.save_pretrained(out)
     return out
+
+
+def chat_texts(tok: PreTrainedTokenizerBase, rows: list[Example]) -> list[str]:
+    """Each example as the model sees it in training: prompt and answer through the chat template."""
+    return [tok.apply_chat_template([*ex.chat, {"role": "assistant", "content": ex.answer}], tokenize=False)
+            for ex in rows]
 
 
 def _encode(tok: PreTrainedTokenizerBase, ex: Example, max_len: int) -> tuple[list[int], list[int]]:

@@ -19,6 +19,7 @@ from pathlib import Path
 import httpx
 import pytest
 from aiohttp import web
+from tokenizers import pre_tokenizers
 from typer.testing import CliRunner
 
 from tests.support.edge import run_cli
@@ -27,6 +28,8 @@ from tests.support.waiting import wait_until
 from tiergate.gateway.auth import KeyRing
 from tiergate.gateway.distill_cli import distill_app
 from tiergate.gateway.settings import Settings
+from tiergate.training.data import Example
+from tiergate.training.lora import TokenizerMismatch, chat_texts, check_tokenizer, load_base
 
 pytestmark = pytest.mark.integration
 KEYS = KeyRing.from_inline("key-acme-1=acme:normal")
@@ -153,3 +156,13 @@ def test_edge_node_refuses_an_adapter_it_cannot_load(tmp_path, edge_model):
     junk.write_bytes(b"GGUF" + b"\0" * 64)
     bad = run_cli("serve", "--model", str(edge_model.gguf), "--lora", str(junk))
     assert bad.returncode != 0 and "could not load the LoRA adapter" in bad.stderr
+
+
+def test_training_refuses_a_tokenizer_that_disagrees_with_llama_cpp(edge_model):
+    base, tok = load_base(edge_model.gguf)
+    texts = chat_texts(tok, [Example((("user", "the quick brown fox"),), "jumps over", 1)])
+    check_tokenizer(edge_model.gguf, tok, texts)  # as loaded: the same ids as llama.cpp
+    tok.backend_tokenizer.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split("e", "isolated"), pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)])
+    with pytest.raises(TokenizerMismatch, match="tokenize"):
+        check_tokenizer(edge_model.gguf, tok, texts)

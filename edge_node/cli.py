@@ -147,6 +147,10 @@ def serve(
     kv_unified: Annotated[bool, typer.Option(help="One KV buffer shared by all slots (cheaper prefix sharing; "
                                                   "attention then scans every slot's cells).")] = False,
     model_name: Annotated[str | None, typer.Option(help="Name served in /v1/models (default: file name).")] = None,
+    lora: Annotated[Path | None, typer.Option(help="A GGUF LoRA adapter (`tiergate distill train`) applied over the "
+                                              "model for every request.")] = None,
+    lora_dir: Annotated[Path | None, typer.Option(help="Adapters POST /admin/lora may swap in while serving, by file "
+                                                  "name (default: swaps off).")] = None,
     gateway: Annotated[str | None, typer.Option(help="Gateway base URL to register with.")] = None,
     token: Annotated[str | None, typer.Option(envvar="TIERGATE_EDGE_TOKEN", help="Shared edge token for the gateway "
                                               "(lets the node register an id no one holds).")] = None,
@@ -181,14 +185,17 @@ def serve(
     try:
         path = resolve_model(model)
         runtime = LlamaRuntime(RuntimeConfig(model_path=path, ctx_per_seq=ctx, parallel=parallel, n_batch=batch,
-                                             threads=threads, n_gpu_layers=n_gpu_layers, kv_unified=kv_unified))
+                                             threads=threads, n_gpu_layers=n_gpu_layers, kv_unified=kv_unified,
+                                             lora_path=lora))
     except ModelFileError as e:
         raise _fail(str(e)) from None
 
     engine = Engine(runtime, max_queue=max_queue)
     name = model_name or path.name.removesuffix(".gguf")
     nid = node_id or f"{socket.gethostname()}-{port}"
-    state = ServerState(engine=engine, model_name=name, node_id=nid, api_keys=api_keys,
+    if lora_dir is not None and not lora_dir.is_dir():
+        raise _fail(f"--lora-dir {lora_dir}: not a folder", 2)
+    state = ServerState(engine=engine, model_name=name, node_id=nid, api_keys=api_keys, lora_dir=lora_dir,
                         test_hooks=os.environ.get("TIERGATE_EDGE_TEST_HOOKS") == "1")
     registrar = None
     if gateway:

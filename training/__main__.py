@@ -1,0 +1,3 @@
+from tiergate.training.cli import app
+
+app()

@@ -154,6 +154,9 @@ class MessagesRequest(msgspec.Struct, forbid_unknown_fields=True):
     metadata: MessagesMetadata | None = None
     output_config: OutputConfig | None = None
     thinking: dict[str, Any] | None = None  # accepted, ignored (see the module's docstring)
+    # Server-side context editing (clearing old tool results as the context fills): accepted, not done here, so a
+    # conversation that would have needed it gets the gateway's context-length error instead (Claude Code sends it).
+    context_management: dict[str, Any] | None = None
     service_tier: str | None = None  # a hint about Anthropic's capacity; the routing policy decides here
     cache_control: dict[str, Any] | None = None
     speed: str | None = None

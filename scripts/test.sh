@@ -15,6 +15,7 @@ command -v docker-compose >/dev/null || NEED+=(docker-compose)
 command -v systemd-analyze >/dev/null || NEED+=(systemd)
 command -v wrk >/dev/null || NEED+=(wrk)
 command -v node >/dev/null || NEED+=(nodejs)    # tests/test_lint.py parses the status page's script
+command -v npm >/dev/null || NEED+=(npm)         # the npm clients the tests drive (tests/clients: Claude Code)
 if [ ${#NEED[@]} -gt 0 ]; then
   echo "==> installing Debian packages: ${NEED[*]}"
   SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"

@@ -135,8 +135,12 @@ class Gateway:
         asyncio.get_running_loop().create_task(self.policy_store.reload())
 
     async def _sync_tiers(self, active: ActivePolicy | None = None) -> None:
-        """Build the pools of a (re)loaded policy; requests move to it once they are all up (`Tiers.sync`)."""
-        await self.tiers.sync(active or self.policy_store.current)
+        """Build the pools of a (re)loaded policy; requests move to it once they are all up (`Tiers.sync`). Its
+        `throughput: live` prices read the tiers' nodes from then on."""
+        active = active or self.policy_store.current
+        if active.policy.costs is not None:
+            active.policy.costs.read_live_throughput(self.tiers.throughput)
+        await self.tiers.sync(active)
 
     def ready(self) -> tuple[bool, dict[str, object]]:
         tiers = self.tiers.health()

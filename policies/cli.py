@@ -28,6 +28,7 @@ from tiergate.core.types import Priority
 from tiergate.core.wire import ChatRequest, CompletionRequest
 from tiergate.policies.cascade_sim import describe_cascade
 from tiergate.policies.classify import Classifier, messages_of
+from tiergate.policies.costs import Throughput
 from tiergate.policies.engine import PolicyEngine
 from tiergate.policies.loader import DEFAULT_POLICY, PolicyError, check_policy, load_policy
 from tiergate.policies.model import Policy
@@ -224,8 +225,15 @@ def _describe_costs(policy: Policy) -> list[str]:
            f"{c.reference_tier!r}"]
     for name in policy.tiers:
         p = c.tier_price(name)
-        out.append(f"  {name}: " + (f"{_price(p.prompt_per_1k)} / {_price(p.cached_prompt)} / "
-                                     f"{_price(p.completion_per_1k)}" if p is not None else "no prices (counted as 0)"))
+        line = f"  {name}: " + (f"{_price(p.prompt_per_1k)} / {_price(p.cached_prompt)} / "
+                                f"{_price(p.completion_per_1k)}" if p is not None else "no prices (counted as 0)")
+        node, found = c.prices[name].node if name in c.prices else None, c.throughput(name)
+        if node is not None and found is not None:
+            source = ("measured live by its nodes; until one reports, the benchmark figure" if
+                      node.throughput is Throughput.LIVE else "the benchmark figure in this policy")
+            line += (f"  (derived: {_price(node.per_second)} per node-second / {found[0]:g} tokens/s; "
+                     f"throughput: {source})")
+        out.append(line)
     return out
 
 

@@ -107,6 +107,13 @@ class GatewayMetrics:
                                        "(costs.reference_tier), by tenant, the tier that answered (cache for a hit) "
                                        "and rule: the saving is this minus tiergate_spend_total.",
                                        [TENANT_LABEL, "tier", "rule", "currency"], registry=r)
+        self.savings_spend = Counter("tiergate_savings_spend_total",
+                                     "tiergate_spend_total by what it was spent for (gateway.savings): edge, cache "
+                                     "(its shadow checks), cascade (kept answers and thrown-away attempts), cloud.",
+                                     ["source", "currency"], registry=r)
+        self.savings_reference = Counter("tiergate_savings_reference_total",
+                                         "tiergate_spend_reference_total by source: the saving of a source is this "
+                                         "minus tiergate_savings_spend_total.", ["source", "currency"], registry=r)
         self.distill = Counter("tiergate_distill_records_total",
                                "Distillation records, by result (recorded, failed).", ["result"], registry=r)
         self._children: dict[tuple[MetricWrapperBase, tuple[str, ...]], MetricWrapperBase] = {}

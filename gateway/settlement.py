@@ -34,6 +34,7 @@ from tiergate.gateway.context import Arrival, Finished, Outcome, RequestContext
 from tiergate.gateway.distill import Distiller
 from tiergate.gateway.limits import Limiter, Reservation, TenantSlot
 from tiergate.gateway.metrics import GatewayMetrics
+from tiergate.gateway.savings import record_saving
 from tiergate.policies.costs import CostsConfig
 
 __all__ = ["AlreadySettled", "CacheProvider", "Settlement", "Settlements", "SharedCache"]
@@ -138,13 +139,17 @@ class Settlement:
         if ctx is None or costs is None:
             return
         m, tenant, rule, currency = self._deps.metrics, ctx.tenant.id, ctx.decision.rule, costs.currency
+        ref = costs.reference(prompt, completion, cached) if reference else None
         if kind:
-            m.child(m.spend, tenant, tier, rule, kind, currency).inc(
-                self._answer_cost(costs, tier, prompt, completion, cached))
-        if reference:
-            m.child(m.spend_reference, tenant, tier, rule, currency).inc(costs.reference(prompt, completion, cached))
+            cost = self._answer_cost(costs, tier, prompt, completion, cached)
+            m.child(m.spend, tenant, tier, rule, kind, currency).inc(cost)
+            record_saving(m, ctx, tier, kind, cost, ref, currency)  # the split of the saving (gateway.savings)
+        if ref is not None:
+            m.child(m.spend_reference, tenant, tier, rule, currency).inc(ref)
         for t, p, c in self._thrown:
-            m.child(m.spend, tenant, t, rule, "escalated", currency).inc(costs.cost(t, p, c))
+            cost = costs.cost(t, p, c)
+            m.child(m.spend, tenant, t, rule, "escalated", currency).inc(cost)
+            record_saving(m, ctx, t, "escalated", cost, None, currency)
 
     def _elapsed(self) -> float:
         return time.perf_counter() - self.arrival.started

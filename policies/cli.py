@@ -348,28 +348,100 @@ def _complexity_detail(d: dict[str, Any]) -> str:
 def simulate(
     file: Annotated[Path, typer.Argument(help="Policy YAML file.")],
     traffic: Annotated[str, typer.Argument(help="Traffic as JSON lines (- for stdin); a line may name its "
-                                                "`source` (kind of traffic) for per-source totals.")],
+                                                "`source` (kind of traffic) for per-source totals and its "
+                                                "`completion_tokens` for its cost.")],
+    compare: Annotated[Path | None, typer.Option(help="A second policy: print both side by side (routing, cost, "
+                                                      "savings) instead of the per-request lines.")] = None,
+    assumed_completion: Annotated[int, typer.Option(min=0, help="Completion tokens of a line that gives neither "
+                                                               "completion_tokens nor max_tokens.")] = 256,
+    as_json: Annotated[bool, typer.Option("--json", help="With --compare: the two totals as one JSON object.")]
+    = False,
 ) -> None:
-    """Decide every request of a traffic file: one JSON line per request, then a {"totals": ...} line."""
-    loaded = _load(file)
-    clf = _classifier(loaded)
-    sim = Simulation(loaded.policy)
+    """Decide every request of a traffic file: one JSON line per request, then a {"totals": ...} line (its `cost`:
+    spend, what all-cloud would have cost, and what the edge, the cache and the cascade saved, in the policy's
+    own prices). With --compare, two policies on the same traffic, side by side."""
     source = _open(traffic)
     try:
-        for n, obj in _lines(source):
-            try:
-                _, f, d = _classify_line(clf, loaded.engine, obj)
-            except ValueError as exc:
-                sim.error()
-                _emit({"line": n, "error": str(exc)}, sys.stdout)
-                continue
-            label = obj.get("source")  # a dict here: _classify_line refused anything else
-            _emit({"line": n, **sim.row(f, d, str(label) if label is not None else None, obj.get("cascade"))},
-                  sys.stdout)
+        lines = list(_lines(source))
     finally:
         if source is not sys.stdin:
             source.close()
-    _emit({"totals": sim.totals()}, sys.stdout)
+    if compare is None:
+        sim = _simulate(_load(file), lines, assumed_completion, sys.stdout)
+        _emit({"totals": sim.totals()}, sys.stdout)
+        return
+    both = [(path, loaded, _simulate(loaded, lines, assumed_completion, None).totals())
+            for path, loaded in ((file, _load(file)), (compare, _load(compare)))]
+    if as_json:
+        typer.echo(json.dumps({"traffic": traffic, "policies": [
+            {"file": str(path), "version": loaded.version, "totals": totals} for path, loaded, totals in both]},
+            indent=2))
+        return
+    for line in side_by_side([(str(path), totals) for path, _, totals in both]):
+        typer.echo(line)
+
+
+def _simulate(loaded: _Loaded, lines: list[tuple[int, Any]], assumed_completion: int,
+              out: TextIO | None) -> Simulation:
+    """Decide every line under one policy; each row written to `out` (None: totals only)."""
+    clf = _classifier(loaded)
+    sim = Simulation(loaded.policy, assumed_completion)
+    for n, obj in lines:
+        try:
+            _, f, d = _classify_line(clf, loaded.engine, obj)
+        except ValueError as exc:
+            sim.error()
+            if out is not None:
+                _emit({"line": n, "error": str(exc)}, out)
+            continue
+        label = obj.get("source")  # a dict here: _classify_line refused anything else
+        row = sim.row(f, d, str(label) if label is not None else None, obj.get("cascade"), obj)
+        if out is not None:
+            _emit({"line": n, **row}, out)
+    return sim
+
+
+def side_by_side(runs: list[tuple[str, dict[str, Any]]]) -> list[str]:
+    """Two (or more) policies' totals as a table: routing, then cost and savings, then the quality they cost."""
+    def share(t: dict[str, Any], kind: str) -> str:
+        return f"{t['kinds'].get(kind, {}).get('share', 0.0):.1%}"
+
+    def money(t: dict[str, Any], *path: str) -> str:
+        c: Any = t.get("cost")
+        for key in path:
+            c = c.get(key) if isinstance(c, dict) else None
+        return "-" if c is None else f"{c:.6f}"
+
+    def kept(t: dict[str, Any]) -> str:
+        rules = t["cascade"]["rules"]
+        judged = sum(r["with_confidence"] for r in rules.values())
+        return f"{sum(r['kept'] for r in rules.values()) / judged:.1%} of {judged}" if judged else "-"
+
+    currency = next((t["cost"]["currency"] for _, t in runs if "cost" in t), "")
+    rows: list[tuple[str, list[str]]] = [
+        ("requests decided", [str(t["decided"]) for _, t in runs]),
+        ("edge share", [share(t, "edge") for _, t in runs]),
+        ("cloud share", [share(t, "cloud") for _, t in runs]),
+        ("rejected", [f"{t['rejected']['share']:.1%}" for _, t in runs]),
+        ("cache: exact repeats", [f"{t['cache']['exact_repeat_share']:.1%}" for _, t in runs]),
+        (f"spend ({currency})", [money(t, "spend") for _, t in runs]),
+        (f"all-cloud reference ({currency})", [money(t, "reference") for _, t in runs]),
+        (f"saved ({currency})", [money(t, "saved") for _, t in runs]),
+        ("saved share", [f"{t['cost']['saved_share']:.1%}" if "cost" in t else "-" for _, t in runs]),
+        *[(f"  saved by {s}", [money(t, "saved_by", s) for _, t in runs]) for s in ("edge", "cache", "cascade",
+                                                                                   "cloud")],
+        ("quality: cascade kept", [kept(t) for _, t in runs]),
+        ("quality: escalated (of all)", [f"{t['cascade']['escalated_share_of_all']:.1%}" for _, t in runs]),
+        ("completion tokens assumed", [str(t["cost"]["completion_tokens_assumed"]) if "cost" in t else "-"
+                                       for _, t in runs]),
+    ]
+    names = [name for name, _ in runs]
+    width = max(len(label) for label, _ in rows) + 2
+    cols = [max(len(n), *(len(r[1][i]) for r in rows)) + 2 for i, n in enumerate(names)]
+    out = [" " * width + "".join(n.rjust(c) for n, c in zip(names, cols, strict=True))]
+    out += [label.ljust(width) + "".join(v.rjust(c) for v, c in zip(values, cols, strict=True))
+            for label, values in rows]
+    return out
 
 
 def schema_text() -> str:

@@ -26,6 +26,7 @@ from tiergate.gateway.admin import AdminKey
 from tiergate.gateway.auth import KeyRing
 from tiergate.gateway.dispatch import Dispatcher
 from tiergate.gateway.distill import Distiller, JsonlRecords, RedisRecords
+from tiergate.gateway.history import History
 from tiergate.gateway.keys import Keys
 from tiergate.gateway.limits import Limiter
 from tiergate.gateway.metrics import GatewayMetrics
@@ -76,6 +77,7 @@ class Gateway:
         self.dispatcher = Dispatcher(self.upstream, self.metrics, self.quarantine)
         self.limiter = Limiter(self.metrics, self.redis)
         self.stats = Stats()  # the status page's rolling window of recent requests
+        self.history = History(self.registry)  # its charts over time and spend table, from the counters
         self.accounting = Accounting(self.metrics, self.stats)
         self.draining = False
         self.started_at = time.time()
@@ -102,6 +104,7 @@ class Gateway:
         await self._sync_tiers()
         await self.quarantine.start()
         await self.keys.start()
+        await self.history.start()
         if self.settings.cache:
             s = self.settings
             judge = HttpJudge(s.cache_judge_url, s.cache_judge_model or "auto", s.cache_judge_key) \
@@ -121,6 +124,7 @@ class Gateway:
     async def shutdown(self) -> None:
         self.draining = True
         await self.shadow.stop()
+        await self.history.stop()
         await self.policy_store.stop()
         await self.quarantine.stop()
         await self.keys.stop()

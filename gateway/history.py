@@ -133,7 +133,10 @@ class History:
 
     def snapshot(self) -> dict[str, Any]:
         """The charts' series (one value per step; None where there is nothing to divide) and the totals since
-        start: spend, savings by source beside the quality signals, and the spend per tenant."""
+        start: spend, savings by source beside the quality signals, and the spend per tenant. A look more than a
+        step after the last sample samples first, so the totals are never a step behind."""
+        if not self._points or self._clock() - self._points[-1].t >= self.step_s:
+            self.sample()
         points = list(self._points)
         series: dict[str, Any] = {"t": [], "requests": {}, "spend": [], "saved": [], "saved_by": {},
                                   "hit_rate": [], "cascade_kept_rate": []}

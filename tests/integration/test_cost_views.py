@@ -150,5 +150,13 @@ def test_live_node_prices_the_saving_split_and_the_status_data_with_traffic_runn
             quality = data["history"]["costs"]["quality"]["cascade"]
             assert quality["kept"] > 0 and quality["escalated"] > 0
             assert httpx.get(gw.url + "/dashboard/data").status_code == 401  # the tenant table is the admin's
-            series = data["history"]["series"]
-            assert len(series["t"]) >= 2 and set(series["saved_by"]) >= {"edge", "cache", "cascade"}
+
+            def series() -> dict:
+                return httpx.get(gw.url + "/dashboard/data", headers={"Authorization": f"Bearer {ADMIN_KEY}"},
+                                 timeout=10).json()["history"]["series"]
+
+            wait_until(lambda: traffic_until(lambda: len(series()["t"]) >= 2), timeout_s=60, interval_s=0.0,
+                       what="two steps of history")
+            s = series()
+            assert set(s["saved_by"]) >= {"edge", "cache", "cascade"} and set(s["requests"]) >= {"edge", "cache"}
+            assert all(len(v) == len(s["t"]) for v in s["saved_by"].values())

@@ -83,7 +83,8 @@ def create_app(settings: Settings | None = None, *, keyring: KeyRing | None = No
     edge = EdgeEndpoints(EdgeAuth(gw.settings.edge_secret, gw.settings.edge_token),
                          UrlPolicy(gw.settings.edge_network_list()), gw.settings.max_body_bytes, gw.tiers)
     status = StatusPage(StatusSource(admin=gw.admin, started_at=gw.started_at, stats=gw.stats, tiers=gw.tiers,
-                                     policy_store=gw.policy_store, draining=gw.is_draining, ready=gw.ready))
+                                     history=gw.history, policy_store=gw.policy_store, draining=gw.is_draining,
+                                     ready=gw.ready))
     feedback = CacheFeedback(gw.keys, gw.shared_cache)
     usage = UsageEndpoint(gw.keys, gw.budgets, lambda: gw.policy_store.current.policy)
     surface_limits = SurfaceLimits(gw.settings.max_body_bytes, gw.settings.body_timeout_s)

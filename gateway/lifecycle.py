@@ -28,6 +28,7 @@ from tiergate.gateway.budgets import Budgets
 from tiergate.gateway.dispatch import Dispatcher
 from tiergate.gateway.distill import Distiller, JsonlRecords, RedisRecords
 from tiergate.gateway.exploration import Explorations
+from tiergate.gateway.history import History
 from tiergate.gateway.keys import Keys
 from tiergate.gateway.learned_router import LearnedRouter
 from tiergate.gateway.ledger import LocalLedger, RedisLedger
@@ -81,6 +82,7 @@ class Gateway:
         self.dispatcher = Dispatcher(self.upstream, self.metrics, self.quarantine)
         self.limiter = Limiter(self.metrics, self.redis)
         self.stats = Stats()  # the status page's rolling window of recent requests
+        self.history = History(self.registry)  # its charts over time and spend table, from the counters
         self.accounting = Accounting(self.metrics, self.stats)
         self.draining = False
         self.started_at = time.time()
@@ -114,6 +116,7 @@ class Gateway:
         await self._sync_tiers()
         await self.quarantine.start()
         await self.keys.start()
+        await self.history.start()
         if self.settings.cache:
             s = self.settings
             judge = HttpJudge(s.cache_judge_url, s.cache_judge_model or "auto", s.cache_judge_key) \
@@ -135,6 +138,7 @@ class Gateway:
         await self.shadow.stop()
         await self.explorations.stop()
         await self.router.outcomes.flush()
+        await self.history.stop()
         await self.policy_store.stop()
         await self.quarantine.stop()
         await self.keys.stop()
@@ -149,8 +153,12 @@ class Gateway:
         asyncio.get_running_loop().create_task(self.policy_store.reload())
 
     async def _sync_tiers(self, active: ActivePolicy | None = None) -> None:
-        """Build the pools of a (re)loaded policy; requests move to it once they are all up (`Tiers.sync`)."""
-        await self.tiers.sync(active or self.policy_store.current)
+        """Build the pools of a (re)loaded policy; requests move to it once they are all up (`Tiers.sync`). Its
+        `throughput: live` prices read the tiers' nodes from then on."""
+        active = active or self.policy_store.current
+        if active.policy.costs is not None:
+            active.policy.costs.read_live_throughput(self.tiers.throughput)
+        await self.tiers.sync(active)
 
     def ready(self) -> tuple[bool, dict[str, object]]:
         tiers = self.tiers.health()

@@ -121,6 +121,13 @@ class GatewayMetrics:
         self.ledger_errors = Counter("tiergate_spend_ledger_errors_total",
                                      "Spend ledger operations that failed (Redis unreachable), by operation "
                                      "(reserve, settle, read).", ["op"], registry=r)
+        self.savings_spend = Counter("tiergate_savings_spend_total",
+                                     "tiergate_spend_total by what it was spent for (gateway.savings): edge, cache "
+                                     "(its shadow checks), cascade (kept answers and thrown-away attempts), cloud.",
+                                     ["source", "currency"], registry=r)
+        self.savings_reference = Counter("tiergate_savings_reference_total",
+                                         "tiergate_spend_reference_total by source: the saving of a source is this "
+                                         "minus tiergate_savings_spend_total.", ["source", "currency"], registry=r)
         self.distill = Counter("tiergate_distill_records_total",
                                "Distillation records, by result (recorded, failed).", ["result"], registry=r)
         self._children: dict[tuple[MetricWrapperBase, tuple[str, ...]], MetricWrapperBase] = {}

@@ -42,6 +42,7 @@ from tiergate.gateway.distill import Distiller
 from tiergate.gateway.ledger import LocalLedger
 from tiergate.gateway.limits import Limiter, Reservation, TenantSlot
 from tiergate.gateway.metrics import GatewayMetrics
+from tiergate.gateway.savings import record_saving
 from tiergate.policies.costs import CostsConfig
 
 __all__ = ["AlreadySettled", "CacheProvider", "Settlement", "Settlements", "SharedCache"]
@@ -178,20 +179,22 @@ class Settlement:
         m, tenant, rule, currency = self._deps.metrics, ctx.tenant.id, ctx.decision.rule, costs.currency
         fields: dict[str, float] = {}
         charged = 0.0
+        ref = costs.reference(prompt, completion, cached) if reference else None
         if kind:
             cost = self._answer_cost(costs, tier, prompt, completion, cached)
             m.child(m.spend, tenant, tier, rule, kind, currency).inc(cost)
+            record_saving(m, ctx, tier, kind, cost, ref, currency)  # the split of the saving (gateway.savings)
             fields[f"cost|{tier}|{rule}|{kind}"] = cost
             if kind != "shadow":  # the operator's check, not the tenant's spend
                 charged += cost
-        if reference:
-            ref = costs.reference(prompt, completion, cached)
+        if ref is not None:
             m.child(m.spend_reference, tenant, tier, rule, currency).inc(ref)
             fields[f"ref|{tier}|{rule}"] = ref
             fields |= {"requests": 1, "prompt": prompt, "completion": completion}
         for t, p, c in self._thrown:
             cost = costs.cost(t, p, c)
             m.child(m.spend, tenant, t, rule, "escalated", currency).inc(cost)
+            record_saving(m, ctx, t, "escalated", cost, None, currency)
             name = f"cost|{t}|{rule}|escalated"
             fields[name] = fields.get(name, 0.0) + cost
             charged += cost

@@ -31,8 +31,10 @@ from starlette.staticfiles import StaticFiles
 from tiergate.core.errors import OpenAIError
 from tiergate.core.http import error_response
 from tiergate.gateway.admin import AdminKey
+from tiergate.gateway.history import History
 from tiergate.gateway.stats import Stats
 from tiergate.gateway.tiers import Tiers
+from tiergate.policies.costs import CostsConfig
 from tiergate.policies.store import PolicyStore
 
 __all__ = ["StatusPage", "StatusSource"]
@@ -56,6 +58,7 @@ class StatusSource:
     admin: AdminKey
     started_at: float
     stats: Stats
+    history: History
     tiers: Tiers
     policy_store: PolicyStore
     draining: Callable[[], bool]
@@ -137,6 +140,7 @@ class StatusPage:
             "ready": ready,
             "draining": gw.draining(),
             "traffic": gw.stats.snapshot(),
+            "history": gw.history.snapshot(),
             "tiers": self._tiers(),
             "policy": self._policy(),
         }
@@ -177,7 +181,22 @@ class StatusPage:
             "last_reload": None if attempted is None else {"ok": store.last_error is None, "at": _iso(attempted),
                                                            "error": store.last_error},
             "rules": [r.name for r in current.policy.rules],
+            "costs": _prices(current.policy.costs, list(current.policy.tiers)),
         }
+
+
+def _prices(costs: CostsConfig | None, tiers: list[str]) -> dict[str, Any] | None:
+    """The cost model as it prices now: per tier, its price per 1,000 completion tokens and which figure that
+    came from (the policy's token prices, a node benchmark, or the nodes' live throughput)."""
+    if costs is None:
+        return None
+    out: dict[str, Any] = {"currency": costs.currency, "reference_tier": costs.reference_tier, "tiers": {}}
+    for name in tiers:
+        price, basis, found = costs.tier_price(name), costs.basis(name), costs.throughput(name)
+        out["tiers"][name] = None if price is None or basis is None else {
+            "prompt_per_1k": price.prompt_per_1k, "completion_per_1k": price.completion_per_1k,
+            "basis": basis.value, "tokens_per_s": None if found is None else round(found[0], 3)}
+    return out
 
 
 def _harden(response: Response) -> None:

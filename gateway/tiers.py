@@ -254,6 +254,17 @@ class Tiers(Mapping[str, Tier]):
     def health(self) -> dict[str, bool]:
         return {name: tier.pool.healthy() for name, tier in self.items()}
 
+    def throughput(self, name: str) -> float | None:
+        """The mean generated tokens per second of a tier's nodes that generated anything in their last window,
+        as their heartbeats report it (a `throughput: live` tier's price per token comes from it); None when no
+        node of the tier has (an idle node's cost is not spread over its neighbours' tokens)."""
+        tier = self.current.tiers.get(name) if self._current is not None else None
+        if tier is None:
+            return None
+        rates = [r for ep in tier.pool.endpoints()
+                 if isinstance(r := ep.extra.get("tokens_per_s"), (int, float)) and r > 0]
+        return sum(rates) / len(rates) if rates else None
+
     def models(self) -> Mapping[str, Tier]:
         """Public model name → tier."""
         return {t.config.model: t for t in self.values()}

@@ -93,9 +93,13 @@ def _cost_issues(policy: Policy) -> list[Issue]:
     out = []
     if costs.reference_tier not in policy.tiers:
         out.append(Issue(("costs", "reference_tier"), f"unknown tier {costs.reference_tier!r}; tiers defined: {allowed}"))
-    for name in costs.prices:
+    for name, price in costs.prices.items():
         if name not in policy.tiers:
             out.append(Issue(("costs", "prices", name), f"unknown tier {name!r}; tiers defined: {allowed}"))
+        elif price.node is not None and price.node.throughput == "live" and policy.tiers[name].kind != "edge":
+            out.append(Issue(("costs", "prices", name, "node", "throughput"),
+                             f"throughput: live reads edge nodes' heartbeats; {name!r} is a "
+                             f"{policy.tiers[name].kind} tier (use benchmark)"))
     for name in policy.tiers:
         if name not in costs.prices:
             out.append(Issue(("costs", "prices"), f"tier {name!r} has no prices: its tokens count as costing 0 "

@@ -29,6 +29,7 @@ from tiergate.core.types import Features, Priority
 from tiergate.core.wire import ChatRequest, CompletionRequest
 from tiergate.policies.cascade_sim import describe_cascade
 from tiergate.policies.classify import Classifier, messages_of
+from tiergate.policies.costs import Throughput
 from tiergate.policies.engine import PolicyEngine
 from tiergate.policies.loader import DEFAULT_POLICY, PolicyError, check_policy, load_policy
 from tiergate.policies.model import Policy
@@ -230,8 +231,15 @@ def _describe_costs(policy: Policy) -> list[str]:
            f"{c.reference_tier!r}"]
     for name in policy.tiers:
         p = c.tier_price(name)
-        out.append(f"  {name}: " + (f"{_price(p.prompt_per_1k)} / {_price(p.cached_prompt)} / "
-                                     f"{_price(p.completion_per_1k)}" if p is not None else "no prices (counted as 0)"))
+        line = f"  {name}: " + (f"{_price(p.prompt_per_1k)} / {_price(p.cached_prompt)} / "
+                                f"{_price(p.completion_per_1k)}" if p is not None else "no prices (counted as 0)")
+        node, found = c.prices[name].node if name in c.prices else None, c.throughput(name)
+        if node is not None and found is not None:
+            source = ("measured live by its nodes; until one reports, the benchmark figure" if
+                      node.throughput is Throughput.LIVE else "the benchmark figure in this policy")
+            line += (f"  (derived: {_price(node.per_second)} per node-second / {found[0]:g} tokens/s; "
+                     f"throughput: {source})")
+        out.append(line)
     return out
 
 
@@ -346,13 +354,45 @@ def _complexity_detail(d: dict[str, Any]) -> str:
 def simulate(
     file: Annotated[Path, typer.Argument(help="Policy YAML file.")],
     traffic: Annotated[str, typer.Argument(help="Traffic as JSON lines (- for stdin); a line may name its "
-                                                "`source` (kind of traffic) for per-source totals.")],
+                                                "`source` (kind of traffic) for per-source totals and its "
+                                                "`completion_tokens` for its cost.")],
+    compare: Annotated[Path | None, typer.Option(help="A second policy: print both side by side (routing, cost, "
+                                                      "savings) instead of the per-request lines.")] = None,
+    assumed_completion: Annotated[int, typer.Option(min=0, help="Completion tokens of a line that gives neither "
+                                                               "completion_tokens nor max_tokens.")] = 256,
+    as_json: Annotated[bool, typer.Option("--json", help="With --compare: the two totals as one JSON object.")]
+    = False,
     edge_version: Annotated[str | None, typer.Option(help="The edge model version whose learned router decides "
                                                           "(default: the edge tier's served model).")] = None,
 ) -> None:
-    """Decide every request of a traffic file: one JSON line per request, then a {"totals": ...} line. With a
-    `router` section, the learned router's model predicts `edge_success` as the gateway would."""
-    loaded = _load(file)
+    """Decide every request of a traffic file: one JSON line per request, then a {"totals": ...} line (its `cost`:
+    spend, what all-cloud would have cost, and what the edge, the cache and the cascade saved, in the policy's
+    own prices). With --compare, two policies on the same traffic, side by side. With a `router` section, the
+    learned router's model predicts `edge_success` as the gateway would."""
+    source = _open(traffic)
+    try:
+        lines = list(_lines(source))
+    finally:
+        if source is not sys.stdin:
+            source.close()
+    if compare is None:
+        sim = _simulate(_load(file), lines, assumed_completion, sys.stdout, edge_version)
+        _emit({"totals": sim.totals()}, sys.stdout)
+        return
+    both = [(path, loaded, _simulate(loaded, lines, assumed_completion, None, edge_version).totals())
+            for path, loaded in ((file, _load(file)), (compare, _load(compare)))]
+    if as_json:
+        typer.echo(json.dumps({"traffic": traffic, "policies": [
+            {"file": str(path), "version": loaded.version, "totals": totals} for path, loaded, totals in both]},
+            indent=2))
+        return
+    for line in side_by_side([(str(path), totals) for path, _, totals in both]):
+        typer.echo(line)
+
+
+def _simulate(loaded: _Loaded, lines: list[tuple[int, Any]], assumed_completion: int,
+              out: TextIO | None, edge_version: str | None = None) -> Simulation:
+    """Decide every line under one policy; each row written to `out` (None: totals only)."""
     clf = _classifier(loaded)
     policy = loaded.policy
     try:
@@ -361,23 +401,64 @@ def simulate(
             {n: (t.kind, t.served_model or t.model) for n, t in policy.tiers.items()}, edge_version)
     except ValueError as exc:
         raise _fail(str(exc)) from None
-    sim = Simulation(policy, router=(version, predict is not None) if policy.router is not None else None)
-    source = _open(traffic)
-    try:
-        for n, obj in _lines(source):
-            try:
-                _, f, d = _classify_line(clf, loaded.engine, obj, predict)
-            except ValueError as exc:
-                sim.error()
-                _emit({"line": n, "error": str(exc)}, sys.stdout)
-                continue
-            label = obj.get("source")  # a dict here: _classify_line refused anything else
-            _emit({"line": n, **sim.row(f, d, str(label) if label is not None else None, obj.get("cascade"))},
-                  sys.stdout)
-    finally:
-        if source is not sys.stdin:
-            source.close()
-    _emit({"totals": sim.totals()}, sys.stdout)
+    sim = Simulation(policy, assumed_completion,
+                     router=(version, predict is not None) if policy.router is not None else None)
+    for n, obj in lines:
+        try:
+            _, f, d = _classify_line(clf, loaded.engine, obj, predict)
+        except ValueError as exc:
+            sim.error()
+            if out is not None:
+                _emit({"line": n, "error": str(exc)}, out)
+            continue
+        label = obj.get("source")  # a dict here: _classify_line refused anything else
+        row = sim.row(f, d, str(label) if label is not None else None, obj.get("cascade"), obj)
+        if out is not None:
+            _emit({"line": n, **row}, out)
+    return sim
+
+
+def side_by_side(runs: list[tuple[str, dict[str, Any]]]) -> list[str]:
+    """Two (or more) policies' totals as a table: routing, then cost and savings, then the quality they cost."""
+    def share(t: dict[str, Any], kind: str) -> str:
+        return f"{t['kinds'].get(kind, {}).get('share', 0.0):.1%}"
+
+    def money(t: dict[str, Any], *path: str) -> str:
+        c: Any = t.get("cost")
+        for key in path:
+            c = c.get(key) if isinstance(c, dict) else None
+        return "-" if c is None else f"{c:.6f}"
+
+    def kept(t: dict[str, Any]) -> str:
+        rules = t["cascade"]["rules"]
+        judged = sum(r["with_confidence"] for r in rules.values())
+        return f"{sum(r['kept'] for r in rules.values()) / judged:.1%} of {judged}" if judged else "-"
+
+    currency = next((t["cost"]["currency"] for _, t in runs if "cost" in t), "")
+    rows: list[tuple[str, list[str]]] = [
+        ("requests decided", [str(t["decided"]) for _, t in runs]),
+        ("edge share", [share(t, "edge") for _, t in runs]),
+        ("cloud share", [share(t, "cloud") for _, t in runs]),
+        ("rejected", [f"{t['rejected']['share']:.1%}" for _, t in runs]),
+        ("cache: exact repeats", [f"{t['cache']['exact_repeat_share']:.1%}" for _, t in runs]),
+        (f"spend ({currency})", [money(t, "spend") for _, t in runs]),
+        (f"all-cloud reference ({currency})", [money(t, "reference") for _, t in runs]),
+        (f"saved ({currency})", [money(t, "saved") for _, t in runs]),
+        ("saved share", [f"{t['cost']['saved_share']:.1%}" if "cost" in t else "-" for _, t in runs]),
+        *[(f"  saved by {s}", [money(t, "saved_by", s) for _, t in runs]) for s in ("edge", "cache", "cascade",
+                                                                                   "cloud")],
+        ("quality: cascade kept", [kept(t) for _, t in runs]),
+        ("quality: escalated (of all)", [f"{t['cascade']['escalated_share_of_all']:.1%}" for _, t in runs]),
+        ("completion tokens assumed", [str(t["cost"]["completion_tokens_assumed"]) if "cost" in t else "-"
+                                       for _, t in runs]),
+    ]
+    names = [name for name, _ in runs]
+    width = max(len(label) for label, _ in rows) + 2
+    cols = [max(len(n), *(len(r[1][i]) for r in rows)) + 2 for i, n in enumerate(names)]
+    out = [" " * width + "".join(n.rjust(c) for n, c in zip(names, cols, strict=True))]
+    out += [label.ljust(width) + "".join(v.rjust(c) for v, c in zip(values, cols, strict=True))
+            for label, values in rows]
+    return out
 
 
 def schema_text() -> str:

@@ -1,7 +1,8 @@
 """What a policy would do with a day of traffic (`tiergate policy simulate`): per request, and totals.
 
 Totals are what an operator sizes tiers and thresholds by: the share per tier and per tier kind, rejects,
-which rules fired, how much the cache could answer and, when traffic lines carry a `source` (a name for the
+which rules fired, how much the cache could answer, what it costs and saves against the reference tier
+(`policies.cost_sim`) and, when traffic lines carry a `source` (a name for the
 kind of traffic: "support-chat", "batch-eval", ...), the cloud share of each source, since a threshold that
 sends 30 % of the mix to the cloud may send 60 % of one kind of traffic.
 """
@@ -13,6 +14,7 @@ from typing import Any
 
 from tiergate.core.types import Decision, Features
 from tiergate.policies.cascade_sim import CascadeTally
+from tiergate.policies.cost_sim import ASSUMED_COMPLETION, CostTally
 from tiergate.policies.model import Policy
 
 __all__ = ["UNLABELLED", "Simulation"]
@@ -23,8 +25,10 @@ UNLABELLED = "(no source)"
 class Simulation:
     """Accumulates decisions; `row` describes one request, `totals` all of them."""
 
-    def __init__(self, policy: Policy, router: tuple[str | None, bool] | None = None) -> None:
+    def __init__(self, policy: Policy, assumed_completion: int = ASSUMED_COMPLETION,
+                 router: tuple[str | None, bool] | None = None) -> None:
         self._policy = policy
+        self.costs = CostTally(policy, assumed_completion)
         # the learned router: (edge version, whether it has a model); None without a `router` section
         self._router = router
         self._edge_rules = frozenset(r.name for r in policy.rules if r.when.edge_success is not None)
@@ -43,9 +47,18 @@ class Simulation:
         self.errors += 1
 
     def row(self, f: Features, d: Decision, source: str | None = None,
-            cascade: dict[str, Any] | None = None) -> dict[str, Any]:
-        """Record one decided request and describe it (tier, rule, complexity, cache use, ...); `cascade` is the
-        confidence the traffic log recorded for it, if any (what a cascade rule would have kept)."""
+            cascade: dict[str, Any] | None = None, line: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Record one decided request and describe it (tier, rule, complexity, cache use, cost ...); `cascade` is
+        the confidence the traffic log recorded for it, if any (what a cascade rule would have kept); `line` the
+        traffic line (its `completion_tokens`, `max_tokens` price it)."""
+        out = self._row(f, d, source, cascade)
+        priced = self.costs.add(f, d, out["cache"], out.get("cascade"), line or {}, cascade)
+        if priced is not None:
+            out.update(priced)
+        return out
+
+    def _row(self, f: Features, d: Decision, source: str | None,
+             cascade: dict[str, Any] | None) -> dict[str, Any]:
         self.decided += 1
         self.rules[d.rule] += 1
         out: dict[str, Any] = {"tier": d.tier, "rule": d.rule, "fallbacks": list(d.fallbacks),
@@ -115,6 +128,8 @@ class Simulation:
                              "share_decided_by_edge_success_rules": share(self.by_router),
                              "note": None if has_model else "cold start: no model for this edge version, so no "
                                                             "edge_success condition holds"}
+        if (cost := self.costs.totals(n)) is not None:
+            out["cost"] = cost
         if self.labelled:
             out["sources"] = {s: {"decided": sum(c.values()), "cloud_share": share(c["cloud"], sum(c.values())),
                                   "edge_share": share(c["edge"], sum(c.values())),

@@ -100,6 +100,7 @@ class EngineStats:
     ctx_per_slot: int
     kv_cells_used: int
     kv_cells_total: int
+    tokens_per_s: float = 0.0  # generated over the last few seconds (its cost per token, to the gateway)
 
 
 class Generation:
@@ -260,6 +261,7 @@ class Engine:
             ctx_per_slot=self.ctx_per_slot,
             kv_cells_used=self._slots.kv_used(),
             kv_cells_total=self.ctx_per_slot * self.parallel,
+            tokens_per_s=self.throughput.per_second(),
         )
 
     def in_flight(self) -> int:

@@ -1,6 +1,6 @@
 """Announce this edge node to a gateway and keep its load reading fresh.
 
-Every ~2 s: `POST {gateway}/edge/v1/heartbeat` with {"node_id","url","model","slots","busy","queued","ctx"}
+Every ~2 s: `POST {gateway}/edge/v1/heartbeat` with {"node_id","url","model","slots","busy","queued","ctx","tokens_per_s"}
 and `Authorization: Bearer <node key>` (this node's own key, `--node-key`) or `Bearer <edge token>` (shared); the
 first heartbeat registers the node. The gateway expires nodes that go silent, so heartbeats are the registration.
 Every heartbeat and the deregistration also carry this process's claim (`core.edge_identity.CLAIM_HEADER`, random,
@@ -89,6 +89,7 @@ class Registrar:
             "busy": s.busy,
             "queued": s.queued,
             "ctx": s.ctx_per_slot,
+            "tokens_per_s": round(s.tokens_per_s, 3),
         }
         if self.tier:
             body["tier"] = self.tier  # optional: picks the edge tier when the gateway has several

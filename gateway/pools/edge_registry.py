@@ -102,6 +102,7 @@ class NodeOwned(Exception):
 _MAX_SLOTS = 65_536
 _MAX_QUEUE = 1_000_000
 _MAX_CTX = 16_777_216
+_MAX_TOKENS_PER_S = 1e7
 
 
 class NodeInfo(msgspec.Struct, forbid_unknown_fields=False):
@@ -115,6 +116,8 @@ class NodeInfo(msgspec.Struct, forbid_unknown_fields=False):
     busy: Annotated[int, msgspec.Meta(ge=0, le=_MAX_QUEUE)] = 0
     queued: Annotated[int, msgspec.Meta(ge=0, le=_MAX_QUEUE)] = 0
     ctx: Annotated[int, msgspec.Meta(ge=0, le=_MAX_CTX)] = 0
+    # Generated tokens per second over the node's last few seconds: a live tier's price per token (policies.costs).
+    tokens_per_s: Annotated[float, msgspec.Meta(ge=0, le=_MAX_TOKENS_PER_S)] = 0.0
     tier: str | None = None
 
 
@@ -325,7 +328,8 @@ class EdgeRegistry:
                 self.owners[node.node_id] = owner
                 ep.headers = dict(self._node_headers(node.node_id, owner))
         check_context(ep, self.max_context, node.ctx)
-        ep.extra.update(source="heartbeat", seen=seen, busy=node.busy, queued=node.queued, ctx=node.ctx)
+        ep.extra.update(source="heartbeat", seen=seen, busy=node.busy, queued=node.queued, ctx=node.ctx,
+                        tokens_per_s=node.tokens_per_s)
         return ep
 
     async def _script(self, source: str, *args: float | str | bytes) -> Any:  # what the Lua script returns

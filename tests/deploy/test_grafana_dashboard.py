@@ -49,6 +49,29 @@ def test_dashboard_covers_what_operators_ask_for():
         assert metric in text, metric
 
 
+def test_savings_are_never_on_the_dashboard_without_their_quality_cost():
+    """The cost row: spend against all-cloud, the saving by source, tier shares, cache hit rate, cascade keep rate,
+    spend per tenant, and beside them what the savings cost in quality."""
+    panels = {p["title"]: p for p in _panels()}
+    row = [p["title"] for p in json.loads(DASHBOARD.read_text())["panels"]]
+    start = row.index("Cost and savings")
+    assert row[start + 1:start + 8] == ["Tier shares", "Spend and all-cloud reference / h", "Saved / h, by source",
+                                        "Cache hit rate over time", "Cascade keep rate",
+                                        "What the savings cost in quality", "Spend by tenant (top 10, over the range)"]
+
+    def exprs(title: str) -> str:
+        return " ".join(t["expr"] for t in panels[title]["targets"])
+
+    assert "tiergate_savings_reference_total" in exprs("Saved / h, by source")
+    assert "tiergate_savings_spend_total" in exprs("Saved / h, by source")
+    assert "by (source, currency)" in exprs("Saved / h, by source")
+    quality = exprs("What the savings cost in quality")
+    assert 'tiergate_cascade_total{outcome="escalated"}' in quality
+    assert 'source="verify",result="wrong"' in quality and 'source="feedback",result="wrong"' in quality
+    assert "tiergate_spend_reference_total" in exprs("Spend and all-cloud reference / h")
+    assert "by (tenant, currency)" in exprs("Spend by tenant (top 10, over the range)")
+
+
 def test_every_query_names_existing_metrics():
     known = tiergate_metric_names() | vllm_metric_names()
     for title, expr in _queries():

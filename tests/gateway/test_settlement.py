@@ -479,8 +479,12 @@ EDGE_PRICE, CLOUD_PRICE = TierPrice(prompt_per_1k=0.01, completion_per_1k=0.03),
 COSTS = CostsConfig(currency="USD", reference_tier="cloud", prices={"edge": EDGE_PRICE, "cloud": CLOUD_PRICE})
 
 
+TIER_KINDS = {"edge": SimpleNamespace(kind="edge"), "cloud": SimpleNamespace(kind="cloud"),
+              "cheap-cloud": SimpleNamespace(kind="cloud")}
+
+
 def _priced_ctx(**kw: Any) -> _Ctx:
-    return _Ctx(policy=SimpleNamespace(costs=COSTS, budgets=None), **kw)
+    return _Ctx(policy=SimpleNamespace(costs=COSTS, budgets=None, tiers=TIER_KINDS), **kw)
 
 
 def _samples(metrics: GatewayMetrics) -> dict[tuple[str, ...], float]:
@@ -727,3 +731,56 @@ def test_a_refusal_a_hit_and_a_client_gone_settle_their_reservation_too() -> Non
     asyncio.run(gone.gone(tenant=TENANT, decision=CASCADE, features=FEATURES, ctx=ctx,  # type: ignore[arg-type]
                           outcome=Outcome(cache="miss", body=_body(True))))
     assert _left(budgets) == pytest.approx(10 - 7 * 0.01 / 1000, abs=1e-9)  # its prompt, on the decided tier
+
+
+def _by_source(metrics: GatewayMetrics) -> dict[str, float]:
+    """The saving per source: tiergate_savings_reference_total less tiergate_savings_spend_total."""
+    out: dict[str, float] = {}
+    for metric, sign in ((metrics.savings_reference, 1), (metrics.savings_spend, -1)):
+        for fam in metric.collect():
+            for s in fam.samples:
+                if s.name.endswith("_total"):
+                    out[s.labels["source"]] = out.get(s.labels["source"], 0.0) + sign * s.value
+    return out
+
+
+def test_the_saving_is_split_by_what_saved_it_and_adds_up_to_reference_less_spend() -> None:
+    fakes = _Fakes()
+    registry = CollectorRegistry()
+    metrics = GatewayMetrics(registry)
+    cascade = Decision(rule="cascade", tier="edge", cascade=Cascade(escalate_to="cloud"))
+
+    def settle() -> Any:
+        s, _ = fakes.settlement()
+        s._deps.metrics = metrics  # every ending below counts into one registry
+        return s
+
+    edge = (1000 * 0.01 + 1000 * 0.03) / 1000
+    asyncio.run(settle().answered(_priced_ctx(), Outcome(cache="miss"), "edge", 200, 0.001, 1000, 1000))
+    hit = CacheHit(CachedAnswer("chat", "hi", "stop", "m", "edge", prompt_tokens=7, completion_tokens=100),
+                   "hit-exact")
+    asyncio.run(settle().hit(_priced_ctx(), Outcome(cache="hit-exact"), hit, 0.001))
+    shadow = CachedAnswer("chat", "hi", "stop", "m", "cloud", prompt_tokens=7, completion_tokens=100)
+    asyncio.run(settle().shadow(_priced_ctx(), Outcome(), shadow))  # type: ignore[arg-type]
+    kept = settle()
+    asyncio.run(kept.answered(_priced_ctx(decision=cascade), Outcome(cache="miss"), "edge", 200, 0.001, 100, 100))
+    escalated = settle()
+    escalated.add_spent(200, ctx=_priced_ctx(decision=cascade), tier="edge", prompt_tokens=100)  # type: ignore[arg-type]
+    asyncio.run(escalated.answered(_priced_ctx(decision=cascade), Outcome(cache="miss"), "cloud", 200, 0.001,
+                                   100, 100))
+    asyncio.run(settle().answered(_priced_ctx(decision=Decision(rule="default", tier="cloud")),
+                                  Outcome(cache="miss"), "cloud", 200, 0.001, 500, 50))
+
+    reference = (7 * 0.6 + 100 * 2.4) / 1000
+    cloud_100 = (100 * 0.6 + 100 * 2.4) / 1000
+    edge_100 = (100 * 0.01 + 100 * 0.03) / 1000
+    assert _by_source(metrics) == pytest.approx({
+        "edge": (1000 * 0.6 + 1000 * 2.4) / 1000 - edge,
+        "cache": reference - reference,  # the hit saved the cloud's price; its shadow check spent it again
+        "cascade": (cloud_100 - edge_100) + (cloud_100 - cloud_100) - edge_100,  # kept; escalated; thrown away
+        "cloud": 0.0,  # the reference tier itself saves nothing
+    })
+    totals = {name: sum(v for k, v in _samples(metrics).items() if k[0] == name)
+              for name in ("tiergate_spend_total", "tiergate_spend_reference_total")}
+    assert sum(_by_source(metrics).values()) == pytest.approx(
+        totals["tiergate_spend_reference_total"] - totals["tiergate_spend_total"])

@@ -287,3 +287,14 @@ def test_page_shows_live_numbers_that_change_as_traffic_flows(stack, tmp_path):
         assert hit_rate not in ("–", "0%"), hit_rate
         assert int(text_of(browser, '[data-cache="hit-exact"]')) >= 3
         browser.save_screenshot(str(tmp_path / "dashboard.png"))
+
+
+def test_data_carries_history_and_says_when_the_policy_prices_nothing(stack):
+    gw, _ = stack
+    _chat(gw, f"{uuid.uuid4().hex} history")
+    data = _data(gw)
+    assert data["policy"]["costs"] is None  # this policy has no costs section
+    history = data["history"]
+    assert set(history) == {"step_s", "series", "costs", "tenants", "tenants_total"}
+    assert history["tenants"] == [] and history["costs"]["saved_by"] == {}
+    assert set(history["series"]) == {"t", "requests", "spend", "saved", "saved_by", "hit_rate", "cascade_kept_rate"}

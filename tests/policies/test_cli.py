@@ -275,3 +275,40 @@ rules:
         assert not servers[big.url]["too_small"] and servers["http://127.0.0.1:1"]["error"]
         r = runner.invoke(policy_app, ["check", "--no-servers", str(policy)])
         assert "tier `cloud`" not in r.output
+
+
+def test_simulate_compares_the_shipped_default_and_cascade_policies_by_cost(tmp_path):
+    """The command docs/policy.md shows: both shipped policies on the shipped traffic file, side by side."""
+    repo = Path(__file__).resolve().parents[2]
+    default, cascade = repo / "policies" / "default.yaml", repo / "policies" / "examples" / "cascade.yaml"
+    traffic = repo / "policies" / "examples" / "traffic.jsonl"
+    r = runner.invoke(policy_app, ["simulate", str(default), str(traffic), "--compare", str(cascade), "--json"])
+    assert r.exit_code == 0, r.output
+    runs = json.loads(r.stdout)["policies"]
+    assert [Path(p["file"]).name for p in runs] == ["default.yaml", "cascade.yaml"]
+    plain, cascading = (p["totals"] for p in runs)
+    assert plain["decided"] == cascading["decided"] == sum(1 for line in traffic.read_text().splitlines() if line)
+    for totals in (plain, cascading):
+        cost = totals["cost"]
+        assert cost["saved"] == pytest.approx(cost["reference"] - cost["spend"], abs=1e-5)
+        assert cost["saved"] == pytest.approx(sum(cost["saved_by"].values()), abs=1e-5)
+        assert 0 < cost["spend"] < cost["reference"]
+    assert "cascade" not in plain["cost"]["saved_by"] and "cascade" in cascading["cost"]["saved_by"]
+    assert cascading["cascade"]["escalated_share_of_all"] > 0  # its saving is shown with what it escalated
+
+    r = runner.invoke(policy_app, ["simulate", str(default), str(traffic), "--compare", str(cascade)])
+    assert r.exit_code == 0, r.output
+    lines = r.output.splitlines()
+    assert lines[0].split() == [str(default), str(cascade)]
+    table = {line[:32].strip(): line[32:].split() for line in lines[1:]}
+    assert table["saved (USD)"] == [f"{plain['cost']['saved']:.6f}", f"{cascading['cost']['saved']:.6f}"]
+    assert table["saved by cascade"][0] == "-" and table["quality: cascade kept"][0] == "-"
+
+
+def test_simulate_compare_refuses_a_bad_second_policy(write, tmp_path):
+    traffic = tmp_path / "t.jsonl"
+    traffic.write_text(json.dumps({"prompt": "hi"}) + "\n")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("version: 1\ntiers: {}\n")
+    r = runner.invoke(policy_app, ["simulate", str(write(BASE)), str(traffic), "--compare", str(bad)])
+    assert r.exit_code == 2 and "error:" in r.output

@@ -8,7 +8,7 @@ import pytest
 from typer.testing import CliRunner
 
 from tiergate.policies.cli import policy_app
-from tiergate.policies.costs import CostsConfig, TierPrice, format_cost, token_cost
+from tiergate.policies.costs import CostsConfig, PriceBasis, TierPrice, format_cost, token_cost
 from tiergate.policies.loader import PolicyError, check_policy, parse_policy
 
 from .conftest import BASE
@@ -152,3 +152,95 @@ def test_policy_check_shows_the_cost_model(tmp_path):
     f.write_text(BASE)
     r = CliRunner().invoke(policy_app, ["check", str(f), "--no-servers"])
     assert "costs: none (no `costs` section: spend and savings are not counted)" in r.output
+
+
+# ---- a self-hosted tier priced by node time -------------------------------------------------------------------
+
+NODE = "    edge: {node: {per_second: 0.0004, tokens_per_s: 25%s}}"
+
+
+def _node_costs(extra: str = "") -> str:
+    return _with_costs(COSTS.replace("    edge: {prompt_per_1k: 0.01, completion_per_1k: 0.03}", NODE % extra))
+
+
+def test_a_node_priced_tier_derives_its_price_per_token_from_a_benchmark():
+    costs = parse_policy(_node_costs()).costs
+    assert costs is not None
+    price = costs.tier_price("edge")
+    assert price is not None
+    # a second of node time buys 25 tokens: 1,000 tokens take 40 s at 0.0004 per second
+    assert price.completion_per_1k == pytest.approx(0.016) and price.prompt_per_1k == 0.0
+    assert costs.cost("edge", 300, 250) == pytest.approx(250 / 1000 * 0.016)
+    assert costs.basis("edge") is PriceBasis.BENCHMARK and costs.basis("cloud") is PriceBasis.TOKENS
+    assert costs.basis("cache") is None
+    assert costs.throughput("edge") == (25, PriceBasis.BENCHMARK) and costs.throughput("cloud") is None
+    costs.read_live_throughput(lambda tier: 1000.0)  # benchmark means benchmark, whatever the nodes say
+    assert costs.tier_price("edge") == price
+
+
+def test_live_throughput_prices_by_the_nodes_own_figure_and_the_benchmark_until_one_reports():
+    costs = parse_policy(_node_costs(", throughput: live")).costs
+    assert costs is not None
+    assert costs.throughput("edge") == (25, PriceBasis.BENCHMARK_NO_READING)  # nothing bound yet
+    readings: dict[str, float | None] = {"edge": None}
+    costs.read_live_throughput(readings.get)
+    assert costs.basis("edge") is PriceBasis.BENCHMARK_NO_READING
+    assert costs.cost("edge", 0, 1000) == pytest.approx(0.016)
+    readings["edge"] = 50.0
+    assert costs.throughput("edge") == (50.0, PriceBasis.LIVE)
+    assert costs.cost("edge", 0, 1000) == pytest.approx(0.008)  # twice as fast: half the price
+    for nonsense in (0.0, -3.0, float("nan"), float("inf")):
+        readings["edge"] = nonsense
+        assert costs.basis("edge") is PriceBasis.BENCHMARK_NO_READING
+        assert costs.cost("edge", 0, 1000) == pytest.approx(0.016)
+
+
+@pytest.mark.parametrize("node, field, words", [
+    ("{per_second: 0, tokens_per_s: 25}", "costs.prices.edge.node.per_second", "greater than 0"),
+    ("{per_second: 0.1, tokens_per_s: -1}", "costs.prices.edge.node.tokens_per_s", "greater than 0"),
+    ("{per_second: 0.1}", "costs.prices.edge.node.tokens_per_s", "required"),
+    ("{per_second: 0.1, tokens_per_s: .inf}", "costs.prices.edge.node.tokens_per_s", "finite"),
+    ("{per_second: 0.1, tokens_per_s: 5, throughput: measured}", "costs.prices.edge.node.throughput", "benchmark"),
+])
+def test_node_time_is_validated_naming_file_line_and_field(node, field, words):
+    text = _with_costs(COSTS.replace("    edge: {prompt_per_1k: 0.01, completion_per_1k: 0.03}",
+                                     f"    edge: {{node: {node}}}"))
+    with pytest.raises(PolicyError) as info:
+        parse_policy(text, "p.yaml")
+    (problem,) = info.value.problems
+    assert problem.field == field and words in problem.message, problem
+    assert str(problem).startswith(f"p.yaml:{_line_of(text, '    edge: {node')}:")
+
+
+def test_token_prices_and_node_time_together_are_an_error():
+    text = _with_costs(COSTS.replace("    edge: {prompt_per_1k: 0.01, completion_per_1k: 0.03}",
+                                     "    edge: {completion_per_1k: 0.03, node: {per_second: 1, tokens_per_s: 5}}"))
+    with pytest.raises(PolicyError) as info:
+        parse_policy(text, "p.yaml")
+    (problem,) = info.value.problems
+    assert problem.field == "costs.prices.edge" and "not both" in problem.message
+
+
+def test_live_throughput_is_for_edge_tiers():
+    text = _with_costs(COSTS.replace("    cloud: {prompt_per_1k: 0.6, cached_prompt_per_1k: 0.15, completion_per_1k: 2.4}",
+                                     "    cloud: {node: {per_second: 0.01, tokens_per_s: 900, throughput: live}}"))
+    policy, problems = check_policy(text, "p.yaml")
+    assert policy is None
+    (problem,) = [p for p in problems if p.severity == "error"]
+    assert problem.field == "costs.prices.cloud.node.throughput" and "'cloud' is a cloud tier" in problem.message
+    assert problem.line == _line_of(text, "    cloud: {node")
+
+
+def test_policy_check_says_which_throughput_a_derived_price_uses(tmp_path):
+    f = tmp_path / "policy.yaml"
+    f.write_text(_node_costs())
+    r = CliRunner().invoke(policy_app, ["check", str(f), "--no-servers"])
+    assert r.exit_code == 0, r.output
+    assert ("  edge: 0 / 0 / 0.016  (derived: 0.0004 per node-second / 25 tokens/s; throughput: the benchmark "
+            "figure in this policy)") in r.output
+    f.write_text(_node_costs(", throughput: live"))
+    r = CliRunner().invoke(policy_app, ["check", str(f), "--no-servers"])
+    assert "throughput: measured live by its nodes; until one reports, the benchmark figure)" in r.output
+    r = CliRunner().invoke(policy_app, ["check", str(f), "--no-servers", "--json"])
+    assert json.loads(r.stdout)["costs"]["prices"]["edge"]["node"] == {
+        "per_second": 0.0004, "tokens_per_s": 25.0, "throughput": "live"}

@@ -97,3 +97,53 @@ def test_a_cascade_rule_replays_the_recorded_confidence(sim: Simulation) -> None
     totals = sim.totals()["cascade"]
     assert totals["rules"]["default"]["kept"] == 1 and totals["escalated_edge_tokens"] == 9
     assert totals["escalated_share_of_all"] == round(1 / 3, 4)
+
+
+# ---- cost -----------------------------------------------------------------------------------------------------
+
+PRICED = BASE.replace("rules:\n", """costs:
+  currency: EUR
+  reference_tier: cloud
+  prices:
+    cloud: {prompt_per_1k: 1.0, completion_per_1k: 2.0}
+    edge: {node: {per_second: 0.001, tokens_per_s: 10}}
+rules:
+""", 1)
+CASCADE = Decision(rule="default", tier="edge", cascade=Cascade(escalate_to="cloud", min_mean_logprob=-0.5))
+
+
+def test_each_request_is_priced_and_the_saving_split_by_edge_cache_cascade_and_cloud() -> None:
+    sim = Simulation(parse_policy(PRICED), assumed_completion=50)
+    edge_per_token = 0.001 / 10  # a node-second buys 10 completion tokens
+    # edge: 1000 completion tokens at 0.0001 each; the same on the cloud: 3 prompt tokens and 1000 completion
+    row = sim.row(_features("what is tea"), EDGE, line={"completion_tokens": 1000})
+    assert row["cost"] == pytest.approx(1000 * edge_per_token)
+    assert row["reference"] == pytest.approx((3 * 1.0 + 1000 * 2.0) / 1000)
+    # the same request again: an exact repeat a warm cache answers for nothing
+    assert sim.row(_features("what is tea"), EDGE, line={"completion_tokens": 1000})["cost"] == 0.0
+    # the cloud itself saves nothing; no completion_tokens: its max_tokens
+    row = sim.row(_features("a b", tenant="u"), CLOUD, line={"max_tokens": 100})
+    assert row["cost"] == row["reference"] == pytest.approx((2 + 200) / 1000)
+    # cascade kept: the edge's price; escalated: the edge's thrown-away tokens plus the cloud's answer
+    kept = sim.row(_features("k", tenant="v"), CASCADE, cascade={"mean_logprob": -0.1}, line={})
+    assert kept["cost"] == pytest.approx(50 * edge_per_token)  # neither given: the assumed 50
+    escalated = sim.row(_features("e", tenant="w"), CASCADE, cascade={"mean_logprob": -2, "tokens": 30},
+                        line={"completion_tokens": 40})
+    assert escalated["cost"] == pytest.approx(30 * edge_per_token + (1 + 80) / 1000)
+    assert "cost" not in sim.row(_features(), REJECT, line={})  # nothing answered, nothing priced
+
+    cost = sim.totals()["cost"]
+    assert cost["currency"] == "EUR" and cost["reference_tier"] == "cloud"
+    assert cost["saved_by"] == pytest.approx({
+        "edge": 2.003 - 0.1, "cache": 2.003, "cloud": 0.0,
+        "cascade": (1 + 100) / 1000 - 50 * edge_per_token - 30 * edge_per_token})
+    assert cost["saved"] == pytest.approx(sum(cost["saved_by"].values()))
+    assert cost["saved"] == pytest.approx(cost["reference"] - cost["spend"])
+    assert cost["spend_by_tier"] == pytest.approx({"cache": 0.0, "cloud": 0.202 + 0.081,
+                                                   "edge": 0.1 + 0.005 + 0.003})
+    assert cost["completion_tokens_assumed"] == 2  # max_tokens and the assumed 50
+
+
+def test_a_policy_without_costs_prices_nothing(sim: Simulation) -> None:
+    assert "cost" not in sim.row(_features(), EDGE, line={"completion_tokens": 5})
+    assert "cost" not in sim.totals()

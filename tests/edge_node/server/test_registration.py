@@ -61,7 +61,7 @@ def test_heartbeat_payload_and_token_follow_the_contract():
     kind, auth, body = received[0]
     assert kind == "heartbeat" and auth == "Bearer s3cret"
     assert body == {"node_id": "node-1", "url": "http://10.1.1.1:8081", "model": "edge-model", "slots": 4,
-                    "busy": 1, "queued": 2, "ctx": 1024}
+                    "busy": 1, "queued": 2, "ctx": 1024, "tokens_per_s": 0.0}
     assert ok and received[-1] == ("deregister", "Bearer s3cret", {"node_id": "node-1"})
     assert not reg.registered
 

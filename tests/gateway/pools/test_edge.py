@@ -53,6 +53,13 @@ def test_heartbeat_registers_a_node_with_its_url_model_and_slots(clock):
     assert ids(pool.candidates()) == ["a"] and pool.healthy()
 
 
+def test_a_heartbeat_carries_the_nodes_throughput_for_live_prices(clock):
+    pool = EdgePool("edge", [], "m", clock=clock)
+    ep = run(pool.heartbeat({**hb("a"), "tokens_per_s": 42.5}))
+    assert ep.extra["tokens_per_s"] == 42.5
+    assert run(pool.heartbeat(hb("old"))).extra["tokens_per_s"] == 0.0  # a node that does not say: no reading
+
+
 def test_candidates_are_ordered_least_loaded_first(clock):
     pool = EdgePool("edge", [], "m", clock=clock)
     run(pool.heartbeat(hb("busy", busy=3)))
@@ -123,6 +130,9 @@ def test_failures_cool_an_endpoint_down_and_success_restores_it(clock):
         {"node_id": "a", "url": "ftp://x", "model": "m"},
         {"node_id": "a", "url": "http://x:1", "model": "m", "slots": 0},
         {"node_id": "a", "url": "http://x:1", "model": "m", "busy": "lots"},
+        {"node_id": "a", "url": "http://x:1", "model": "m", "tokens_per_s": -1},
+        {"node_id": "a", "url": "http://x:1", "model": "m", "tokens_per_s": 1e300},
+        b'{"node_id": "a", "url": "http://x:1", "model": "m", "tokens_per_s": NaN}',
         b"not json",
     ],
 )

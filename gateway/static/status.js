@@ -203,12 +203,79 @@ function render(d) {
   row("gateway up", el("span", {text: ago(d.started_at).replace(" ago", "")}));
 }
 
+// ---- over time: the history the gateway samples every step (gateway/history.py) ---------------------------------
+const SOURCE_COLORS = {edge: PALETTE.edge, cloud: PALETTE.cloud, cache: PALETTE.cache, cascade: "#60a5fa"};
+let drawnAt = null;  // the last step drawn: the charts change once a step, not on every poll
+
+function lines(svg, legendBox, list) {  // list: [{name, color, values}] on one scale; a null breaks a line
+  svg.replaceChildren(); legendBox.replaceChildren();
+  const n = Math.max(2, ...list.map((s) => s.values.length));
+  const all = list.flatMap((s) => s.values.filter((v) => v != null && isFinite(v)));
+  let lo = Math.min(0, ...all), hi = Math.max(0, ...all);
+  if (!(hi - lo > 1e-12)) hi = lo + 1;  // nothing yet: a flat line at zero, never a division by zero
+  const x = (i) => (i * 300) / (n - 1), y = (v) => 88 - ((v - lo) / (hi - lo)) * 84;
+  if (lo < 0) svg.append(el("svg:line", {x1: 0, x2: 300, y1: y(0), y2: y(0), stroke: "#334155", "stroke-width": 1}));
+  for (const s of list) {
+    let d = "", pen = false;
+    const ok = (v) => v != null && isFinite(v);
+    s.values.forEach((v, i) => {
+      if (!ok(v)) { pen = false; return; }
+      d += (pen ? " L" : " M") + x(i).toFixed(1) + " " + y(v).toFixed(1); pen = true;
+      if (!ok(s.values[i - 1]) && !ok(s.values[i + 1]))  // a point with no neighbour draws no line: a dot
+        svg.append(el("svg:circle", {cx: x(i), cy: y(v), r: 2.5, fill: s.color, "data-series": s.name}));
+    });
+    if (d) svg.append(el("svg:path", {d: d.trim(), fill: "none", stroke: s.color, "stroke-width": 1.6,
+                                  "vector-effect": "non-scaling-stroke", "data-series": s.name}));
+    legendBox.append(el("span", {}, el("i", {class: "sw", style: {background: s.color}}), s.name));
+  }
+}
+
+function money(v, cur) { return v == null ? "–" : v.toFixed(Math.abs(v) >= 1 ? 2 : 6) + (cur ? " " + cur : ""); }
+
+function renderHistory(h) {
+  if (!h) return;
+  const se = h.series, cur = h.costs.currency;
+  const last = se.t.length ? se.t[se.t.length - 1] : null;
+  if (last !== drawnAt) {
+    drawnAt = last;
+    $("#h-span").textContent = "· " + se.t.length + " steps of " + h.step_s + " s";
+    lines($("#h-requests"), $("#h-requests-legend"),
+          Object.entries(se.requests).map(([t, v]) => ({name: label(t), color: color(t), values: v})));
+    lines($("#h-spend"), $("#h-spend-legend"), [
+      {name: "spend", color: PALETTE.none, values: se.spend},
+      {name: "all-cloud", color: "#94a3b8", values: se.spend.map((v, i) => v + se.saved[i])}]);
+    lines($("#h-saved"), $("#h-saved-legend"), Object.entries(se.saved_by).map(([s, v]) => ({
+      name: s, color: SOURCE_COLORS[s] || "#34d399", values: v})));
+    lines($("#h-rates"), $("#h-rates-legend"), [
+      {name: "cache hit rate", color: PALETTE.cache, values: se.hit_rate},
+      {name: "cascade kept", color: "#60a5fa", values: se.cascade_kept_rate}]);
+  }
+  const c = h.costs, q = c.quality, box = $("#h-totals");
+  box.replaceChildren();
+  const row = (k, v, attr) => box.append(el("div", {text: k}), el("div", {"data-total": attr, text: v}));
+  row("spend since start", money(c.spend, cur), "spend");
+  row("all-cloud price", money(c.reference, cur), "reference");
+  row("saved", money(c.saved, cur) + (c.reference ? " (" + pct(c.saved / c.reference) + ")" : ""), "saved");
+  row("saved by", Object.entries(c.saved_by).map(([s, v]) => s + " " + money(v)).join(" · ") || "–", "saved-by");
+  row("its quality cost", "cascade escalated " + pct(q.cascade.escalated_share) + " · shadow checks wrong "
+      + pct(q.shadow_checks.wrong_share) + " · feedback wrong " + pct(q.cache_feedback.wrong_share), "quality");
+  const body = $("#tenants tbody"); body.replaceChildren();
+  for (const t of h.tenants) {
+    body.append(el("tr", {"data-tenant": t.tenant}, el("td", {class: "mono", text: t.tenant}),
+      el("td", {class: "num", text: money(t.spend)}), el("td", {class: "num", text: money(t.reference)}),
+      el("td", {class: "num", text: money(t.saved)})));
+  }
+  if (!h.tenants.length) body.append(el("tr", {}, el("td", {colspan: 4, class: "empty", text: "no spend yet"})));
+}
+
 async function tick() {
   try {
     const r = await fetch("/dashboard/data", {cache: "no-store", credentials: "same-origin"});
     if (r.status === 401 || r.status === 403) { location.href = "/dashboard"; return; }
     if (!r.ok) throw new Error("HTTP " + r.status);
-    render(await r.json());
+    const data = await r.json();
+    render(data);
+    renderHistory(data.history);
     lastOk = Date.now();
     const dot = $("#dot"); dot.classList.remove("beat", "stale"); void dot.offsetWidth; dot.classList.add("beat");
     $("#updated").textContent = "live · updated " + new Date().toLocaleTimeString();

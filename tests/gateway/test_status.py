@@ -7,6 +7,7 @@ endpoint), sends traffic, and watches the numbers on the page change.
 
 from __future__ import annotations
 
+import os
 import re
 import textwrap
 import uuid
@@ -298,3 +299,56 @@ def test_data_carries_history_and_says_when_the_policy_prices_nothing(stack):
     assert set(history) == {"step_s", "series", "costs", "tenants", "tenants_total"}
     assert history["tenants"] == [] and history["costs"]["saved_by"] == {}
     assert set(history["series"]) == {"t", "requests", "spend", "saved", "saved_by", "hit_rate", "cascade_kept_rate"}
+
+
+@pytest.fixture(scope="module")
+def priced_stack(tmp_path_factory):
+    """The same gateway with prices: the edge cheap, the cloud (the reference) dear, so edge answers save."""
+    tmp: Path = tmp_path_factory.mktemp("dashboard-priced")
+    with aiohttp_server(make_app(chunks=4)) as upstream:
+        policy = tmp / "policy.yaml"
+        policy.write_text(_policy(upstream.url) + textwrap.dedent("""\
+            costs:
+              currency: USD
+              reference_tier: cloud
+              prices:
+                edge: {prompt_per_1k: 0.01, completion_per_1k: 0.02}
+                cloud: {prompt_per_1k: 1.0, completion_per_1k: 4.0}
+            """))
+        settings = Settings(policy=policy, admin_key=ADMIN_KEY, redis_url=None, embedder=None, cache=True)
+        with gateway_server(settings) as gw:
+            yield gw
+
+
+def test_the_page_charts_cost_and_savings_over_time_with_their_quality_cost(priced_stack, tmp_path):
+    gw = priced_stack
+    marker = uuid.uuid4().hex
+    with chromium() as browser:
+        browser.get(f"{gw.url}/dashboard?key={ADMIN_KEY}")
+        wait_for(browser, lambda d: text_of(d, "#ready") == "ready", "the page's first data")
+        steps = len(_data(gw)["history"]["series"]["t"])
+        for i in range(6):
+            _chat(gw, f"{marker} priced {i}")
+        for i in range(2):  # answered by the cache: saves the whole all-cloud price
+            _chat(gw, f"{marker} priced {i}")
+        # a step after the traffic, the charts draw it: one line per tier, spend against all-cloud, the savings
+        wait_for(browser, lambda d: len(_data(gw)["history"]["series"]["t"]) > steps + 1, "two more history steps",
+                 timeout_s=60)
+        wait_for(browser, lambda d: d.find_elements("css selector", '#h-saved path[data-series="edge"]')
+                 and d.find_elements("css selector", '#h-saved path[data-series="cache"]'),
+                 "the savings chart's edge and cache lines", timeout_s=30)
+        assert browser.find_elements("css selector", '#h-requests path[data-series="edge"]')
+        assert browser.find_elements("css selector", '#h-spend path[data-series="spend"]')
+        assert browser.find_elements("css selector", '#h-spend path[data-series="all-cloud"]')
+        assert browser.find_elements("css selector", '#h-rates path[data-series="cache hit rate"]')
+        history = _data(gw)["history"]
+        saved = float(text_of(browser, '[data-total="saved"]').split()[0])
+        assert saved == pytest.approx(history["costs"]["saved"], rel=1e-3) and saved > 0
+        assert "shadow checks wrong" in text_of(browser, '[data-total="quality"]')  # never a saving alone
+        tenant = history["tenants"][0]["tenant"]
+        row = browser.find_element("css selector", f'#tenants tr[data-tenant="{tenant}"]')
+        assert float(row.find_elements("css selector", "td")[1].text) == pytest.approx(
+            history["tenants"][0]["spend"], rel=1e-3)
+        shot = Path(os.environ.get("TIERGATE_SCREENSHOT_DIR", tmp_path)) / "status-page.png"
+        browser.set_window_size(1400, 1700)
+        browser.save_screenshot(str(shot))

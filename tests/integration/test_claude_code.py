@@ -6,7 +6,8 @@ Claude Code names its own model (`claude-…`), so the policy maps `claude-*` to
 asks for 64,000 output tokens unless told otherwise, more than the edge's whole context, so the run sets
 `CLAUDE_CODE_MAX_OUTPUT_TOKENS` as an operator of a small tier would. Its system prompt with no tools is about
 1,700 tokens and fits the node's 4,096. What the 135M model answers is not judged: the test checks that Claude
-Code got a complete answer (exit 0, text printed) and that exactly its request reached the edge tier.
+Code got complete answers (exit 0 with the text printed, or, when the model sampled on to the budget, Claude
+Code's own report of that) and that every request it made reached the edge tier through `/v1/messages`.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from tiergate.gateway.settings import Settings
 
 pytestmark = [pytest.mark.integration, pytest.mark.clients, pytest.mark.timeout(900)]
 
+BUDGET = 1024  # output tokens Claude Code asks for (CLAUDE_CODE_MAX_OUTPUT_TOKENS); the prompt is about 1,700
 CLAUDE = Path(__file__).resolve().parents[2] / ".tiergate" / "clients" / "node_modules" / ".bin" / "claude"
 
 
@@ -53,10 +55,16 @@ def test_claude_code_completes_a_request_through_the_messages_api_on_the_edge(no
     with gateway_server(Settings(policy=policy, embedder=None, redis_url=None)) as gw:
         env = {"PATH": os.environ["PATH"], "HOME": str(home), "ANTHROPIC_BASE_URL": gw.url,
                "ANTHROPIC_API_KEY": "tg-demo-key", "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
-               "DISABLE_AUTOUPDATER": "1", "CLAUDE_CODE_MAX_OUTPUT_TOKENS": "64"}
+               "DISABLE_AUTOUPDATER": "1", "CLAUDE_CODE_MAX_OUTPUT_TOKENS": str(BUDGET)}
         done = subprocess.run([str(CLAUDE), "-p", "Reply with the single word: OK", "--tools", ""], env=env,
                               capture_output=True, text=True, timeout=800, stdin=subprocess.DEVNULL)
-        assert done.returncode == 0, f"stdout: {done.stdout[-2000:]}\nstderr: {done.stderr[-2000:]}"
-        assert done.stdout.strip(), "Claude Code printed no answer"
-        assert "API Error" not in done.stdout
-        assert _requests(gw.url) == {("messages", "edge", "200"): 1.0}
+        said = f"exit {done.returncode}\nstdout: {done.stdout[-2000:]}\nstderr: {done.stderr[-2000:]}"
+        if done.returncode != 0:
+            # Claude Code sends no temperature (Anthropic's default is 1.0), so the 135M model sometimes writes on
+            # to the output budget: a complete answer stopped at max_tokens, which Claude Code reports as its own
+            # limit. Anything else (an error status, a broken stream) fails here.
+            assert f"exceeded the {BUDGET} output token maximum" in done.stdout, said
+        else:
+            assert done.stdout.strip() and "API Error" not in done.stdout, said
+        requests = _requests(gw.url)
+        assert set(requests) == {("messages", "edge", "200")} and requests[("messages", "edge", "200")] >= 1, requests

@@ -126,7 +126,7 @@ def test_node_registers_heartbeats_and_deregisters_on_sigterm(edge_node_factory)
     _, auth, body = received[0]
     assert auth == "Bearer tok"
     assert body == {"node_id": "edge-a", "url": node.url, "model": "tiergate-demo-tiny-q4_0", "slots": 2,
-                    "busy": 0, "queued": 0, "ctx": 2048}
+                    "busy": 0, "queued": 0, "ctx": 2048, "tokens_per_s": 0.0}  # idle: no tokens generated yet
     assert received[-1] == ("deregister", "Bearer tok", {"node_id": "edge-a"})
 
 

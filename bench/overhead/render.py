@@ -85,6 +85,7 @@ def render(report: dict, out: Path) -> str:
              "tiergate": "auth, classification, policy, exact cache (miss + store), relay",
              "tiergate+semantic": "as tiergate, semantic cache on: each request embeds its prompt (miss path)",
              "tiergate-2w": "as tiergate, 2 uvicorn workers, both cores",
+             "tiergate+costs": "as tiergate, every answer priced, budgeted (reserve, settle) and in the spend ledger",
              "litellm": f"LiteLLM {report['litellm']} proxy, 1 worker"}
     for t in report["targets"]:
         for mode in MODES:
@@ -116,6 +117,10 @@ def render(report: dict, out: Path) -> str:
             f"{_c(by['tiergate+semantic'][m]['cpu_ms_per_req']) - _c(by['tiergate'][m]['cpu_ms_per_req']):+.3f} ms CPU "
             f"per request, {_r(by['tiergate+semantic'][m]['max_rps'], by['tiergate'][m]['max_rps']):.2f}x the req/s ({m})"
             for m in MODES))
+    if "tiergate+costs" in by and "tiergate" in by:
+        facts.append("cost bookkeeping (prices, budget reservation and settlement, spend ledger, savings split): "
+                     + ", ".join(f"{_c(by['tiergate+costs'][m]['cpu_ms_per_req']) - _c(by['tiergate'][m]['cpu_ms_per_req']):+.3f}"
+                                 f" ms CPU per request ({m})" for m in MODES))
     if "passthrough" in by:  # what each gateway adds over relaying bytes: SSE relays more chunks than JSON
         facts.append("CPU ms per request added over the passthrough: " + "; ".join(
             f"{name} " + ", ".join(f"{_c(t[m]['cpu_ms_per_req']) - _c(by['passthrough'][m]['cpu_ms_per_req']):.3f} "

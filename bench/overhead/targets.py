@@ -38,6 +38,20 @@ rules:
 """
 
 
+# The `costs` variant: the bench tenant under a budget it never reaches, so each request reserves its worst case,
+# is priced at settlement, recorded in the (in-process) spend ledger and split into savings.
+COSTS = """\
+costs:
+  currency: USD
+  reference_tier: edge
+  prices:
+    edge: {prompt_per_1k: 0.01, completion_per_1k: 0.03}
+budgets:
+  tenants:
+    bench: {period: month, hard: 1000000000}
+"""
+
+
 @dataclass
 class Target:
     name: str
@@ -92,6 +106,8 @@ def make_targets(args, py: str, tmp: Path, up_port: int, embedder: Path | None) 
             out.append(_tiergate("tiergate+semantic", py, tmp, up_port, cpus={0},
                                  env={"TIERGATE_EMBEDDER": str(embedder)},
                                  defaults="defaults:\n  cache: {enabled: true, semantic: true}\n"))
+    if "costs" in args.variants:  # every answer priced, recorded in the spend ledger and settled from a budget
+        out.append(_tiergate("tiergate+costs", py, tmp, up_port, cpus={0}, defaults=COSTS))
     if "2w" in args.variants:
         out.append(_tiergate("tiergate-2w", py, tmp, up_port, cpus={0, 1}, env={"TIERGATE_WORKERS": "2"}))
     return out

@@ -19,7 +19,6 @@ Tested in `tests/gateway/test_messages_api.py` and `tests/integration/test_api_s
 
 from __future__ import annotations
 
-import uuid
 from typing import Annotated, Any, Literal
 
 import msgspec
@@ -27,7 +26,7 @@ import msgspec
 from tiergate.core.errors import OpenAIError, from_validation
 from tiergate.core.wire import decode_json
 from tiergate.gateway.params import MAX_TOP_K
-from tiergate.gateway.surface import sse_event
+from tiergate.gateway.surface import new_id, sse_event, streamed
 
 __all__ = ["MessagesRequest", "MessagesSurface", "anthropic_error", "to_chat"]
 
@@ -263,8 +262,7 @@ def to_chat(body: bytes) -> tuple[dict[str, Any], MessagesRequest]:
         chat["response_format"] = {"type": "json_schema",
                                    "json_schema": {"name": "output", "schema": req.output_config.format.schema}}
     if req.stream:
-        chat["stream"] = True
-        chat["stream_options"] = {"include_usage": True}
+        streamed(chat)
     return chat, req
 
 
@@ -302,7 +300,7 @@ class _Back:
     """One request's answer in Anthropic's shape; for a stream, the open block and what is yet to be said."""
 
     def __init__(self, model: str) -> None:
-        self._id = "msg_" + uuid.uuid4().hex[:24]
+        self._id = new_id("msg_")
         self._model = model
         self._started = False
         self._index = -1  # the open content block, -1 when none
@@ -329,7 +327,7 @@ class _Back:
             content.append({"type": "text", "text": msg["content"]})
         for call in msg.get("tool_calls") or []:
             fn = call.get("function") or {}
-            content.append({"type": "tool_use", "id": call.get("id") or "toolu_" + uuid.uuid4().hex[:24],
+            content.append({"type": "tool_use", "id": call.get("id") or new_id("toolu_"),
                             "name": fn.get("name", ""), "input": _arguments(fn.get("arguments", ""))})
         u = chat.get("usage") or {}
         stop = _STOP_REASONS.get(choice.get("finish_reason") or "stop", "end_turn")
@@ -378,7 +376,7 @@ class _Back:
                 fn = call.get("function") or {}
                 if self._open != kind:
                     out.append(self._open_block(kind, {"type": "tool_use", "name": fn.get("name", ""), "input": {},
-                                                       "id": call.get("id") or "toolu_" + uuid.uuid4().hex[:24]}))
+                                                       "id": call.get("id") or new_id("toolu_")}))
                 if args := fn.get("arguments"):
                     out.append(self._delta({"type": "input_json_delta", "partial_json": args}))
             if reason := choice.get("finish_reason"):

@@ -18,14 +18,13 @@ Tested in `tests/gateway/test_responses_api.py` and `tests/integration/test_api_
 from __future__ import annotations
 
 import time
-import uuid
 from typing import Annotated, Any, Literal
 
 import msgspec
 
 from tiergate.core.errors import bad_request, from_validation
 from tiergate.core.wire import decode_json
-from tiergate.gateway.surface import sse_event
+from tiergate.gateway.surface import new_id, sse_event, streamed
 
 __all__ = ["ResponsesRequest", "ResponsesSurface", "to_chat"]
 
@@ -239,8 +238,7 @@ def to_chat(body: bytes) -> tuple[dict[str, Any], ResponsesRequest]:
     if user := req.safety_identifier or req.user:
         chat["user"] = user
     if req.stream:
-        chat["stream"] = True
-        chat["stream_options"] = {"include_usage": True}
+        streamed(chat)
     return chat, req
 
 
@@ -257,16 +255,12 @@ class ResponsesSurface:
         return msgspec.json.encode(chat), _Back(req)
 
 
-def _new_id(prefix: str) -> str:
-    return prefix + uuid.uuid4().hex[:24]
-
-
 class _Back:
     """One request's answer as a `response` object; for a stream, the output items as they are being written."""
 
     def __init__(self, req: ResponsesRequest) -> None:
         self._req = req
-        self._id = _new_id("resp_")
+        self._id = new_id("resp_")
         self._created = int(time.time())
         self._model = req.model
         self._seq = 0
@@ -316,10 +310,10 @@ class _Back:
         output: list[dict[str, Any]] = []
         finish = choice.get("finish_reason")
         if msg.get("content"):
-            output.append(_text_item(_new_id("msg_"), msg["content"], self._status(finish)))
+            output.append(_text_item(new_id("msg_"), msg["content"], self._status(finish)))
         for call in msg.get("tool_calls") or []:
             fn = call.get("function") or {}
-            output.append({"type": "function_call", "id": _new_id("fc_"), "call_id": call.get("id") or _new_id("call_"),
+            output.append({"type": "function_call", "id": new_id("fc_"), "call_id": call.get("id") or new_id("call_"),
                            "name": fn.get("name", ""), "arguments": fn.get("arguments", ""), "status": "completed"})
         usage = self._usage_of(chat.get("usage") or {})
         return msgspec.json.encode(self._response(self._status(finish), output, usage))
@@ -375,7 +369,7 @@ class _Back:
             delta = choice.get("delta") or {}
             if text := delta.get("content"):
                 if self._open != "text":
-                    item = _text_item(_new_id("msg_"), "", "in_progress")
+                    item = _text_item(new_id("msg_"), "", "in_progress")
                     out.append(self._add("text", item))
                     out.append(self._event("response.content_part.added", {
                         "item_id": item["id"], "output_index": len(self._items) - 1, "content_index": 0,
@@ -389,8 +383,8 @@ class _Back:
                 kind = f"tool:{call.get('index', 0)}"
                 fn = call.get("function") or {}
                 if self._open != kind:
-                    out.append(self._add(kind, {"type": "function_call", "id": _new_id("fc_"),
-                                                "call_id": call.get("id") or _new_id("call_"),
+                    out.append(self._add(kind, {"type": "function_call", "id": new_id("fc_"),
+                                                "call_id": call.get("id") or new_id("call_"),
                                                 "name": fn.get("name", ""), "arguments": "",
                                                 "status": "in_progress"}))
                 if args := fn.get("arguments"):

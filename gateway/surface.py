@@ -12,6 +12,7 @@ Tested in `tests/gateway/test_surface.py`.
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -22,14 +23,14 @@ from starlette.responses import Response
 from starlette.types import Message, Receive, Scope, Send
 
 from tiergate.core.errors import OpenAIError
-from tiergate.core.http import read_body
+from tiergate.core.http import read_body, replay
 from tiergate.core.wire import decode_json
 from tiergate.gateway.auth import Authenticator, Tenant
 from tiergate.gateway.context import Arrival
 from tiergate.gateway.settlement import Settlements
 
 __all__ = ["AnswerTranslator", "ChatHandler", "ErrorFormat", "Surface", "SurfaceEndpoint", "SurfaceLimits",
-           "Translated", "authorization", "sse_event"]
+           "Translated", "authorization", "new_id", "sse_event", "streamed"]
 
 _CHAT_PATH = "/v1/chat/completions"
 _any = msgspec.json.Decoder()  # a backend's bytes, any at all (`decode_json` turns every failure into DecodeError)
@@ -109,7 +110,7 @@ class SurfaceEndpoint:
             return Translated(refused, self._surface, None)
         except ClientDisconnect:
             return Response(status_code=499)
-        inner = Request(_chat_scope(request.scope, chat_body, auth), _replay(chat_body, request.receive))
+        inner = Request(_chat_scope(request.scope, chat_body, auth), replay(chat_body, request.receive))
         answer = await self._chat(inner, "chat", self._surface.endpoint)
         return Translated(answer, back, back)
 
@@ -122,20 +123,6 @@ def _chat_scope(scope: Scope, body: bytes, auth: str | None) -> Scope:
     if auth is not None:
         headers.append((b"authorization", auth.encode("latin-1")))
     return {**scope, "path": _CHAT_PATH, "raw_path": _CHAT_PATH.encode(), "headers": headers}
-
-
-def _replay(body: bytes, receive: Receive) -> Receive:
-    """The translated body first, then the client's own channel (which still reports its disconnect)."""
-    sent = False
-
-    async def replay() -> Message:
-        nonlocal sent
-        if not sent:
-            sent = True
-            return {"type": "http.request", "body": body, "more_body": False}
-        return await receive()
-
-    return replay
 
 
 class Translated(Response):
@@ -257,3 +244,16 @@ def _without_length(headers: list[tuple[bytes, bytes]]) -> list[tuple[bytes, byt
 def sse_event(name: str, data: dict[str, Any]) -> bytes:
     """One named server-sent event, as Anthropic's and the Responses API's streams write them."""
     return b"event: " + name.encode() + b"\ndata: " + msgspec.json.encode(data) + b"\n\n"
+
+
+def new_id(prefix: str) -> str:
+    """An id in the shape the surfaces' own APIs use: a prefix and 24 hex digits."""
+    return prefix + uuid.uuid4().hex[:24]
+
+
+def streamed(chat: dict[str, Any]) -> dict[str, Any]:
+    """The translated chat request streamed, with the usage chunk at its end: a surface's stream reports the tier's
+    token counts in its closing event, so it must ask for them."""
+    chat["stream"] = True
+    chat["stream_options"] = {"include_usage": True}
+    return chat

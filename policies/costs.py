@@ -150,8 +150,10 @@ def token_cost(price: TierPrice | None, prompt_tokens: int, completion_tokens: i
     (at most the prompt) is the part of the prompt a backend served from its prefix cache. No price: 0."""
     if price is None:
         return 0.0
-    prompt, completion = max(prompt_tokens, 0), max(completion_tokens, 0)
-    cached = min(max(cached_tokens, 0), prompt)
+    # conditionals rather than max/min: this runs several times on every priced request
+    prompt = prompt_tokens if prompt_tokens > 0 else 0
+    completion = completion_tokens if completion_tokens > 0 else 0
+    cached = 0 if cached_tokens <= 0 else prompt if cached_tokens > prompt else cached_tokens
     return ((prompt - cached) * price.prompt_per_1k + cached * price.cached_prompt
             + completion * price.completion_per_1k) / 1000
 

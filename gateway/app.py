@@ -94,7 +94,8 @@ def create_app(settings: Settings | None = None, *, keyring: KeyRing | None = No
 
     fanout = FanOut(completions.handle, completions.refuse, gw.keys.authenticate, max_body_bytes=gw.settings.max_body_bytes,
                     body_timeout_s=gw.settings.body_timeout_s, max_choices=gw.settings.max_choices)
-    embeddings = Embeddings(gw.settings, gw.keys, gw.limiter, gw.metrics, gw.shared_cache)
+    embeddings = Embeddings(gw.settings, gw.keys, gw.limiter, gw.metrics, gw.shared_cache, gw.budgets,
+                            lambda: gw.policy_store.current.policy)
     cards = ModelCards(gw.tiers, embeddings.model_card, int(gw.started_at))
 
     async def chat(request: Request) -> Response:

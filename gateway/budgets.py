@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import functools
 import math
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -88,6 +89,19 @@ class _Scope:
     counter: Counter
 
 
+@dataclass(frozen=True, slots=True)
+class _Plan:
+    """A budget scope as it stands for a whole UTC day: its counter's key and hard limit, and when the counter
+    may expire (epoch seconds: a day after its period ends)."""
+
+    name: str
+    budget: Budget
+    period: PeriodSpan
+    key: str
+    hard: int | None
+    expires_at: float
+
+
 @dataclass(slots=True)
 class Hold:
     """What a request reserved (`amount`, in `NANO`) from the counters of the budgets it is under."""
@@ -121,6 +135,8 @@ class Budgets:
         self._clock = clock
         self._alerted: set[tuple[str, str]] = set()  # (counter, level): alerted once per budget and period
         self._spans: dict[tuple[Period, dt.date], PeriodSpan] = {}  # the periods of today, computed once
+        self._plans: dict[tuple[str, str | None, int], tuple[Budget, tuple[_Plan, ...]]] = {}  # see _scopes
+        self._days: dict[tuple[str, int], str] = {}  # (tenant, UTC day number) -> its record's ledger key
         self._pause_s = pause_s
         self._monotonic = monotonic
         self._skip_until = 0.0  # monotonic: the ledger failed moments ago, do not wait for it again yet
@@ -159,33 +175,52 @@ class Budgets:
             found = self._spans[key] = span(period, now)
         return found
 
-    def _now(self) -> dt.datetime:
-        return dt.datetime.fromtimestamp(self._clock(), dt.UTC)
-
-    def _scopes(self, policy: Policy, tenant: str, key: str | None, now: dt.datetime) -> tuple[_Scope, ...]:
+    def _scopes(self, policy: Policy, tenant: str, key: str | None, ts: float) -> tuple[_Scope, ...]:
+        """The budgets a request of `tenant` with `key` is under at `ts` (epoch seconds). What they are holds for a
+        whole UTC day, so it is worked out once a day per tenant and key (and again after a policy reload); only
+        each counter's time to live changes from one request to the next."""
         cfg = policy.budgets
         tb = cfg.tenants.get(tenant) if cfg is not None else None
         if tb is None:
             return ()
-        out = [self._scope("tenant", tenant, "tenant", tb, now)]
-        kb = tb.keys.get(key) if key is not None else None
-        if kb is not None and key is not None:
-            out.append(self._scope("key", tenant, f"key:{key_id(key)}", kb, now))
-        return tuple(out)
+        memo = (tenant, key, int(ts // _DAY_S))
+        found = self._plans.get(memo)
+        if found is None or found[0] is not tb:
+            now = dt.datetime.fromtimestamp(ts, dt.UTC)
+            plans = [self._plan("tenant", tenant, "tenant", tb, now)]
+            kb = tb.keys.get(key) if key is not None else None
+            if kb is not None and key is not None:
+                plans.append(self._plan("key", tenant, f"key:{key_id(key)}", kb, now))
+            if len(self._plans) > 4096:
+                self._plans.clear()
+            found = self._plans[memo] = (tb, tuple(plans))
+        return tuple(_Scope(p.name, p.budget, p.period, Counter(p.key, p.hard, math.ceil(p.expires_at - ts)))
+                     for p in found[1])
 
-    def _scope(self, name: str, tenant: str, scope: str, budget: Budget, now: dt.datetime) -> _Scope:
+    def _plan(self, name: str, tenant: str, scope: str, budget: Budget, now: dt.datetime) -> _Plan:
         period = self._span(budget.period, now)
-        ttl = math.ceil(period.left_s(now)) + _DAY_S
         hard = None if budget.hard is None else round(budget.hard * NANO)
-        return _Scope(name, budget, period, Counter(counter_key(self._prefix, tenant, scope, period.id), hard, ttl))
+        return _Plan(name, budget, period, counter_key(self._prefix, tenant, scope, period.id), hard,
+                     period.end.timestamp() + _DAY_S)
+
+    def _day_key(self, tenant: str, ts: float) -> str:
+        """The ledger key of `tenant`'s record for the UTC day of `ts`, named once a day."""
+        memo = (tenant, int(ts // _DAY_S))
+        found = self._days.get(memo)
+        if found is None:
+            if len(self._days) > 4096:
+                self._days.clear()
+            day = dt.datetime.fromtimestamp(ts, dt.UTC).date().isoformat()
+            found = self._days[memo] = day_key(self._prefix, tenant, day)
+        return found
 
     async def reserve(self, policy: Policy, tenant: str, key: str | None, worst: float,
                       downgrade: Callable[[], float] | None = None) -> tuple[Hold | None, bool]:
         """Reserve `worst` from the request's budgets: (its hold, False); or, over a hard limit with
         `on_exceed: downgrade`, `downgrade()` (the downgrade tier's worst case) instead: (its hold, True); or a 429.
         (None, False): no budget applies, or the ledger is down and `on_redis_down: allow`."""
-        now = self._now()
-        scopes = self._scopes(policy, tenant, key, now)
+        ts = self._clock()
+        scopes = self._scopes(policy, tenant, key, ts)
         if not scopes:
             return None, False
         amount = math.ceil(worst * NANO)
@@ -206,7 +241,7 @@ class Budgets:
                 return (Hold(tenant, scopes, cheaper) if again is None else None), True
         self._metrics.child(self._metrics.budget_refused, tenant, scope.name, "refused").inc()
         self._alert(tenant, scope, "hard", spent)
-        raise _exceeded(policy, tenant, scope, worst, now)
+        raise _exceeded(policy, tenant, scope, worst, dt.datetime.fromtimestamp(ts, dt.UTC))
 
     async def _reserve(self, policy: Policy, tenant: str, scopes: tuple[_Scope, ...], counters: list[Counter],
                        amount: int) -> tuple[int, int] | None:
@@ -234,12 +269,12 @@ class Budgets:
         if hold is None and not fields:
             return
         cfg = policy.budgets or _DEFAULT
-        now = self._now()
+        ts = self._clock()
         delta = round(charged * NANO) - hold.amount if hold is not None else 0
         scopes = hold.scopes if hold is not None else ()
         try:
             values = await self._bounded(self._ledger.settle(
-                [s.counter for s in scopes], delta, day_key(self._prefix, tenant, now.date().isoformat()),
+                [s.counter for s in scopes], delta, self._day_key(tenant, ts),
                 _keyed(fields, key), cfg.retention_days * _DAY_S), 4)
         except Exception as exc:
             self._metrics.ledger_errors.labels("settle").inc()
@@ -267,8 +302,9 @@ class Budgets:
     async def usage(self, policy: Policy, tenant: str, key: str, period: Period | None = None) -> Usage:
         """What key `key` (its SHA-256) spent in the current period (its budget's, else `period`, else the
         month) and what its budgets have left; nothing of another key's."""
-        now = self._now()
-        scopes = self._scopes(policy, tenant, key, now)
+        ts = self._clock()
+        now = dt.datetime.fromtimestamp(ts, dt.UTC)
+        scopes = self._scopes(policy, tenant, key, ts)
         own = next((s for s in scopes if s.name == "key"), scopes[0] if scopes else None)
         p = self._span(period or (own.budget.period if own is not None else Period.MONTH), now)
         k = key_id(key)
@@ -294,11 +330,17 @@ def _keyed(fields: Mapping[str, float], key: str | None) -> dict[str, float]:
     """The day's record fields, with the key's own (`key|<id>|...`) beside the tenant's."""
     out = dict(fields)
     if key is not None:
-        k = key_id(key)
-        for name in ("cost", "requests", "prompt", "completion"):
+        for name, keyed in _key_fields(key):
             if name in fields:
-                out[f"key|{k}|{name}"] = fields[name]
+                out[keyed] = fields[name]
     return out
+
+
+@functools.lru_cache(maxsize=4096)
+def _key_fields(key: str) -> tuple[tuple[str, str], ...]:
+    """The day's record fields a key has its own copy of, and that copy's name (named once per key)."""
+    k = key_id(key)
+    return tuple((name, f"key|{k}|{name}") for name in ("cost", "requests", "prompt", "completion"))
 
 
 def _exceeded(policy: Policy, tenant: str, scope: _Scope, worst: float, now: dt.datetime) -> OpenAIError:

@@ -8,6 +8,11 @@ dropped: 400 `context_length_exceeded`), `dimensions` other than the model's own
 cut), token-id input. Requests are admitted, rate-limited and token-reserved like completions, with the input's
 real token count (the model's tokenizer, special tokens included), which `usage` reports.
 
+They are priced at the policy's `costs.embeddings_per_1k` (the embedder's CPU) and spent like answers: the exact
+cost, known from the token count before any work, is reserved from the key's and tenant's budgets (a 429 when
+they are spent), recorded in the spend ledger (so `/v1/usage` counts it) and `tiergate_spend_total` (tier and rule
+`embeddings`), and quoted in `x-tiergate-cost`. They save nothing (`gateway.savings`).
+
 Tested in `tests/gateway/test_embeddings.py` and `tests/integration/test_api_surfaces.py`.
 """
 
@@ -16,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import time
+from collections.abc import Callable
 
 import msgspec
 import numpy as np
@@ -28,11 +34,15 @@ from tiergate.core.errors import OpenAIError, bad_request, from_validation, not_
 from tiergate.core.http import error_response, read_body
 from tiergate.core.wire import decode_json
 from tiergate.gateway.auth import Authenticator
+from tiergate.gateway.budgets import Budgets, Hold
 from tiergate.gateway.context import safe_request_id
 from tiergate.gateway.limits import Limiter
 from tiergate.gateway.metrics import GatewayMetrics
+from tiergate.gateway.savings import SavingSource
 from tiergate.gateway.settings import Settings
 from tiergate.gateway.settlement import CacheProvider
+from tiergate.policies.costs import format_cost
+from tiergate.policies.model import Policy
 
 __all__ = ["EmbeddingRequest", "Embeddings"]
 
@@ -58,9 +68,10 @@ class Embeddings:
     """The endpoint; the embedder is read through the cache at each request (start-up builds the cache)."""
 
     def __init__(self, settings: Settings, keyring: Authenticator, limiter: Limiter, metrics: GatewayMetrics,
-                 cache: CacheProvider) -> None:
+                 cache: CacheProvider, budgets: Budgets, policy: Callable[[], Policy]) -> None:
         self._settings, self._keyring, self._limiter, self._metrics, self._cache = (settings, keyring, limiter,
                                                                                     metrics, cache)
+        self._budgets, self._policy = budgets, policy
 
     def embedder(self) -> OnnxEmbedder | None:
         """The embedder served, or None while the cache has none (disabled, exact-only or not started)."""
@@ -82,7 +93,7 @@ class Embeddings:
         rid = safe_request_id(request.headers.get("x-request-id"))
         tenant_id = None
         try:
-            tenant = self._keyring.authenticate(request.headers.get("authorization"))
+            tenant, key = self._keyring.identify(request.headers.get("authorization"))
             tenant_id = tenant.id
             body = await read_body(request, self._settings.max_body_bytes, self._settings.body_timeout_s)
             req = self._parse(body)
@@ -108,9 +119,24 @@ class Embeddings:
                                           f"tokens; split it.", code="context_length_exceeded", param="input")
                 tokens = sum(c or 0 for c in counts)
                 reservation = await self._limiter.reserve(tenant, tokens)
+                policy = self._policy()
+                cost = policy.costs.embedding(tokens) if policy.costs is not None else None
+                hold = None
+                if cost is not None:
+                    try:
+                        hold, _ = await self._budgets.reserve(policy, tenant.id, key, cost)
+                    except OpenAIError:  # over budget: it used none of the token window it reserved
+                        if reservation is not None:
+                            await self._limiter.settle(reservation, 0)
+                        raise
                 cache = self._cache()
                 assert cache is not None and cache.batcher is not None  # embedder() found them
-                vectors = await cache.batcher.embed_many(texts)
+                try:
+                    vectors = await cache.batcher.embed_many(texts)
+                except BaseException:
+                    await self._settle(policy, tenant.id, key, hold, None, 0)  # nothing done: the hold goes back
+                    raise
+                await self._settle(policy, tenant.id, key, hold, cost, tokens)
                 if reservation is not None:
                     await self._limiter.settle(reservation, tokens)
             finally:
@@ -127,9 +153,29 @@ class Embeddings:
         self._metrics.child(self._metrics.requests, TIER, TIER, "none", "bypass", "200").inc()
         log.info("embeddings", request_id=rid, tenant=tenant.id, inputs=len(texts), tokens=tokens,
                  seconds=round(time.perf_counter() - started, 4))
+        headers = {"x-request-id": rid, "x-tiergate-tier": TIER}
+        if cost is not None:
+            headers["x-tiergate-cost"] = format_cost(cost)
         return Response(msgspec.json.encode({"object": "list", "data": data, "model": req.model,
                                              "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}),
-                        media_type="application/json", headers={"x-request-id": rid, "x-tiergate-tier": TIER})
+                        media_type="application/json", headers=headers)
+
+    async def _settle(self, policy: Policy, tenant: str, key: str, hold: Hold | None, cost: float | None,
+                      tokens: int) -> None:
+        """Spend `cost` (None: nothing was done) in the metrics and the ledger, and settle `hold` to it."""
+        costs = policy.costs
+        if costs is None:
+            return
+        fields: dict[str, float] = {}
+        if cost is not None:
+            m, currency = self._metrics, costs.currency
+            m.child(m.spend, tenant, TIER, TIER, "answer", currency).inc(cost)
+            m.child(m.spend_reference, tenant, TIER, TIER, currency).inc(cost)
+            m.child(m.savings_spend, SavingSource.EMBEDDINGS.value, currency).inc(cost)
+            m.child(m.savings_reference, SavingSource.EMBEDDINGS.value, currency).inc(cost)
+            fields = {f"cost|{TIER}|{TIER}|answer": cost, f"ref|{TIER}|{TIER}": cost, "requests": 1,
+                      "prompt": tokens, "completion": 0, "cost": cost}
+        await self._budgets.settle(hold, policy, tenant, key, cost or 0.0, fields)
 
     def _parse(self, body: bytes) -> EmbeddingRequest:
         try:

@@ -11,6 +11,8 @@ client gone mid-way) saves nothing and costs what it cost: it counts against the
 - `cache`: hits (the whole reference price), less the shadow checks that verify them.
 - `edge`: answers from edge tiers under other rules.
 - `cloud`: answers from cloud tiers other than the reference (cheaper or dearer than it).
+- `embeddings`: `/v1/embeddings` (`gateway.embeddings`), the same work whatever the routing: its reference is its
+  own price, so it saves nothing, and is counted so that the sources still add up.
 
 Savings are never shown alone: the status page and the dashboard put them beside what they cost in quality
 (cascade escalations, shadow-check disagreements, cache feedback; `gateway.history`).
@@ -33,6 +35,7 @@ class SavingSource(StrEnum):
     CACHE = "cache"
     CASCADE = "cascade"
     CLOUD = "cloud"
+    EMBEDDINGS = "embeddings"
 
 
 def saving_source(ctx: RequestContext, tier: str, kind: str) -> SavingSource:

@@ -120,16 +120,18 @@ class Settlement:
         each tier's context), or raise their 429 (and give back the request its admission counted, as `reserve`
         does). Over a hard limit with `on_exceed: downgrade`, the request goes to the policy's cheaper tier: the
         context returned is then decided for that tier alone."""
-        budgets = ctx.policy.budgets
-        if budgets is None or ctx.tenant.id not in budgets.tenants or ctx.policy.costs is None:
+        policy = ctx.policy
+        budgets = policy.budgets
+        tenant = budgets.tenants.get(ctx.tenant.id) if budgets is not None else None
+        if tenant is None or policy.costs is None:
             return ctx
-        target = budgets.tenants[ctx.tenant.id].downgrade_to
+        target = tenant.downgrade_to
         down = dataclasses.replace(ctx.decision, tier=target, fallbacks=(), cascade=None) if target else None
         prompt = ctx.features.prompt_tokens
         try:
             self._hold, downgraded = await self._deps.budgets.reserve(
-                ctx.policy, ctx.tenant.id, self.key, worst_case(ctx.policy, ctx.decision, prompt, answer_tokens),
-                (lambda: worst_case(ctx.policy, down, prompt, answer_tokens)) if down is not None else None)
+                policy, ctx.tenant.id, self.key, worst_case(policy, ctx.decision, prompt, answer_tokens),
+                (lambda: worst_case(policy, down, prompt, answer_tokens)) if down is not None else None)
         except OpenAIError:
             if ctx.held.slot is not None:
                 await self._deps.limiter.refund_request(ctx.held.slot)

@@ -94,6 +94,9 @@ class CostsConfig(StrictModel):
     reference_tier: str = Field(description="savings are measured against sending every request here "
                                             "(what the same tokens would have cost on it)")
     prices: dict[str, TierPrice] = Field(default_factory=dict, description="per tier; a tier left out costs 0")
+    embeddings_per_1k: float = Field(0.0, ge=0, allow_inf_nan=False,
+                                     description="per 1,000 input tokens of `/v1/embeddings` (the gateway's own "
+                                                 "embedder: the CPU it takes); 0 counts them without a price")
     _live: LiveThroughput | None = PrivateAttr(None)
     _derived: dict[str, tuple[float, TierPrice]] = PrivateAttr(default_factory=dict)
 
@@ -140,6 +143,11 @@ class CostsConfig(StrictModel):
         """What these tokens cost on `tier`."""
         return token_cost(self.tier_price(tier), prompt_tokens, completion_tokens, cached_tokens)
 
+    def embedding(self, tokens: int) -> float:
+        """What embedding `tokens` input tokens costs. The same work whatever the routing, so it saves nothing:
+        its reference price is this price."""
+        return max(tokens, 0) * self.embeddings_per_1k / 1000
+
     def reference(self, prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> float:
         """What the same tokens would have cost on the reference tier."""
         return self.cost(self.reference_tier, prompt_tokens, completion_tokens, cached_tokens)
@@ -150,8 +158,10 @@ def token_cost(price: TierPrice | None, prompt_tokens: int, completion_tokens: i
     (at most the prompt) is the part of the prompt a backend served from its prefix cache. No price: 0."""
     if price is None:
         return 0.0
-    prompt, completion = max(prompt_tokens, 0), max(completion_tokens, 0)
-    cached = min(max(cached_tokens, 0), prompt)
+    # conditionals rather than max/min: this runs several times on every priced request
+    prompt = prompt_tokens if prompt_tokens > 0 else 0
+    completion = completion_tokens if completion_tokens > 0 else 0
+    cached = 0 if cached_tokens <= 0 else prompt if cached_tokens > prompt else cached_tokens
     return ((prompt - cached) * price.prompt_per_1k + cached * price.cached_prompt
             + completion * price.completion_per_1k) / 1000
 

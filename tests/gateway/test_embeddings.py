@@ -106,3 +106,44 @@ def test_without_an_embedder_no_embedding_model_is_offered(tmp_path) -> None:
             _client(url).embeddings.create(model=MODEL, input="x")
         assert "TIERGATE_EMBEDDER" in err.value.message
         assert MODEL not in [m.id for m in _client(url).models.list()]
+
+
+def test_embeddings_are_priced_spent_and_held_to_the_budget(tmp_path, embedder_dir,
+                                                            onnx_embedder: OnnxEmbedder) -> None:
+    """Priced at `costs.embeddings_per_1k`: the header quotes the exact cost, the key's usage and the spend
+    counters record it with a saving of 0, and a budget that cannot cover the next request refuses it (429)
+    without charging anything."""
+    per_1k = 2.0
+    text = "How do I bake bread at home?"
+    cost = onnx_embedder.token_count(text) * per_1k / 1000
+    with ExitStack() as es:
+        edge = es.enter_context(aiohttp_server(make_app(4, model="edge-model")))
+        cloud = es.enter_context(aiohttp_server(make_app(4, model="cloud-model")))
+        pol = write_policy(tmp_path / "policy.yaml", [edge.url], [cloud.url])
+        pol.write_text(pol.read_text() + f"""\
+costs:
+  currency: USD
+  reference_tier: cloud
+  embeddings_per_1k: {per_1k}
+budgets:
+  tenants:
+    alpha: {{period: day, hard: {cost * 2.5}}}
+""")
+        gw = es.enter_context(gateway_server(Settings(policy=pol, embedder=embedder_dir, redis_url=None),
+                                             keyring=KEYS))
+        first = httpx.post(gw.url + "/v1/embeddings", headers=AUTH, json={"model": MODEL, "input": text})
+        assert first.status_code == 200 and float(first.headers["x-tiergate-cost"]) == pytest.approx(cost)
+        assert _client(gw.url).embeddings.create(model=MODEL, input=text).usage.prompt_tokens > 0
+        with pytest.raises(openai.RateLimitError) as over:  # 2 spent of 2.5: the third does not fit
+            _client(gw.url).embeddings.create(model=MODEL, input=text)
+        assert over.value.code == "budget_exceeded"
+        usage = httpx.get(gw.url + "/v1/usage", headers=AUTH).json()
+        assert usage["spend"] == pytest.approx(2 * cost) and usage["requests"] == 2
+        metrics = httpx.get(gw.url + "/metrics").text
+    spend = [line for line in metrics.splitlines() if line.startswith("tiergate_spend_total{")]
+    assert len(spend) == 1 and 'tier="embeddings"' in spend[0]
+    assert float(spend[0].rsplit(" ", 1)[1]) == pytest.approx(2 * cost)
+    saved = {line.split(" ")[0]: float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
+             if line.startswith("tiergate_savings_") and 'source="embeddings"' in line and "_created" not in line}
+    assert saved['tiergate_savings_reference_total{currency="USD",source="embeddings"}'] == pytest.approx(
+        saved['tiergate_savings_spend_total{currency="USD",source="embeddings"}'])

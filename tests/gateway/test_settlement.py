@@ -744,6 +744,46 @@ def _by_source(metrics: GatewayMetrics) -> dict[str, float]:
     return out
 
 
+def test_a_fallback_saves_as_the_tier_that_answered_and_a_client_gone_spends_without_saving() -> None:
+    """A fallback's answer counts towards the tier that gave it, not the one decided; a client gone after its
+    request reached a backend spends its prompt there with nothing saved (no answer, so no reference)."""
+    fakes = _Fakes()
+    registry = CollectorRegistry()
+    metrics = GatewayMetrics(registry)
+
+    def settle() -> Any:
+        s, _ = fakes.settlement()
+        s._deps.metrics = metrics
+        return s
+
+    to_cloud = Decision(rule="default", tier="edge", fallbacks=("cloud",))
+    asyncio.run(settle().answered(_priced_ctx(decision=to_cloud), Outcome(cache="miss"), "cloud", 200, 0.001,
+                                  100, 100))
+    to_edge = Decision(rule="big", tier="cloud", fallbacks=("edge",))
+    asyncio.run(settle().answered(_priced_ctx(decision=to_edge), Outcome(cache="miss"), "edge", 200, 0.001,
+                                  100, 100))
+    edge_only = Decision(rule="default", tier="edge")
+    asyncio.run(settle().gone(tenant=TENANT, decision=edge_only, features=FEATURES,
+                              ctx=_priced_ctx(decision=edge_only),  # type: ignore[arg-type]
+                              outcome=Outcome(cache="miss", body=_body(True))))
+    asyncio.run(settle().gone(tenant=TENANT, decision=edge_only, features=FEATURES,
+                              ctx=_priced_ctx(decision=edge_only),  # type: ignore[arg-type]
+                              outcome=Outcome(cache="miss", body=_body(False))))  # never reached a backend
+
+    cloud_100 = (100 * 0.6 + 100 * 2.4) / 1000
+    edge_100 = (100 * 0.01 + 100 * 0.03) / 1000
+    assert _by_source(metrics) == pytest.approx({
+        "cloud": 0.0,  # the edge failed over to the reference tier: nothing saved, nothing lost
+        "edge": (cloud_100 - edge_100) - 7 * 0.01 / 1000,  # the cloud's fallback on the edge; the gone prompt
+    })
+    assert _samples(metrics)[("tiergate_spend_total", "alpha", "edge", "default", "gone", "USD")] == \
+        pytest.approx(7 * 0.01 / 1000)
+    totals = {name: sum(v for k, v in _samples(metrics).items() if k[0] == name)
+              for name in ("tiergate_spend_total", "tiergate_spend_reference_total")}
+    assert sum(_by_source(metrics).values()) == pytest.approx(
+        totals["tiergate_spend_reference_total"] - totals["tiergate_spend_total"])
+
+
 def test_the_saving_is_split_by_what_saved_it_and_adds_up_to_reference_less_spend() -> None:
     fakes = _Fakes()
     registry = CollectorRegistry()

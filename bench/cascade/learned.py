@@ -51,7 +51,7 @@ import numpy as np
 
 from bench.cascade.metrics import apgr, kept_at_loss
 from bench.cascade.tasks import make_items
-from bench.report import RESULTS
+from bench.report import REPO, RESULTS
 from tiergate.complexity.edge_router import router_features
 from tiergate.complexity.router_train import Outcomes, fit_router
 
@@ -88,6 +88,14 @@ def _arrays(rows: list[dict], feats: list) -> dict:
             "cpu_s": np.array([r["cpu_s"] for r in rows]),
             "tokens": np.array([r["prompt_tokens"] for r in rows], float),
             "complexity": np.array([r["complexity"] for r in rows], float)}
+
+
+def _shown(path: Path) -> str:
+    """A result file as the report names it: relative to the repository when inside it."""
+    try:
+        return str(path.resolve().relative_to(REPO))
+    except ValueError:
+        return str(path)
 
 
 def _load(path: Path) -> dict:
@@ -240,7 +248,7 @@ def run(path: Path, more_mmlu: Sequence[Path] = (), *, mmlu_study: bool = True, 
         designs[key] = row
 
     return {"command": "python -m bench.cascade.learned", "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            "source": str(path), "requests": n, "folds": FOLDS,
+            "source": _shown(path), "requests": n, "folds": FOLDS,
             "mmlu_training_outcomes_per_fold": int(sum(t == "mmlu" for t in d["tasks"]) * (FOLDS - 1) / FOLDS),
             "designs": designs,
             "mmlu_after_outcomes": _mmlu_study(d, folds, t5s, cuts, more_mmlu) if mmlu_study else None,
@@ -264,7 +272,7 @@ def _mmlu_study(d: dict, folds: np.ndarray, t5s: list[float], cuts: dict[str, li
                if task == "mmlu" and qid not in set(mm["ids"])]
         mm = {"ids": mm["ids"] + [a["ids"][i] for i in new], "x": np.vstack([mm["x"], a["x"][new]]),
               "right": np.r_[mm["right"], a["right"][new]], "conf": np.r_[mm["conf"], a["conf"][new]]}
-        sources.append(str(extra))
+        sources.append(_shown(extra))
     q = len(mm["ids"])
     rng = np.random.default_rng(1)
     mfold = rng.permutation(q) % FOLDS

@@ -92,7 +92,7 @@ def router_features(*, prompt_tokens: int, complexity: float, max_tokens: int | 
         min(float(temperature if temperature is not None else 1.0), 2.0) / 2.0,
         1.0 if stream else 0.0,
         1.0 if len(_OPTIONS.findall(head)) >= 2 else 0.0,
-        sum(c.isdigit() for c in head) / chars,
+        sum(map(str.isdigit, head)) / chars,
         min(head.count("\n"), 64) / 64.0,
     )
     return RouterFeatures(dense, {k: v * norm for k, v in counts.items()})

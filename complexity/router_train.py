@@ -2,11 +2,13 @@
 `RouterModel` for one edge model version out.
 
 The fit is an L2-regularised logistic regression solved by Newton's method (a few hundred features: exact, and
-deterministic), whose regulariser pulls the weights towards a prior instead of towards zero when there is one: after
-a promotion the new edge model starts from the previous version's router and moves away from it as its own outcomes
-accumulate (`prior_strength` is worth that many outcomes of evidence). Calibration is Platt scaling fitted on
+deterministic; its strength chosen from a small grid by held-out log loss), whose regulariser pulls the weights
+towards a prior instead of towards zero when there is one: after a promotion the new edge model starts from the
+previous version's router and moves away from it as its own outcomes accumulate (`prior_strength` is worth that many outcomes of evidence). Calibration is Platt scaling fitted on
 cross-fitted (out-of-fold) scores, so the probabilities the policy's `edge_success` thresholds read are honest on
-requests the model did not train on; those held-out scores are also what the model's `meta` reports.
+requests the model did not train on; those held-out scores are also what the model's `meta` reports, with a
+table of candidate `edge_success.max` values: the share each would send straight to the cloud and the share of the
+answers that stood it would send there, so that the condition's cut-off is chosen on held-out predictions.
 
 Records come from a Redis stream (`redis://...`, the gateway's `tiergate:outcomes`) or a JSON-lines file of the
 same records.
@@ -39,13 +41,16 @@ from tiergate.complexity.edge_router import (
 from tiergate.complexity.train import one_blas_thread
 from tiergate.core.types import Features
 
-__all__ = ["OUTCOMES_STREAM", "Outcomes", "fit_router", "outcome_record", "read_outcomes"]
+__all__ = ["L2_GRID", "OUTCOMES_STREAM", "Outcomes", "cutoff_table", "fit_router", "outcome_record",
+           "read_outcomes"]
 
 OUTCOMES_STREAM = "tiergate:outcomes"
 _FOLDS = 5
 _BATCH = 1000
 # An edge that could not be reached says nothing about the prompt: such records do not train the router.
 _NOT_ABOUT_THE_PROMPT = frozenset({"first_tier_failed"})
+L2_GRID = (1.0, 3.0, 10.0, 30.0)  # the regularisation strengths tried (held-out log loss picks one)
+CUTOFFS = tuple(round(0.05 * i, 2) for i in range(1, 11))  # the edge_success.max values the model's meta rates
 
 
 def outcome_record(features: Features, *, stood: bool, edge_version: str, tenant: str, rule: str, reason: str,
@@ -162,8 +167,15 @@ def _fit_linear(x: np.ndarray, y: np.ndarray, prior: RouterModel | None, l2: flo
     return _newton(xb, y, mean, penalty)
 
 
-def _folds(n: int) -> np.ndarray:
-    return np.arange(n) % _FOLDS  # records are in time order: every fold spans the whole period
+def _folds(x: np.ndarray) -> np.ndarray:
+    """Each record's fold: records are in time order, so dealing them out makes every fold span the whole period;
+    the records of one prompt (the same features: a repeated question) all go to the fold of its first one, or
+    held-out scores would reward remembering prompts over generalising from them."""
+    first: dict[bytes, int] = {}
+    out = np.empty(len(x), int)
+    for i, row in enumerate(x):
+        out[i] = first.setdefault(row.tobytes(), len(first)) % _FOLDS
+    return out
 
 
 def _auc(score: np.ndarray, y: np.ndarray) -> float | None:
@@ -176,20 +188,25 @@ def _auc(score: np.ndarray, y: np.ndarray) -> float | None:
     return float((ranks[:len(pos)].sum() - len(pos) * (len(pos) + 1) / 2) / (len(pos) * len(neg)))
 
 
-def fit_router(data: Outcomes, edge_version: str, *, prior: RouterModel | None = None, l2: float = 1.0,
+def fit_router(data: Outcomes, edge_version: str, *, prior: RouterModel | None = None, l2: float | None = None,
                prior_strength: float = 20.0) -> RouterModel:
-    """A calibrated router for `edge_version` from its outcomes (ValueError when they cannot make one)."""
+    """A calibrated router for `edge_version` from its outcomes (ValueError when they cannot make one).
+
+    `l2` None: the regularisation is chosen from `L2_GRID` by held-out log loss on the training folds (a fixed
+    one over-fits the hashed words of repeated prompts on some traffic and under-fits on other)."""
     with one_blas_thread():  # the same file from the same records on any machine; no threads thrashing 2 cores
         return _fit_router(data, edge_version, prior, l2, prior_strength)
 
 
-def _fit_router(data: Outcomes, edge_version: str, prior: RouterModel | None, l2: float,
-                prior_strength: float) -> RouterModel:
-    x, y = data.x, data.y
-    if len(y) < 2 * _FOLDS or y.min() == y.max():
-        raise ValueError(f"{len(y)} outcomes for {edge_version!r}; training needs at least {2 * _FOLDS} with both "
-                         "labels (answers that stood and answers that did not)")
-    folds = _folds(len(y))
+def _log_loss(p: np.ndarray, y: np.ndarray) -> float:
+    p = np.clip(p, 1e-6, 1 - 1e-6)
+    return float(-np.mean(y * np.log(p) + (1 - y) * np.log(1 - p)))
+
+
+def _held_out(x: np.ndarray, y: np.ndarray, prior: RouterModel | None, l2: float,
+              prior_strength: float) -> tuple[np.ndarray, Vector, float]:
+    """Out-of-fold logits, the Platt calibration fitted on them, and its held-out log loss."""
+    folds = _folds(x)
     held = np.zeros(len(y))
     for k in range(_FOLDS):
         train, test = folds != k, folds == k
@@ -199,13 +216,41 @@ def _fit_router(data: Outcomes, edge_version: str, prior: RouterModel | None, l2
         theta = _fit_linear(x[train], y[train], prior, l2, prior_strength)
         held[test] = x[test] @ theta[:-1] + theta[-1]
     platt = _newton(np.column_stack([held, np.ones(len(y))]), y, np.array([1.0, 0.0]), np.array([1e-3, 1e-3]))
-    theta = _fit_linear(x, y, prior, l2, prior_strength)
+    return held, platt, _log_loss(_sigmoid(platt[0] * held + platt[1]), y)
+
+
+def cutoff_table(p: np.ndarray, y: np.ndarray) -> list[dict[str, float]]:
+    """For each candidate `edge_success.max`, on held-out predictions: the share of requests it sends straight to
+    the cloud, and the share of the answers that stood among everything it sends there (what it costs)."""
+    out = []
+    stood = max(float(y.sum()), 1.0)
+    for cut in CUTOFFS:
+        routed = p <= cut
+        out.append({"max": cut, "routed": round(float(routed.mean()), 4),
+                    "stood_routed": round(float(y[routed].sum()) / stood, 4)})
+    return out
+
+
+def _fit_router(data: Outcomes, edge_version: str, prior: RouterModel | None, l2: float | None,
+                prior_strength: float) -> RouterModel:
+    x, y = data.x, data.y
+    if len(y) < 2 * _FOLDS or y.min() == y.max():
+        raise ValueError(f"{len(y)} outcomes for {edge_version!r}; training needs at least {2 * _FOLDS} with both "
+                         "labels (answers that stood and answers that did not)")
+    # with a prior, every weight is pulled towards it by prior_strength, and l2 plays no part
+    grid = (l2,) if l2 is not None else (L2_GRID[0],) if prior is not None else L2_GRID
+    tried = {g: _held_out(x, y, prior, g, prior_strength) for g in grid}
+    chosen = min(grid, key=lambda g: tried[g][2])
+    held, platt, _ = tried[chosen]
+    theta = _fit_linear(x, y, prior, chosen, prior_strength)
     p = np.clip(_sigmoid(platt[0] * held + platt[1]), 1e-6, 1 - 1e-6)
     meta = {"outcomes": len(y), "stood_share": round(float(y.mean()), 4), "trained_at": time.time(),
             "prior_version": prior.edge_version if prior is not None else None,
-            "held_out": {"log_loss": round(float(-np.mean(y * np.log(p) + (1 - y) * np.log(1 - p))), 4),
+            "l2": chosen, "l2_held_out_log_loss": {str(g): round(v[2], 4) for g, v in tried.items()},
+            "held_out": {"log_loss": round(_log_loss(p, y), 4),
                          "brier": round(float(np.mean((p - y) ** 2)), 4),
-                         "auc": None if (a := _auc(held, y)) is None else round(a, 4)}}
+                         "auc": None if (a := _auc(held, y)) is None else round(a, 4)},
+            "cutoffs": cutoff_table(p, y)}
     for name, v in (("weights", theta), ("platt", platt)):
         if not np.all(np.isfinite(v)):
             raise ValueError(f"the fit diverged ({name} not finite)")

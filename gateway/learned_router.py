@@ -24,6 +24,7 @@ import os
 import random
 import time
 from pathlib import Path
+from typing import Any
 
 import structlog
 from prometheus_client import CollectorRegistry, Counter, Gauge
@@ -75,6 +76,7 @@ class _PolicyFacts:
     predicts: bool  # some rule has an edge_success condition
     edge_tier: str | None
     routed_rules: frozenset[str]  # edge_success rules that send elsewhere than the edge tier
+    model_path: Path | None = None  # the artifact, resolved once per policy version, not per request
 
 
 def _facts(policy: Policy) -> _PolicyFacts:
@@ -82,7 +84,8 @@ def _facts(policy: Policy) -> _PolicyFacts:
         return _PolicyFacts(False, None, frozenset())
     edge = edge_tier_of(policy.router, {n: t.kind for n, t in policy.tiers.items()})
     rules = [r for r in policy.rules if r.when.edge_success is not None]
-    return _PolicyFacts(bool(rules), edge, frozenset(r.name for r in rules if r.tier != edge))
+    return _PolicyFacts(bool(rules), edge, frozenset(r.name for r in rules if r.tier != edge),
+                        policy.resolve_path(policy.router.model))
 
 
 class LearnedRouter:
@@ -95,6 +98,7 @@ class LearnedRouter:
         self._rng = rng or random.Random()
         self._files: dict[Path, _Loaded] = {}
         self._facts: tuple[Policy | None, _PolicyFacts] = (None, _PolicyFacts(False, None, frozenset()))
+        self._counted: dict[bool, Any] = {}  # predictions' children by "a model answered", each looked up once
 
     def facts(self, policy: Policy) -> _PolicyFacts:
         memo, facts = self._facts
@@ -109,8 +113,14 @@ class LearnedRouter:
         facts = self.facts(policy)
         if not facts.predicts or facts.edge_tier is None:
             return features
-        model = self.model_for(policy, self.edge_version(routing, facts.edge_tier))
-        self.metrics.predictions.labels("true" if model is not None else "false").inc()
+        assert facts.model_path is not None  # a router section, so a model path
+        artifact = self._artifact(facts.model_path)
+        model = artifact.get(self.edge_version(routing, facts.edge_tier)) if artifact is not None else None
+        counter = self._counted.get(model is not None)
+        if counter is None:
+            counter = self._counted[model is not None] = self.metrics.predictions.labels(
+                "true" if model is not None else "false")
+        counter.inc()
         if model is None:
             return features
         return dataclasses.replace(features, edge_success=model.predict(features_of(features)))
@@ -137,7 +147,10 @@ class LearnedRouter:
         tier = routing.tiers.get(edge_tier)
         if tier is None:
             return ""
-        served = collections.Counter(ep.model for ep in tier.pool.endpoints())
+        models = [ep.model for ep in tier.pool.endpoints()]
+        if models and models.count(models[0]) == len(models):  # the usual case: one version everywhere
+            return models[0]
+        served = collections.Counter(models)
         if served:
             return max(sorted(served), key=lambda m: served[m])
         return tier.config.served_model or tier.config.model

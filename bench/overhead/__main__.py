@@ -83,7 +83,7 @@ def main() -> None:
     ap.add_argument("--rate", type=float, default=200)
     ap.add_argument("--rounds", type=int, default=8, help="interleaved open-loop rounds (latency)")
     ap.add_argument("--repeats", type=int, default=3, help="passes of the max-rate phase (median reported)")
-    ap.add_argument("--variants", default="semantic,2w", help="extra tiergate targets: semantic, 2w, costs (empty: none)")
+    ap.add_argument("--variants", default="semantic,2w", help="extra tiergate targets: semantic, 2w, costs, router (empty: none)")
     ap.add_argument("--baseline-tree", action="append", default=[], help="also run tiergate from this checkout "
                     "(e.g. a worktree of the commit before a change); may be given several times")
     ap.add_argument("--skip-litellm", action="store_true")

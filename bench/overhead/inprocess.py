@@ -120,7 +120,7 @@ def main() -> None:
                       f"http://127.0.0.1:{port}/health", cpus={1}, log=tmp / "upstream.log").start()
     try:
         extra = args.policy_extra.read_text() if args.policy_extra else ""
-        (tmp / "policy.yaml").write_text(POLICY.format(port=port, defaults="") + extra)
+        (tmp / "policy.yaml").write_text(POLICY.format(port=port, defaults="", rules="") + extra)
         os.environ.update({"TIERGATE_POLICY": str(tmp / "policy.yaml"), "TIERGATE_API_KEYS": f"{KEY}=bench",
                            "TIERGATE_LOG_LEVEL": "warning", "TIERGATE_EMBEDDER": ""})
         os.sched_setaffinity(0, {0})

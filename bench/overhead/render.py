@@ -86,6 +86,7 @@ def render(report: dict, out: Path) -> str:
              "tiergate+semantic": "as tiergate, semantic cache on: each request embeds its prompt (miss path)",
              "tiergate-2w": "as tiergate, 2 uvicorn workers, both cores",
              "tiergate+costs": "as tiergate, every answer priced, budgeted (reserve, settle) and in the spend ledger",
+             "tiergate+router": "as tiergate, the learned router's features and prediction before every decision",
              "litellm": f"LiteLLM {report['litellm']} proxy, 1 worker"}
     for t in report["targets"]:
         for mode in MODES:
@@ -120,6 +121,10 @@ def render(report: dict, out: Path) -> str:
     if "tiergate+costs" in by and "tiergate" in by:
         facts.append("cost bookkeeping (prices, budget reservation and settlement, spend ledger, savings split): "
                      + ", ".join(f"{_c(by['tiergate+costs'][m]['cpu_ms_per_req']) - _c(by['tiergate'][m]['cpu_ms_per_req']):+.3f}"
+                                 f" ms CPU per request ({m})" for m in MODES))
+    if "tiergate+router" in by and "tiergate" in by:
+        facts.append("learned router (features and one prediction per request): "
+                     + ", ".join(f"{_c(by['tiergate+router'][m]['cpu_ms_per_req']) - _c(by['tiergate'][m]['cpu_ms_per_req']):+.3f}"
                                  f" ms CPU per request ({m})" for m in MODES))
     if "passthrough" in by:  # what each gateway adds over relaying bytes: SSE relays more chunks than JSON
         facts.append("CPU ms per request added over the passthrough: " + "; ".join(

@@ -6,6 +6,8 @@
 - `tiergate@REV`: the same from another checkout (`--baseline-tree`), e.g. the commit before a restructuring.
 - `tiergate+semantic`: the semantic cache on (the ONNX embedder from `tiergate prepare`): every request is a miss
   that embeds its prompt, the slow path of a cache-enabled gateway.
+- `tiergate+router`: the learned router on: a `router` section, a model for the edge's version and an
+  `edge_success` rule, so every request computes the router's features and one prediction before the decision.
 - `tiergate-2w`: two uvicorn workers (`TIERGATE_WORKERS=2`), each a full gateway, allowed on both cores.
 - `litellm`: LiteLLM's proxy at bench/versions.py's pin, one worker.
 Servers under test run on CPU 0 (2-worker tiergate on both), the upstream and the load generators on CPU 1.
@@ -18,7 +20,10 @@ import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
+
 from bench.procs import Server, free_port
+from tiergate.complexity.edge_router import DENSE, HASH_BUCKETS, RouterArtifact, RouterModel
 
 __all__ = ["KEY", "Target", "litellm_target", "make_targets"]
 
@@ -33,7 +38,7 @@ version: 1
     model: tiergate-edge
     endpoints: ["http://127.0.0.1:{port}"]
 rules:
-  - name: everything-to-edge
+{rules}  - name: everything-to-edge
     tier: edge
 """
 
@@ -52,6 +57,26 @@ budgets:
 """
 
 
+# The `router` variant: an `edge_success` rule that never holds (max 0: no request leaves the path the others take)
+# but that makes every request predict; exploration and recording off (there is no cascade to judge anyway).
+ROUTER = "router: {{model: {model}, explore: 0.0, record: false}}\n"
+ROUTER_RULE = """\
+  - name: predicted-failure
+    when: {edge_success: {max: 0.0}}
+    tier: edge
+"""
+
+
+def router_artifact(path: Path) -> Path:
+    """A router model for every name the edge version may have here (the tier's model, the upstream's): random
+    weights, as a prediction costs the same whatever its weights (features, a dot product, a sigmoid)."""
+    rng = np.random.default_rng(0)
+    models = {v: RouterModel(v, rng.normal(0, 0.3, DENSE + HASH_BUCKETS), -0.5, 1.0, 0.0)
+              for v in ("tiergate-edge", "instant")}
+    RouterArtifact(models).save(path)
+    return path
+
+
 @dataclass
 class Target:
     name: str
@@ -68,10 +93,10 @@ def _git_rev(tree: Path) -> str:
 
 
 def _tiergate(name: str, py: str, tmp: Path, up_port: int, *, cpus: set[int], env: dict[str, str] | None = None,
-              defaults: str = "", command: list[str] | None = None) -> Target:
+              defaults: str = "", rules: str = "", command: list[str] | None = None) -> Target:
     port = free_port()
     policy = tmp / f"policy-{name}.yaml"
-    policy.write_text(POLICY.format(port=up_port, defaults=defaults))
+    policy.write_text(POLICY.format(port=up_port, defaults=defaults, rules=rules))
     server = Server(name, [*(command or [str(Path(py).parent / "tiergate")]), "serve", "--port", str(port)],
                     f"http://127.0.0.1:{port}/readyz", cpus=cpus, log=tmp / f"{name}.log",
                     env={"TIERGATE_POLICY": str(policy), "TIERGATE_API_KEYS": f"{KEY}=bench",
@@ -108,6 +133,10 @@ def make_targets(args, py: str, tmp: Path, up_port: int, embedder: Path | None) 
                                  defaults="defaults:\n  cache: {enabled: true, semantic: true}\n"))
     if "costs" in args.variants:  # every answer priced, recorded in the spend ledger and settled from a budget
         out.append(_tiergate("tiergate+costs", py, tmp, up_port, cpus={0}, defaults=COSTS))
+    if "router" in args.variants:  # the router's features and one prediction before every decision
+        model = router_artifact(tmp / "edge-router.json")
+        out.append(_tiergate("tiergate+router", py, tmp, up_port, cpus={0}, defaults=ROUTER.format(model=model),
+                             rules=ROUTER_RULE))
     if "2w" in args.variants:
         out.append(_tiergate("tiergate-2w", py, tmp, up_port, cpus={0, 1}, env={"TIERGATE_WORKERS": "2"}))
     return out

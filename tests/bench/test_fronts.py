@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from bench.cloud.fronts import ROWS, _policy
 from bench.cloud.workloads import REGIMES, requests
-from bench.overhead.targets import POLICY
+from bench.overhead.targets import POLICY, ROUTER, ROUTER_RULE, router_artifact
+from tiergate.core.types import Features, Priority
 from tiergate.policies.loader import parse_policy
+from tiergate.policies.router_config import offline_router
 
 
 def test_the_cloud_policy_has_one_tier_per_tiergate_row() -> None:
@@ -19,8 +23,21 @@ def test_the_cloud_policy_has_one_tier_per_tiergate_row() -> None:
 
 
 def test_the_overhead_policies_load() -> None:
-    parse_policy(POLICY.format(port=9001, defaults=""))
-    parse_policy(POLICY.format(port=9001, defaults="defaults:\n  cache: {enabled: true, semantic: true}\n"))
+    parse_policy(POLICY.format(port=9001, defaults="", rules=""))
+    parse_policy(POLICY.format(port=9001, defaults="defaults:\n  cache: {enabled: true, semantic: true}\n",
+                               rules=""))
+
+
+def test_the_router_variant_predicts_for_every_request_and_routes_none(tmp_path: Path) -> None:
+    model = router_artifact(tmp_path / "edge-router.json")
+    policy = parse_policy(POLICY.format(port=9001, defaults=ROUTER.format(model=model), rules=ROUTER_RULE))
+    assert policy.router is not None and policy.router.explore == 0
+    tiers = {n: (t.kind, t.served_model or t.model) for n, t in policy.tiers.items()}
+    version, predict = offline_router(policy.router, policy.resolve_path(policy.router.model), tiers, None)
+    assert version == "tiergate-edge" and predict is not None  # a model for the edge's version: not a cold start
+    f = predict(Features(prompt_tokens=12, priority=Priority.NORMAL, complexity=0.3, requested_model="auto",
+                         tenant="bench", text="bench prompt 1: how do edge and cloud tiers share traffic?"))
+    assert f.edge_success is not None and 0 < f.edge_success < 1  # never 0: the `max: 0.0` rule sends none away
 
 
 def test_workloads_are_the_same_for_every_router() -> None:

@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from tiergate.complexity.cli import classifier_app
 from tiergate.complexity.edge_router import FEATURES_VERSION, RouterArtifact, RouterModel, router_features
-from tiergate.complexity.router_train import fit_router, read_outcomes
+from tiergate.complexity.router_train import L2_GRID, cutoff_table, fit_router, read_outcomes
 
 SUBJECTS = ["plants", "rivers", "planets", "metals", "kings", "cells", "rocks", "clouds"]
 
@@ -103,7 +103,9 @@ def test_the_cli_trains_from_outcomes_and_keeps_other_versions(tmp_path):
     src = _write(tmp_path / "v1.jsonl", records(300, version="v1"))
     r = runner.invoke(classifier_app, ["train", "--from-outcomes", src, "--out", str(out)])
     assert r.exit_code == 0, r.output
-    assert json.loads(r.output)["edge_version"] == "v1"
+    printed = json.loads(r.output)
+    assert printed["edge_version"] == "v1"
+    assert [row["max"] for row in printed["cutoffs"]] == [round(0.05 * i, 2) for i in range(1, 11)]
     src2 = _write(tmp_path / "v2.jsonl", records(300, version="v2", seed=5))
     r = runner.invoke(classifier_app, ["train", "--from-outcomes", src2, "--out", str(out), "--edge-version", "v2"])
     assert r.exit_code == 0, r.output
@@ -121,3 +123,51 @@ def test_the_cli_says_why_it_cannot_train(tmp_path):
     r = runner.invoke(classifier_app, ["train", "--from-outcomes", str(tmp_path / "none.jsonl"),
                                        "--out", str(tmp_path / "r.json")])
     assert r.exit_code == 2 and "cannot read the outcomes" in r.output
+
+
+def test_the_regularisation_is_chosen_on_held_out_folds(tmp_path):
+    data, version = read_outcomes(_write(tmp_path / "o.jsonl", records(600)), None)
+    model = fit_router(data, version)
+    losses = model.meta["l2_held_out_log_loss"]
+    assert set(losses) == {str(g) for g in L2_GRID} and len(set(losses.values())) > 1  # each one really tried
+    assert losses[str(model.meta["l2"])] == min(losses.values())
+    fixed = fit_router(data, version, l2=1.0)
+    assert fixed.meta["l2_held_out_log_loss"].keys() == {"1.0"}
+    if model.meta["l2"] != 1.0:  # the chosen strength is the one the final fit used
+        assert not np.allclose(fixed.weights, model.weights)
+
+
+def test_the_cutoff_table_says_what_each_max_would_send_away_and_cost():
+    p = np.array([0.05, 0.1, 0.2, 0.3, 0.6, 0.9])
+    y = np.array([0.0, 0.0, 1.0, 0.0, 1.0, 1.0])
+    table = {row["max"]: row for row in cutoff_table(p, y)}
+    assert table[0.05] == {"max": 0.05, "routed": round(1 / 6, 4), "stood_routed": 0.0}
+    assert table[0.2] == {"max": 0.2, "routed": 0.5, "stood_routed": round(1 / 3, 4)}
+    assert table[0.5]["routed"] == round(4 / 6, 4)
+
+
+def test_a_trained_model_rates_the_cutoffs_on_its_held_out_predictions(tmp_path):
+    data, version = read_outcomes(_write(tmp_path / "o.jsonl", records(600)), None)
+    table = fit_router(data, version).meta["cutoffs"]
+    routed = [row["routed"] for row in table]
+    assert routed == sorted(routed) and 0.3 < routed[-1] < 0.7  # about the MMLU-like half goes at max 0.5
+    assert table[-1]["stood_routed"] < 0.15  # and few of the answers that stood go with it
+
+
+def test_repeats_of_a_prompt_never_sit_on_both_sides_of_a_held_out_split(tmp_path):
+    # 40 prompts of random words, each asked 10 times and standing or not by a coin flipped once per prompt:
+    # nothing generalises, so held out the router must look no better than chance, however well it remembers
+    rng = random.Random(11)
+    words = [f"w{i}" for i in range(300)]
+    prompts = [(" ".join(rng.sample(words, 6)), rng.random() < 0.5) for _ in range(40)]
+    recs = []
+    for _ in range(10):
+        for text, stood in prompts:
+            f = router_features(prompt_tokens=6, complexity=0.5, max_tokens=32, temperature=0, stream=False,
+                                text=text)
+            recs.append({"ts": 0, "label": int(stood), "edge_version": "v", "fv": FEATURES_VERSION,
+                         "features": f.to_json(), "tenant": "t", "rule": "r", "reason": "x", "source": "cascade"})
+    rng.shuffle(recs)  # repeats arrive in any order, as traffic's do
+    data, version = read_outcomes(_write(tmp_path / "o.jsonl", recs), None)
+    model = fit_router(data, version)
+    assert model.meta["held_out"]["auc"] < 0.7  # split by position, each prompt on both sides: above 0.95

@@ -84,6 +84,8 @@ def test_a_model_answers_for_its_own_edge_version_only(tmp_path):
 def test_the_edge_version_is_what_most_backends_serve(tmp_path):
     routing = _routing(tmp_path, served=("new", "old", "new"))
     assert LearnedRouter.edge_version(routing, "edge") == "new"
+    assert LearnedRouter.edge_version(_routing(tmp_path, served=("old", "new", "new")), "edge") == "new"
+    assert LearnedRouter.edge_version(_routing(tmp_path, served=("v", "v")), "edge") == "v"
     assert LearnedRouter.edge_version(_routing(tmp_path, served=()), "edge") == "tiergate-edge"
 
 

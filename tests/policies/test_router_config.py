@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import random
 from pathlib import Path
 
 import numpy as np
@@ -159,13 +160,15 @@ def test_graded_traffic_becomes_outcomes_that_train_a_router_simulate_follows(tm
     _load(tmp_path, ROUTED)
     subjects = ["metal", "gas", "planet", "river", "king", "cell", "rock", "cloud", "tree", "bird"]
     lines = []
+    rng = random.Random(3)  # labels drawn, not periodic: a pattern in step with the trainer's folds is unlearnable
     for i in range(120):
         s = subjects[i % len(subjects)]
         if i % 2:
             lines.append({"prompt": f"Which is a {s} ({i})?\nA. one\nB. two\nC. three\nD. four\nAnswer:",
-                          "stood": i % 10 == 1})
+                          "stood": rng.random() < 0.05})
         else:
-            lines.append({"prompt": f"Say hello to my friend who likes the {s} number {i}.", "stood": i % 10 != 0})
+            lines.append({"prompt": f"Say hello to my friend who likes the {s} number {i}.",
+                          "stood": rng.random() < 0.9})
     graded = tmp_path / "graded.jsonl"
     graded.write_text("".join(json.dumps(x) + "\n" for x in lines))
     r = CliRunner().invoke(policy_app, ["outcomes", str(tmp_path / "policy.yaml"), str(graded),

@@ -22,27 +22,28 @@ import litellm
 import openai
 import pytest
 from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage, HumanMessage, ToolMessage
-from langchain_core.tools import tool
 from langchain_openai import ChatOpenAI
-from pydantic import BaseModel, Field
+from pydantic import BaseModel
 
 from tests.gateway.conftest import write_policy
+from tests.support.clients import (
+    CAPITAL_PROMPT,
+    CAPITAL_QUESTION,
+    KEY,
+    WEATHER_PROMPT,
+    WEATHER_TOOL,
+    CityCountry,
+    Wire,
+    get_weather,
+)
 from tests.support.edge import EdgeProcess, parse_metrics, start_edge_node
 from tests.support.servers import ThreadedGateway, gateway_server
 from tiergate.edge_node.model.packaged import packaged_path
 from tiergate.gateway.settings import Settings
 
-pytestmark = [pytest.mark.integration, pytest.mark.clients, pytest.mark.timeout(600)]
-
-KEY = "tg-demo-key"
-WEATHER_PROMPT = "What is the weather in Paris? Use the tool."
-WEATHER_SCHEMA = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
-WEATHER_TOOL = {"type": "function", "function": {"name": "get_weather", "description": "Current weather in a city.",
-                                                 "parameters": WEATHER_SCHEMA}}
-CAPITAL_PROMPT = "What is the capital of France? Answer with one word."
-
-litellm.suppress_debug_info = True  # its banners on every error; the errors themselves still raise
-
+pytestmark = [pytest.mark.integration, pytest.mark.clients, pytest.mark.timeout(600),
+              # litellm's own types, as pydantic builds them on import: nothing the tests can act on
+              pytest.mark.filterwarnings("ignore:Items? .* `ReadOnly` qualifier:UserWarning")]
 
 @pytest.fixture(scope="module")
 def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EdgeProcess]:
@@ -59,33 +60,6 @@ def gw(node: EdgeProcess, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
     policy.write_text(policy.read_text() + 'model_aliases:\n  "claude-*": edge\n')
     with gateway_server(Settings(policy=policy, embedder=None, redis_url=None)) as g:
         yield g
-
-
-class Wire:
-    """What a client sent to the gateway and the headers it got back, recorded by httpx event hooks."""
-
-    def __init__(self) -> None:
-        self.sent: list[dict[str, Any]] = []
-        self.headers: list[httpx.Headers] = []
-
-    def _request(self, request: httpx.Request) -> None:
-        self.sent.append(json.loads(request.content))
-
-    def _response(self, response: httpx.Response) -> None:
-        self.headers.append(response.headers)
-
-    async def _arequest(self, request: httpx.Request) -> None:
-        self._request(request)
-
-    async def _aresponse(self, response: httpx.Response) -> None:
-        self._response(response)
-
-    def client(self) -> httpx.Client:
-        return httpx.Client(timeout=120, event_hooks={"request": [self._request], "response": [self._response]})
-
-    def async_client(self) -> httpx.AsyncClient:
-        return httpx.AsyncClient(timeout=120, event_hooks={"request": [self._arequest],
-                                                           "response": [self._aresponse]})
 
 
 def _chat(gw: ThreadedGateway, **body: Any) -> dict[str, Any]:
@@ -113,12 +87,6 @@ def _tool_turn(call_id: str, arguments: dict[str, Any], result: str) -> list[dic
 
 
 # ---- LangChain: ChatOpenAI with bind_tools ------------------------------------------------------------------------
-
-@tool
-def get_weather(city: str) -> str:
-    """Current weather in a city."""
-    return f"Sunny, 24 degrees Celsius in {city}."
-
 
 def _langchain(gw: ThreadedGateway, wire: Wire, **kw: Any) -> ChatOpenAI:
     return ChatOpenAI(base_url=gw.url + "/v1", api_key=KEY, model="auto", temperature=0, max_tokens=48,
@@ -243,13 +211,6 @@ def test_langchain_async_agent_turn(gw: ThreadedGateway) -> None:
 
 # ---- instructor: TOOLS and JSON_SCHEMA ----------------------------------------------------------------------------
 
-class CityCountry(BaseModel):
-    """A country's capital city."""
-
-    capital: str = Field(description="the capital city")
-    country: str
-
-
 class Unit(StrEnum):
     celsius = "celsius"
     fahrenheit = "fahrenheit"
@@ -262,7 +223,6 @@ class WeatherQuery(BaseModel):
     unit: Unit
 
 
-CAPITAL_QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 WEATHER_QUESTION = [{"role": "user", "content": "Weather in Paris, in celsius"}]
 
 

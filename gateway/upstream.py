@@ -336,8 +336,10 @@ _VERDICT_STATUSES = frozenset({400, 413, 422})
 # backend's own body limit (the gateway has enforced its own). docs/contracts.md states this for edge nodes.
 _CAPABILITY_CODES = frozenset({"context_length_exceeded", "unsupported_parameter", "unsupported_value"})
 # Backends that say so only in words (no string code): edge nodes before they sent `unsupported_parameter`, and
-# vLLM, whose context-length refusal is a 400 with `code: 400` and OpenAI's old wording.
-_CAPABILITY_PHRASES = ("not supported by the edge node", "maximum context length is")
+# vLLM, whose context-length refusal is a 400 with `code: 400` and OpenAI's old wording, and whose refusal of any
+# `tool_choice` but none when the server runs without a tool-call parser names its own flags ("... requires
+# --tool-call-parser to be set"): that server cannot call tools, a later tier may.
+_CAPABILITY_PHRASES = ("not supported by the edge node", "maximum context length is", "--tool-call-parser to be set")
 _error_body = msgspec.json.Decoder()
 
 

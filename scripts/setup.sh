@@ -40,6 +40,13 @@ echo "==> installing tiergate[$EXTRAS]"
 if [ "$DEV" = 1 ]; then
   (cd / && "$OLDPWD/.venv/bin/python" -c "import tiergate.training.cli, peft") \
     || { echo "error: the train extra (torch, peft) did not install" >&2; exit 1; }
+  # Clients whose own pins conflict with the dev extra's (pyproject.toml's clients-no-deps says why): exactly the
+  # versions pinned there, without their dependencies (the dev extra carries the ones they use).
+  mapfile -t NODEPS < <(.venv/bin/python -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['optional-dependencies']['clients-no-deps']))")
+  echo "==> installing ${NODEPS[*]} without dependencies"
+  "${PIP[@]}" install -q --no-deps "${NODEPS[@]}" 2>&1 | grep -v -E "^WARNING: Location|is ignored" || true
+  (cd / && LITELLM_LOCAL_MODEL_COST_MAP=True "$OLDPWD/.venv/bin/python" -c "import instructor, langchain_openai, litellm") \
+    || { echo "error: the Python clients the tests drive (instructor, langchain-openai, litellm) did not install" >&2; exit 1; }
 fi
 
 if [ "$DEV" = 1 ]; then

@@ -8,6 +8,8 @@ import pytest
 pytest_plugins = ["tests.support.redis", "tests.support.edge", "tests.support.vllm", "tests.support.embedder"]
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# litellm (a client the tests drive) fetches its model price list from the network on import unless told not to.
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 # Subprocesses the tests start (`python -m tiergate.edge_node`, the console scripts) import this checkout's
 # tiergate/ links, whatever their working directory, rather than wherever the editable install points.
 ROOT = str(Path(__file__).resolve().parents[1])

@@ -33,6 +33,8 @@ def test_gpu_spec_renders_vllm_serve_with_eagle3() -> None:
     assert json.loads(flag(argv, "--speculative-config")) == {
         "method": "eagle3", "model": "yuhuili/EAGLE3-LLaMA3.3-Instruct-70B", "num_speculative_tokens": 3}
     assert shlex.split(shell_command(spec)) == argv  # no env for GPU specs without `env:`
+    # agents' tool calls: vLLM refuses every tool_choice but none without a parser
+    assert "--enable-auto-tool-choice" in argv and flag(argv, "--tool-call-parser") == "llama3_json"
 
 
 def test_cpu_spec_renders_python_module_form_and_cpu_environment() -> None:

@@ -225,6 +225,11 @@ _CANNOT = [  # how backends say "not me": the edge node's own answers, OpenAI's 
     (400, {"message": "This model's maximum context length is 256 tokens. However, your prompt contains 300 input "
                       "tokens, which exceeds this limit even without any output tokens.",  # vLLM's own words
            "type": "BadRequestError", "code": 400, "param": None}),
+    # vLLM without a tool-call parser (vllm serve without --tool-call-parser): every tool_choice but none
+    (400, {"message": 'tool_choice="required" requires --tool-call-parser to be set', "type": "BadRequestError",
+           "code": 400, "param": None}),
+    (400, {"message": '"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set',
+           "type": "BadRequestError", "code": 400, "param": None}),
 ]
 
 

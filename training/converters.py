@@ -59,6 +59,7 @@ def llama_cpp_sources() -> Path:
 def convert_lora(adapter_dir: Path, base_dir: Path, out: Path) -> Path:
     """`convert_lora_to_gguf.py`: the peft adapter in `adapter_dir`, over the HF base in `base_dir`, to an f16 GGUF."""
     src = llama_cpp_sources()
+    adapter_dir, base_dir, out = adapter_dir.resolve(), base_dir.resolve(), out.resolve()  # it runs in `src`
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(src), str(src / "gguf-py")]), "NO_LOCAL_GGUF": ""}
     cmd = [sys.executable, str(src / "convert_lora_to_gguf.py"), "--base", str(base_dir), "--outtype", "f16",
            "--outfile", str(out), str(adapter_dir)]

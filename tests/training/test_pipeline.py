@@ -79,9 +79,9 @@ def _chat(url: str, text: str, key: str | None = None) -> httpx.Response:
         "model": "auto", "messages": [{"role": "user", "content": text}], "max_tokens": 6, "temperature": 0})
 
 
-def _tiergate(*args: str) -> subprocess.CompletedProcess[str]:
+def _tiergate(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "tiergate.gateway.cli", "distill", *args], capture_output=True,
-                          text=True, check=False, timeout=600, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+                          text=True, check=False, timeout=600, env={**os.environ, "HF_HUB_OFFLINE": "1"}, cwd=cwd)
 
 
 def _capture(tmp_path: Path, n: int) -> Path:
@@ -108,17 +108,18 @@ def test_captured_answers_become_a_gated_adapter_a_real_edge_node_serves(tmp_pat
     assert len(rows) == 42 and rows[0]["messages"][-1] == {"role": "assistant", "content": "2"}
 
     run = tmp_path / "run"
-    common = [str(export), "--model", str(edge_model.gguf), "--out", str(run), "--batch-size", "4", "--lr", "0.02"]
-    first = _tiergate("train", *common, "--steps", "2")
+    # `--out` relative, as an operator types it: the converter runs in llama.cpp's folder, not here
+    common = [str(export), "--model", str(edge_model.gguf), "--out", "run", "--batch-size", "4", "--lr", "0.02"]
+    first = _tiergate("train", *common, "--steps", "2", cwd=tmp_path)
     assert first.returncode == 0, first.stderr[-3000:]
-    second = _tiergate("train", *common, "--steps", "4")  # resumes from the checkpoint written at step 2
+    second = _tiergate("train", *common, "--steps", "4", cwd=tmp_path)  # resumes from the checkpoint of step 2
     assert second.returncode == 0, second.stderr[-3000:]
     assert "resuming from the checkpoint at step 2" in second.stderr
     summary = json.loads(second.stdout.strip().splitlines()[-1])
     manifest = json.loads((run / "adapter.gguf.manifest.json").read_text())
     assert manifest["training"]["steps"] == 4 and manifest["data"]["unique_rows"] == 42
     assert summary["train_rows"] + summary["heldout_rows"] == 42 and summary["heldout_rows"] > 0
-    adapter = Path(summary["adapter"])
+    adapter = tmp_path / summary["adapter"]
     assert adapter.read_bytes()[:4] == b"GGUF" and manifest["adapter_sha256"]
 
     regression = tmp_path / "regression.jsonl"

@@ -171,3 +171,34 @@ def test_repeats_of_a_prompt_never_sit_on_both_sides_of_a_held_out_split(tmp_pat
     data, version = read_outcomes(_write(tmp_path / "o.jsonl", recs), None)
     model = fit_router(data, version)
     assert model.meta["held_out"]["auc"] < 0.7  # split by position, each prompt on both sides: above 0.95
+
+
+def _graded(recs: list[dict]) -> list[dict]:
+    return [r | {"source": "agreement", "reason": "escalation"} for r in recs]
+
+
+def test_graded_labels_replace_the_cascades_once_there_are_enough(tmp_path):
+    # The cascade kept MMLU's fluent guesses (they "stood"); judged against the cloud, most were wrong.
+    cascade = records(400, seed=1, mmlu_stands=0.8)
+    graded = _graded(records(300, seed=2, mmlu_stands=0.1))
+    path = _write(tmp_path / "o.jsonl", cascade + graded)
+    few, _ = read_outcomes(path, None, min_graded=301)
+    assert (few.labels, few.graded, len(few.y), few.versions) == ("cascade", 300, 400, {"smollm2": 700})
+    enough, version = read_outcomes(path, None, min_graded=300)
+    assert (enough.labels, enough.graded, len(enough.y)) == ("agreement", 300, 300)
+    on_cascade, on_graded = fit_router(few, version), fit_router(enough, version)
+    assert _p(on_graded, mmlu=True) < 0.3 < 0.6 < _p(on_cascade, mmlu=True)  # graded: MMLU fails on the edge
+
+
+def test_the_cli_says_which_labels_it_trained_on(tmp_path):
+    path = _write(tmp_path / "o.jsonl", records(100, seed=1) + _graded(records(250, seed=2)))
+    out = tmp_path / "router.json"
+    result = CliRunner().invoke(classifier_app, ["train", "--from-outcomes", path, "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.output)
+    assert (summary["labels"], summary["graded_records"], summary["outcomes"]) == ("agreement", 250, 250)
+    assert RouterArtifact.load(out).get("smollm2").meta["labels"] == "agreement"
+    result = CliRunner().invoke(classifier_app, ["train", "--from-outcomes", path, "--out", str(out),
+                                                 "--min-graded", "1000"])
+    assert result.exit_code == 0, result.output
+    assert (json.loads(result.output)["labels"], json.loads(result.output)["outcomes"]) == ("cascade", 100)

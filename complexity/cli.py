@@ -67,7 +67,7 @@ def train_classifier(
                                                    "error.")] = MIN_ROWS,
     min_graded: Annotated[int, typer.Option(help="With --from-outcomes: train on graded labels (the edge's answers "
                                                  "judged against the cloud's) alone once the version has this "
-                                                 "many; before, on the cascade's verdicts.")] = MIN_GRADED,
+                                                 "many; before, on every record.")] = MIN_GRADED,
     select: Annotated[bool, typer.Option(help="Choose the design by leave-one-source-out over the sources "
                                               "(needs 3 or more; slower).")] = False,
     expert: Annotated[bool, typer.Option(help="Train the multiple-choice expert when the data has enough "

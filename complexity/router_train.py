@@ -41,7 +41,7 @@ from tiergate.complexity.edge_router import (
 from tiergate.complexity.train import one_blas_thread
 from tiergate.core.types import Features
 
-__all__ = ["GRADED_SOURCE", "L2_GRID", "MIN_GRADED", "OUTCOMES_STREAM", "Outcomes", "cutoff_table", "fit_router", "outcome_record",
+__all__ = ["GRADED_SOURCES", "L2_GRID", "MIN_GRADED", "OUTCOMES_STREAM", "Outcomes", "cutoff_table", "fit_router", "outcome_record",
            "read_outcomes"]
 
 OUTCOMES_STREAM = "tiergate:outcomes"
@@ -49,7 +49,9 @@ _FOLDS = 5
 _BATCH = 1000
 # An edge that could not be reached says nothing about the prompt: such records do not train the router.
 _NOT_ABOUT_THE_PROMPT = frozenset({"first_tier_failed"})
-GRADED_SOURCE = "agreement"  # gateway.outcomes.OutcomeSource.AGREEMENT: the edge's answer judged against the cloud's
+# Graded labels (was the edge's answer right?): the edge's answer judged against the cloud's in the gateway
+# (`gateway.outcomes.OutcomeSource.AGREEMENT`), and graded traffic (`tiergate policy outcomes`).
+GRADED_SOURCES = frozenset({"agreement", "graded"})
 MIN_GRADED = 200  # graded records of a version before training uses them instead of the cascade's verdicts
 L2_GRID = (1.0, 3.0, 10.0, 30.0)  # the regularisation strengths tried (held-out log loss picks one)
 CUTOFFS = tuple(round(0.05 * i, 2) for i in range(1, 11))  # the edge_success.max values the model's meta rates
@@ -72,7 +74,7 @@ class Outcomes:
     y: np.ndarray
     skipped: int
     versions: dict[str, int]  # every edge version seen -> its records
-    labels: str = "cascade"  # which labels were used: "agreement" (graded) or "cascade" (cascade and exploration)
+    labels: str = "all"  # which records were used: "graded" (graded labels alone) or "all"
     graded: int = 0  # agreement records of the chosen version (used or not)
 
 
@@ -117,10 +119,10 @@ def _records(sources: Iterable[str]) -> Iterator[Any]:
 def read_outcomes(source: str | list[str], edge_version: str | None,
                   min_graded: int = MIN_GRADED) -> tuple[Outcomes, str]:
     """The records of `edge_version` (None: the version with the most records) from `source` (a Redis URL or a
-    JSON-lines file, or several); and that version. Graded labels (source `agreement`: the edge's answer judged
-    against the cloud's) alone once the version has `min_graded` of them; before that, the cascade's and the
-    explorations' verdicts alone (the two are not mixed: one request can have both, and they disagree exactly
-    where the cascade kept a fluent wrong answer)."""
+    JSON-lines file, or several); and that version. Graded labels (`GRADED_SOURCES`: the edge's answer judged
+    against the cloud's, graded traffic) alone once the version has `min_graded` of them: the cascade's verdicts
+    then only add noise, since they disagree with graded ones exactly where the cascade kept a fluent wrong answer
+    (and an escalated request has both). Before that, every record."""
     records = _records([source] if isinstance(source, str) else source)
     rows: dict[str, list[tuple[RouterFeatures, int]]] = {}
     graded: dict[str, list[tuple[RouterFeatures, int]]] = {}
@@ -131,7 +133,7 @@ def read_outcomes(source: str | list[str], edge_version: str | None,
                 raise ValueError("not a usable record")
             if rec.get("reason") in _NOT_ABOUT_THE_PROMPT:
                 raise ValueError("the edge was down, not wrong")
-            (graded if rec.get("source") == GRADED_SOURCE else rows).setdefault(str(rec["edge_version"]), []).append(
+            (graded if rec.get("source") in GRADED_SOURCES else rows).setdefault(str(rec["edge_version"]), []).append(
                 (RouterFeatures.from_json(rec["features"]), int(rec["label"])))
         except (KeyError, ValueError, TypeError):
             skipped += 1
@@ -140,10 +142,10 @@ def read_outcomes(source: str | list[str], edge_version: str | None,
         edge_version = max(sorted(versions), key=lambda v: versions[v], default="")
     own_graded = graded.get(edge_version, [])
     use_graded = len(own_graded) >= max(min_graded, 1)
-    chosen = own_graded if use_graded else rows.get(edge_version, [])
+    chosen = own_graded if use_graded else rows.get(edge_version, []) + own_graded
     x = np.array([f.vector() for f, _ in chosen]) if chosen else np.zeros((0, DENSE + HASH_BUCKETS))
     y = np.array([label for _, label in chosen], dtype=np.float64)
-    return Outcomes(x, y, skipped, versions, "agreement" if use_graded else "cascade", len(own_graded)), edge_version
+    return Outcomes(x, y, skipped, versions, "graded" if use_graded else "all", len(own_graded)), edge_version
 
 
 def _sigmoid(z: np.ndarray) -> np.ndarray:

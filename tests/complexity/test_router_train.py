@@ -183,11 +183,11 @@ def test_graded_labels_replace_the_cascades_once_there_are_enough(tmp_path):
     graded = _graded(records(300, seed=2, mmlu_stands=0.1))
     path = _write(tmp_path / "o.jsonl", cascade + graded)
     few, _ = read_outcomes(path, None, min_graded=301)
-    assert (few.labels, few.graded, len(few.y), few.versions) == ("cascade", 300, 400, {"smollm2": 700})
+    assert (few.labels, few.graded, len(few.y), few.versions) == ("all", 300, 700, {"smollm2": 700})
     enough, version = read_outcomes(path, None, min_graded=300)
-    assert (enough.labels, enough.graded, len(enough.y)) == ("agreement", 300, 300)
-    on_cascade, on_graded = fit_router(few, version), fit_router(enough, version)
-    assert _p(on_graded, mmlu=True) < 0.3 < 0.6 < _p(on_cascade, mmlu=True)  # graded: MMLU fails on the edge
+    assert (enough.labels, enough.graded, len(enough.y)) == ("graded", 300, 300)
+    on_all, on_graded = fit_router(few, version), fit_router(enough, version)
+    assert _p(on_graded, mmlu=True) < 0.3 < _p(on_all, mmlu=True)  # graded alone: MMLU fails on the edge
 
 
 def test_the_cli_says_which_labels_it_trained_on(tmp_path):
@@ -196,9 +196,9 @@ def test_the_cli_says_which_labels_it_trained_on(tmp_path):
     result = CliRunner().invoke(classifier_app, ["train", "--from-outcomes", path, "--out", str(out)])
     assert result.exit_code == 0, result.output
     summary = json.loads(result.output)
-    assert (summary["labels"], summary["graded_records"], summary["outcomes"]) == ("agreement", 250, 250)
-    assert RouterArtifact.load(out).get("smollm2").meta["labels"] == "agreement"
+    assert (summary["labels"], summary["graded_records"], summary["outcomes"]) == ("graded", 250, 250)
+    assert RouterArtifact.load(out).get("smollm2").meta["labels"] == "graded"
     result = CliRunner().invoke(classifier_app, ["train", "--from-outcomes", path, "--out", str(out),
                                                  "--min-graded", "1000"])
     assert result.exit_code == 0, result.output
-    assert (json.loads(result.output)["labels"], json.loads(result.output)["outcomes"]) == ("cascade", 100)
+    assert (json.loads(result.output)["labels"], json.loads(result.output)["outcomes"]) == ("all", 350)

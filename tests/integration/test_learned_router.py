@@ -182,6 +182,6 @@ def test_an_escalated_draft_becomes_an_agreement_outcome_that_training_prefers(e
                                                   "--min-graded", "200"])
     assert trained.exit_code == 0, trained.output
     summary = json.loads(trained.output)
-    assert (summary["labels"], summary["graded_records"], summary["outcomes"]) == ("agreement", 301, 301)
-    assert RouterArtifact.load(out).get("smollm2").meta["labels"] == "agreement"
+    assert (summary["labels"], summary["graded_records"], summary["outcomes"]) == ("graded", 301, 301)
+    assert RouterArtifact.load(out).get("smollm2").meta["labels"] == "graded"
     client.close()

@@ -23,6 +23,7 @@ Tested in `tests/cache/test_answercheck.py`.
 
 from __future__ import annotations
 
+import collections
 import re
 import unicodedata
 
@@ -71,10 +72,21 @@ def _new_numbers(text: str, question: list[int]) -> list[int]:
     """The numbers of `text` less one occurrence of each of the question's, unless that would leave none ("2" is
     an answer to "2 * 1", "2 * 1 = 2" too)."""
     found = numbers(text)
-    for n in question:
-        if n in found and len(found) > 1:
-            found.remove(n)
-    return found
+    have, removed = collections.Counter(found), collections.Counter[int]()
+    left = len(found)
+    for n in question:  # linear: a prompt of many numbers is no quadratic cost
+        if left <= 1:
+            break
+        if have[n] > removed[n]:
+            removed[n] += 1
+            left -= 1
+    out = []
+    for n in found:  # the first occurrences are the ones removed
+        if removed[n]:
+            removed[n] -= 1
+        else:
+            out.append(n)
+    return out
 
 
 def _new_words(text: str, question: set[str]) -> set[str]:

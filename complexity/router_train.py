@@ -18,6 +18,7 @@ Tested in `tests/complexity/test_router_train.py`.
 
 from __future__ import annotations
 
+import collections
 import json
 import math
 import time
@@ -52,7 +53,8 @@ _NOT_ABOUT_THE_PROMPT = frozenset({"first_tier_failed"})
 # Graded labels (was the edge's answer right?): the edge's answer judged against the cloud's in the gateway
 # (`gateway.outcomes.OutcomeSource.AGREEMENT`), and graded traffic (`tiergate policy outcomes`).
 GRADED_SOURCES = frozenset({"agreement", "graded"})
-MIN_GRADED = 200  # graded records of a version before training uses them instead of the cascade's verdicts
+MIN_GRADED = 200
+_MAX_WEIGHT = 50  # a verified kept answer counts at most this many times (router.verify of 2 % and up)  # graded records of a version before training uses them instead of the cascade's verdicts
 L2_GRID = (1.0, 3.0, 10.0, 30.0)  # the regularisation strengths tried (held-out log loss picks one)
 CUTOFFS = tuple(round(0.05 * i, 2) for i in range(1, 11))  # the edge_success.max values the model's meta rates
 
@@ -126,6 +128,8 @@ def read_outcomes(source: str | list[str], edge_version: str | None,
     records = _records([source] if isinstance(source, str) else source)
     rows: dict[str, list[tuple[RouterFeatures, int]]] = {}
     graded: dict[str, list[tuple[RouterFeatures, int]]] = {}
+    verified: dict[str, list[tuple[RouterFeatures, int]]] = {}  # graded kept answers (`router.verify`)
+    kept: collections.Counter[str] = collections.Counter()  # the cascade's kept answers, per version
     skipped = 0
     for rec in records:
         try:
@@ -133,16 +137,29 @@ def read_outcomes(source: str | list[str], edge_version: str | None,
                 raise ValueError("not a usable record")
             if rec.get("reason") in _NOT_ABOUT_THE_PROMPT:
                 raise ValueError("the edge was down, not wrong")
-            (graded if rec.get("source") in GRADED_SOURCES else rows).setdefault(str(rec["edge_version"]), []).append(
-                (RouterFeatures.from_json(rec["features"]), int(rec["label"])))
+            version, row = str(rec["edge_version"]), (RouterFeatures.from_json(rec["features"]), int(rec["label"]))
+            if rec.get("source") not in GRADED_SOURCES:
+                rows.setdefault(version, []).append(row)
+                kept[version] += rec.get("source") == "cascade" and row[1] == 1
+            else:
+                (verified if rec.get("reason") == "verify" else graded).setdefault(version, []).append(row)
         except (KeyError, ValueError, TypeError):
             skipped += 1
-    versions = {v: len(rows.get(v, ())) + len(graded.get(v, ())) for v in {*rows, *graded}}
+    versions = {v: len(rows.get(v, ())) + len(graded.get(v, ())) + len(verified.get(v, ()))
+                for v in {*rows, *graded, *verified}}
     if edge_version is None:
         edge_version = max(sorted(versions), key=lambda v: versions[v], default="")
-    own_graded = graded.get(edge_version, [])
+    own_verified = verified.get(edge_version, [])
+    own_graded = graded.get(edge_version, []) + own_verified
     use_graded = len(own_graded) >= max(min_graded, 1)
-    chosen = own_graded if use_graded else rows.get(edge_version, []) + own_graded
+    if use_graded:
+        # Escalations are all graded, kept answers only a sample: each verified one stands for the kept answers not
+        # verified (the cascade's count of them over the verified), or graded labels would over-represent what
+        # the edge was unsure of (bench/cascade/learned measures both).
+        weight = min(_MAX_WEIGHT, max(1, round(kept[edge_version] / len(own_verified)))) if own_verified else 1
+        chosen = graded.get(edge_version, []) + own_verified * weight
+    else:
+        chosen = rows.get(edge_version, []) + own_graded
     x = np.array([f.vector() for f, _ in chosen]) if chosen else np.zeros((0, DENSE + HASH_BUCKETS))
     y = np.array([label for _, label in chosen], dtype=np.float64)
     return Outcomes(x, y, skipped, versions, "graded" if use_graded else "all", len(own_graded)), edge_version

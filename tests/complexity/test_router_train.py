@@ -202,3 +202,13 @@ def test_the_cli_says_which_labels_it_trained_on(tmp_path):
                                                  "--min-graded", "1000"])
     assert result.exit_code == 0, result.output
     assert (json.loads(result.output)["labels"], json.loads(result.output)["outcomes"]) == ("all", 350)
+
+
+def test_a_verified_kept_answer_stands_for_the_kept_answers_not_verified(tmp_path):
+    kept = [r | {"label": 1} for r in records(300, seed=3)]  # the cascade kept 300 answers, verified 25 of them
+    verified = [r | {"reason": "verify"} for r in _graded(records(25, seed=4))]
+    path = _write(tmp_path / "o.jsonl", kept + _graded(records(250, seed=5)) + verified)
+    data, _ = read_outcomes(path, None, min_graded=200)
+    assert (data.labels, data.graded, len(data.y)) == ("graded", 275, 250 + 25 * 12)
+    unweighted, _ = read_outcomes(_write(tmp_path / "v.jsonl", _graded(records(250, seed=5)) + verified), None)
+    assert len(unweighted.y) == 275  # no cascade records to say how many were kept: each counts once

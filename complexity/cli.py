@@ -18,7 +18,7 @@ from tiergate.complexity.apgr import apgr, share_for_pgr
 from tiergate.complexity.choice import DEFAULT_VECTORS_FILE
 from tiergate.complexity.edge_router import RouterArtifact
 from tiergate.complexity.model import ComplexityModel
-from tiergate.complexity.router_train import fit_router, read_outcomes
+from tiergate.complexity.router_train import MIN_GRADED, fit_router, read_outcomes
 from tiergate.complexity.train import Labelled, read_labelled, train
 from tiergate.complexity.word_vectors import build
 
@@ -65,6 +65,9 @@ def train_classifier(
                                              "edge version when this version has none yet.")] = True,
     min_outcomes: Annotated[int, typer.Option(help="With --from-outcomes: fewer outcomes than this is an "
                                                    "error.")] = MIN_ROWS,
+    min_graded: Annotated[int, typer.Option(help="With --from-outcomes: train on graded labels (the edge's answers "
+                                                 "judged against the cloud's) alone once the version has this "
+                                                 "many; before, on every record.")] = MIN_GRADED,
     select: Annotated[bool, typer.Option(help="Choose the design by leave-one-source-out over the sources "
                                               "(needs 3 or more; slower).")] = False,
     expert: Annotated[bool, typer.Option(help="Train the multiple-choice expert when the data has enough "
@@ -75,7 +78,7 @@ def train_classifier(
     """Train the complexity model reproducibly (same data, same file) and write it as JSON; or, with
     --from-outcomes, the learned edge router (the artifact at --out keeps its other versions' models)."""
     if from_outcomes:
-        _train_router(from_outcomes, out, edge_version, prior, min_outcomes)
+        _train_router(from_outcomes, out, edge_version, prior, min_outcomes, min_graded)
         return
     if not data:
         raise _fail("give --data (the complexity model) or --from-outcomes (the edge router)")
@@ -95,10 +98,11 @@ def train_classifier(
                            "selection": meta["selection"]}))
 
 
-def _train_router(source: list[str], out: Path, edge_version: str | None, use_prior: bool, min_outcomes: int) -> None:
+def _train_router(source: list[str], out: Path, edge_version: str | None, use_prior: bool, min_outcomes: int,
+                  min_graded: int) -> None:
     try:
         artifact = RouterArtifact.load(out) if out.exists() else RouterArtifact({})
-        data, version = read_outcomes(source, edge_version)
+        data, version = read_outcomes(source, edge_version, min_graded)
     except ValueError as exc:
         raise _fail(str(exc)) from None
     except OSError as exc:
@@ -114,9 +118,11 @@ def _train_router(source: list[str], out: Path, edge_version: str | None, use_pr
         model = fit_router(data, version, prior=prior)
     except ValueError as exc:
         raise _fail(str(exc)) from None
+    model.meta["labels"] = data.labels
     artifact.with_model(model).save(out)
     typer.echo(json.dumps({"out": str(out), "edge_version": version, "skipped_records": data.skipped,
-                           "versions": data.versions, **model.meta}))
+                           "versions": data.versions, "labels": data.labels, "graded_records": data.graded,
+                           **model.meta}))
 
 
 @classifier_app.command("evaluate")

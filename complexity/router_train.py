@@ -18,6 +18,7 @@ Tested in `tests/complexity/test_router_train.py`.
 
 from __future__ import annotations
 
+import collections
 import json
 import math
 import time
@@ -41,7 +42,7 @@ from tiergate.complexity.edge_router import (
 from tiergate.complexity.train import one_blas_thread
 from tiergate.core.types import Features
 
-__all__ = ["L2_GRID", "OUTCOMES_STREAM", "Outcomes", "cutoff_table", "fit_router", "outcome_record",
+__all__ = ["GRADED_SOURCES", "L2_GRID", "MIN_GRADED", "OUTCOMES_STREAM", "Outcomes", "cutoff_table", "fit_router", "outcome_record",
            "read_outcomes"]
 
 OUTCOMES_STREAM = "tiergate:outcomes"
@@ -49,6 +50,11 @@ _FOLDS = 5
 _BATCH = 1000
 # An edge that could not be reached says nothing about the prompt: such records do not train the router.
 _NOT_ABOUT_THE_PROMPT = frozenset({"first_tier_failed"})
+# Graded labels (was the edge's answer right?): the edge's answer judged against the cloud's in the gateway
+# (`gateway.outcomes.OutcomeSource.AGREEMENT`), and graded traffic (`tiergate policy outcomes`).
+GRADED_SOURCES = frozenset({"agreement", "graded"})
+MIN_GRADED = 200
+_MAX_WEIGHT = 50  # a verified kept answer counts at most this many times (router.verify of 2 % and up)  # graded records of a version before training uses them instead of the cascade's verdicts
 L2_GRID = (1.0, 3.0, 10.0, 30.0)  # the regularisation strengths tried (held-out log loss picks one)
 CUTOFFS = tuple(round(0.05 * i, 2) for i in range(1, 11))  # the edge_success.max values the model's meta rates
 
@@ -70,6 +76,8 @@ class Outcomes:
     y: np.ndarray
     skipped: int
     versions: dict[str, int]  # every edge version seen -> its records
+    labels: str = "all"  # which records were used: "graded" (graded labels alone) or "all"
+    graded: int = 0  # agreement records of the chosen version (used or not)
 
 
 def _records_from_file(path: Path) -> Iterator[Any]:
@@ -110,11 +118,18 @@ def _records(sources: Iterable[str]) -> Iterator[Any]:
             yield from _records_from_file(Path(source))
 
 
-def read_outcomes(source: str | list[str], edge_version: str | None) -> tuple[Outcomes, str]:
+def read_outcomes(source: str | list[str], edge_version: str | None,
+                  min_graded: int = MIN_GRADED) -> tuple[Outcomes, str]:
     """The records of `edge_version` (None: the version with the most records) from `source` (a Redis URL or a
-    JSON-lines file, or several); and that version."""
+    JSON-lines file, or several); and that version. Graded labels (`GRADED_SOURCES`: the edge's answer judged
+    against the cloud's, graded traffic) alone once the version has `min_graded` of them: the cascade's verdicts
+    then only add noise, since they disagree with graded ones exactly where the cascade kept a fluent wrong answer
+    (and an escalated request has both). Before that, every record."""
     records = _records([source] if isinstance(source, str) else source)
     rows: dict[str, list[tuple[RouterFeatures, int]]] = {}
+    graded: dict[str, list[tuple[RouterFeatures, int]]] = {}
+    verified: dict[str, list[tuple[RouterFeatures, int]]] = {}  # graded kept answers (`router.verify`)
+    kept: collections.Counter[str] = collections.Counter()  # the cascade's kept answers, per version
     skipped = 0
     for rec in records:
         try:
@@ -122,17 +137,32 @@ def read_outcomes(source: str | list[str], edge_version: str | None) -> tuple[Ou
                 raise ValueError("not a usable record")
             if rec.get("reason") in _NOT_ABOUT_THE_PROMPT:
                 raise ValueError("the edge was down, not wrong")
-            rows.setdefault(str(rec["edge_version"]), []).append(
-                (RouterFeatures.from_json(rec["features"]), int(rec["label"])))
+            version, row = str(rec["edge_version"]), (RouterFeatures.from_json(rec["features"]), int(rec["label"]))
+            if rec.get("source") not in GRADED_SOURCES:
+                rows.setdefault(version, []).append(row)
+                kept[version] += rec.get("source") == "cascade" and row[1] == 1
+            else:
+                (verified if rec.get("reason") == "verify" else graded).setdefault(version, []).append(row)
         except (KeyError, ValueError, TypeError):
             skipped += 1
-    versions = {v: len(r) for v, r in rows.items()}
+    versions = {v: len(rows.get(v, ())) + len(graded.get(v, ())) + len(verified.get(v, ()))
+                for v in {*rows, *graded, *verified}}
     if edge_version is None:
-        edge_version = max(versions, key=lambda v: versions[v], default="")
-    chosen = rows.get(edge_version, [])
+        edge_version = max(sorted(versions), key=lambda v: versions[v], default="")
+    own_verified = verified.get(edge_version, [])
+    own_graded = graded.get(edge_version, []) + own_verified
+    use_graded = len(own_graded) >= max(min_graded, 1)
+    if use_graded:
+        # Escalations are all graded, kept answers only a sample: each verified one stands for the kept answers not
+        # verified (the cascade's count of them over the verified), or graded labels would over-represent what
+        # the edge was unsure of (bench/cascade/learned measures both).
+        weight = min(_MAX_WEIGHT, max(1, round(kept[edge_version] / len(own_verified)))) if own_verified else 1
+        chosen = graded.get(edge_version, []) + own_verified * weight
+    else:
+        chosen = rows.get(edge_version, []) + own_graded
     x = np.array([f.vector() for f, _ in chosen]) if chosen else np.zeros((0, DENSE + HASH_BUCKETS))
     y = np.array([label for _, label in chosen], dtype=np.float64)
-    return Outcomes(x, y, skipped, versions), edge_version
+    return Outcomes(x, y, skipped, versions, "graded" if use_graded else "all", len(own_graded)), edge_version
 
 
 def _sigmoid(z: np.ndarray) -> np.ndarray:

@@ -11,8 +11,9 @@ Streams: the first tier's stream is held back until the decision, which comes af
 its end without it), then either relayed from its start or dropped for the target's stream. The client sees
 nothing before the decision, so an escalation is invisible apart from its latency (measured in bench/cascade).
 
-Each judgment is also told to `judged` (the learned router records it as an outcome), and `judge_unseen` judges
-an answer the client is not shown the same way (the router's exploration).
+Each judgment is also told to `judged` (the learned router records it as an outcome, and on an escalation waits for
+the target's answer to judge the thrown-away draft against it: `gateway.agreement`), and `judge_unseen` judges an
+answer the client is not shown the same way (the router's exploration).
 
 Tested in `tests/gateway/test_settlement.py`, `tests/gateway/test_pipeline.py`, `tests/integration/test_cascade.py`
 and `tests/integration/test_learned_router.py`.
@@ -50,9 +51,10 @@ from tiergate.policies.confidence import (
 
 __all__ = ["CascadeRunner", "Judged", "applies", "judge_unseen"]
 
-# Told of every judged first-tier answer: (request, verdict, the edge model version that answered); the learned
-# router's outcome records (`gateway.learned_router`).
-Judged = Callable[[RequestContext, CascadeVerdict, str], None]
+# Told of every judged first-tier answer: (request, its outcome, verdict, the edge model version that answered, the
+# first tier's whole answer or None: a stream decided on its first tokens, a failure); the learned router's outcome
+# records (`gateway.learned_router`), which may hang an `AnswerWaiter` on the outcome for the answer that follows.
+Judged = Callable[[RequestContext, Outcome, CascadeVerdict, str, str | None], None]
 
 log = structlog.get_logger("tiergate.gateway")
 _decode = msgspec.json.Decoder().decode
@@ -76,6 +78,10 @@ class _Read:
     done: bool = False
     prompt_tokens: int = 0
     completion_tokens: int = 0
+
+    def whole(self) -> str | None:
+        """The answer, if all of it was read and it ended on its own (not cut at max_tokens, not failed)."""
+        return "".join(self.text) if self.finish == "stop" else None
 
 
 class CascadeRunner:
@@ -120,7 +126,7 @@ class CascadeRunner:
         spent = time.perf_counter() - started
         outcome.cascade = judged
         if self._judged is not None:
-            self._judged(ctx, judged, _version(ctx, first.tier, attempt))
+            self._judged(ctx, outcome, judged, _version(ctx, first.tier, attempt), read.whole())
         m, rule = self._metrics, ctx.decision.rule
         outcome_label = "kept" if judged.keep else "escalated"
         m.cascade.labels(rule, outcome_label, judged.reason).inc()
@@ -298,9 +304,10 @@ def _version(ctx: RequestContext, tier: str | None, attempt: Attempt | None) -> 
 
 
 async def judge_unseen(dispatcher: Dispatcher, ctx: RequestContext, tiers: Any, decision: Decision
-                       ) -> tuple[CascadeVerdict, str]:
+                       ) -> tuple[CascadeVerdict, str, str | None]:
     """Ask `decision`'s first tier for an answer nobody is shown and judge it by its cascade's thresholds, as a
-    cascade would have (exploration, `gateway.exploration`): the verdict, and the model version that answered."""
+    cascade would have (exploration, `gateway.exploration`): the verdict, the model version that answered, and its
+    whole answer (None: it gave none)."""
     cascade = decision.cascade
     assert cascade is not None
     first = _first_decision(decision, cascade)
@@ -322,7 +329,7 @@ async def judge_unseen(dispatcher: Dispatcher, ctx: RequestContext, tiers: Any, 
                                 _NO_CONFIDENCE)
     finally:
         _drop(attempt)
-    return judged, _version(ctx, first.tier, attempt)
+    return judged, _version(ctx, first.tier, attempt), read.whole()
 
 
 def _drop(attempt: Attempt | None) -> None:

@@ -15,6 +15,7 @@ import re
 import time
 import uuid
 from dataclasses import dataclass
+from typing import Protocol
 
 import msgspec
 
@@ -124,6 +125,14 @@ class RequestContext:
         return Route.of(self.decision, self.max_tokens())
 
 
+class AnswerWaiter(Protocol):
+    """Waits for the answer a tier gave the client, to compare the edge's with it (`gateway.agreement`)."""
+
+    def cloud(self, text: str | None, tier: str) -> None:
+        """The client's answer, once whole (None: it was not: cut short, several choices, an error)."""
+        ...
+
+
 @dataclass(slots=True)
 class Outcome:
     """What the way to the answer finds out: the cache's verdict and whether a backend got the request."""
@@ -136,6 +145,7 @@ class Outcome:
     cascade: CascadeVerdict | None = None  # a cascade's judgment of its first tier's answer
     shadow_check: bool = False  # a cache hit sampled for verification: its request also goes to the tier after it
     stream_cost: bool = True  # a stream's final usage chunk carries `cost` (unless `x-tiergate-cost: off`)
+    pair: AnswerWaiter | None = None  # an edge answer the client did not get, to be compared with the one it gets
 
 
 @dataclass(frozen=True, slots=True)

@@ -4,7 +4,8 @@ Without it, a router that believes the edge fails on some kind of request never 
 its labels collapse to its own belief. So a random share (`router.explore`) of the requests an `edge_success` rule
 sends away from the edge is also sent to the edge tier as JSON, judged by the thresholds of the policy's judge
 cascade (`router.judge_rule`, else the first cascade rule on the edge tier) as a cascade would judge it, and the
-verdict is recorded as an outcome (source `explore`). The client gets the cloud's answer only, never waits for the
+verdict is recorded as an outcome (source `explore`), and its answer is judged against the one the client got
+(source `agreement`, `gateway.agreement`). The client gets the cloud's answer only, never waits for the
 edge's, and is not charged for it: like a cache shadow check (`gateway.shadow`), it is the operator's cost, runs
 detached, holds the routing version it was decided under, and is skipped (counted) when `explore_concurrency` are
 already running or the gateway is draining.
@@ -22,8 +23,9 @@ import structlog
 
 from tiergate.core.types import Decision
 from tiergate.core.wire import ChatRequest
+from tiergate.gateway.agreement import AgreementPath, AnswerPair
 from tiergate.gateway.cascade import judge_unseen
-from tiergate.gateway.context import RequestContext
+from tiergate.gateway.context import Outcome, RequestContext
 from tiergate.gateway.dispatch import Dispatcher
 from tiergate.gateway.learned_router import LearnedRouter
 from tiergate.gateway.outcomes import OutcomeSource
@@ -62,8 +64,9 @@ class Explorations:
     def running(self) -> int:
         return len(self._running)
 
-    def maybe_start(self, ctx: RequestContext) -> None:
-        """Explore `ctx` if its rule is a routed one and the draw says so (returns at once)."""
+    def maybe_start(self, ctx: RequestContext, outcome: Outcome | None = None) -> None:
+        """Explore `ctx` if its rule is a routed one and the draw says so (returns at once); the edge's answer is
+        also judged against the one the client gets (on `outcome`: `gateway.agreement`)."""
         policy = ctx.policy
         if not self._router.explore(policy, ctx.decision.rule):
             return
@@ -80,14 +83,22 @@ class Explorations:
         if held is None:
             metrics.explorations.labels("skipped").inc()
             return
-        task = asyncio.get_running_loop().create_task(self._explore(ctx, decision, held),
+        agreements = self._router.agreements
+        pair = (agreements.pair(ctx, AgreementPath.EXPLORATION, decision.tier or "")
+                if agreements is not None and outcome is not None else None)
+        if outcome is not None and pair is not None:
+            outcome.pair = pair
+        task = asyncio.get_running_loop().create_task(self._explore(ctx, decision, held, pair),
                                                       name=f"tiergate-explore-{ctx.request_id}")
         self._running.add(task)
         task.add_done_callback(self._running.discard)
 
-    async def _explore(self, ctx: RequestContext, decision: Decision, held: RoutingHold) -> None:
+    async def _explore(self, ctx: RequestContext, decision: Decision, held: RoutingHold,
+                       pair: AnswerPair | None) -> None:
         try:
-            judged, version = await judge_unseen(self._dispatcher, ctx, held.routing.tiers, decision)
+            judged, version, answer = await judge_unseen(self._dispatcher, ctx, held.routing.tiers, decision)
+            if pair is not None:
+                pair.edge(answer, version)
             self._router.metrics.explorations.labels("judged").inc()
             log.info("router_explored", request_id=ctx.request_id, rule=ctx.decision.rule, stood=judged.keep,
                      reason=judged.reason, edge_version=version)

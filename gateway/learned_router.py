@@ -31,7 +31,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from tiergate.complexity.edge_router import RouterArtifact, RouterModel, features_of
 from tiergate.core.types import Features
-from tiergate.gateway.context import RequestContext
+from tiergate.gateway.agreement import AgreementPath, Agreements
+from tiergate.gateway.context import Outcome, RequestContext
 from tiergate.gateway.outcomes import OutcomeRecorder, OutcomeSource
 from tiergate.gateway.tiers import Routing
 from tiergate.policies.confidence import CascadeVerdict
@@ -92,9 +93,10 @@ class LearnedRouter:
     """Annotates Features with `edge_success`; says which routed requests are explored; records outcomes."""
 
     def __init__(self, registry: CollectorRegistry, outcomes: OutcomeRecorder,
-                 rng: random.Random | None = None) -> None:
+                 rng: random.Random | None = None, agreements: Agreements | None = None) -> None:
         self.metrics = RouterMetrics(registry)
         self.outcomes = outcomes
+        self.agreements = agreements  # graded labels: the edge's answers judged against the cloud's
         self._rng = rng or random.Random()
         self._files: dict[Path, _Loaded] = {}
         self._facts: tuple[Policy | None, _PolicyFacts] = (None, _PolicyFacts(False, None, frozenset()))
@@ -134,11 +136,20 @@ class LearnedRouter:
         self.metrics.routed.labels(rule, "true" if explored else "false").inc()
         return explored
 
-    def judged(self, ctx: RequestContext, verdict: CascadeVerdict, edge_version: str) -> None:
-        """A cascade judged its first tier's answer: one outcome (`gateway.cascade.Judged`)."""
+    def judged(self, ctx: RequestContext, outcome: Outcome, verdict: CascadeVerdict, edge_version: str,
+               draft: str | None) -> None:
+        """A cascade judged its first tier's answer `draft`: one outcome (`gateway.cascade.Judged`); escalated, the
+        draft waits on `outcome` for the target's answer, kept, it may be verified (`gateway.agreement`)."""
         self.outcomes.record(policy=ctx.policy, features=ctx.features, tenant=ctx.tenant.id, rule=ctx.decision.rule,
                              edge_version=edge_version, stood=verdict.keep, reason=verdict.reason,
                              source=OutcomeSource.CASCADE)
+        if self.agreements is None:
+            return
+        if verdict.keep:
+            self.agreements.maybe_verify(ctx, draft, edge_version)
+        elif (pair := self.agreements.pair(ctx, AgreementPath.ESCALATION, ctx.decision.tier or "")) is not None:
+            pair.edge(draft, edge_version)
+            outcome.pair = pair
 
     @staticmethod
     def edge_version(routing: Routing, edge_tier: str) -> str:

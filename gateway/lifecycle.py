@@ -20,9 +20,11 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
 from tiergate.cache import CacheMetrics, CacheSettings, HttpJudge, SemanticCache, build_cache
+from tiergate.cache.judge import Judge
 from tiergate.cache.redis.conn import AnyRedis, open_redis
 from tiergate.gateway.accounting import Accounting
 from tiergate.gateway.admin import AdminKey
+from tiergate.gateway.agreement import Agreements
 from tiergate.gateway.auth import KeyRing
 from tiergate.gateway.budgets import Budgets
 from tiergate.gateway.dispatch import Dispatcher
@@ -97,7 +99,10 @@ class Gateway:
             draining=self.is_draining, concurrency=settings.cache_shadow_concurrency, hold=self.tiers.hold)
         self.relay = Relay(self.metrics, self.shadow)
         # The learned router (policy `router:`): edge_success before decisions, outcome records, exploration.
-        self.router = LearnedRouter(self.registry, OutcomeRecorder(self.redis, self.registry))
+        outcomes = OutcomeRecorder(self.redis, self.registry)
+        agreements = Agreements(outcomes, self.registry, fallback=self._cache_judge, dispatcher=self.dispatcher,
+                                gateway_metrics=self.metrics, hold=self.tiers.hold, draining=self.is_draining)
+        self.router = LearnedRouter(self.registry, outcomes, agreements=agreements)
         self.explorations = Explorations(dispatcher=self.dispatcher, router=self.router, draining=self.is_draining,
                                          hold=self.tiers.hold)
 
@@ -108,6 +113,11 @@ class Gateway:
 
     def is_draining(self) -> bool:
         return self.draining
+
+    def _cache_judge(self) -> Judge | None:
+        """The cache's judge (its embedder, or the operator's model), for long answers the router's labels compare."""
+        cache = self.shared_cache.current
+        return cache.verifier.judge if cache is not None else None
 
     async def startup(self) -> None:
         await self.upstream.start()
@@ -137,6 +147,8 @@ class Gateway:
         self.draining = True
         await self.shadow.stop()
         await self.explorations.stop()
+        if self.router.agreements is not None:
+            await self.router.agreements.stop()
         await self.router.outcomes.flush()
         await self.history.stop()
         await self.policy_store.stop()

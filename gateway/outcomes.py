@@ -1,7 +1,8 @@
 """Outcome records: for every edge answer the gateway judged, did it stand? The learned router's training data.
 
-A cascade judges its first tier's answer (kept, or escalated and why) and an exploration judges an edge answer the
-client never saw (`gateway.exploration`); each becomes one record: the label (1: the answer stood), the router's
+A cascade judges its first tier's answer (kept, or escalated and why), an exploration judges an edge answer the
+client never saw (`gateway.exploration`), and where the gateway holds the cloud's answer too, the edge's is judged
+against it (`gateway.agreement`: a graded label, source `agreement`); each becomes one record: the label (1: the answer stood), the router's
 features of the request as they were before the decision (`complexity.edge_router.router_features`: scores,
 counts and hashed words, no text), the tenant, the rule, the edge model version that answered, the reason and the
 source. The prompt itself is kept only for a tenant that opted in to distillation (the policy's
@@ -20,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import time
+from enum import StrEnum
 from typing import Protocol
 
 import msgspec
@@ -42,11 +44,13 @@ _encode = msgspec.json.Encoder().encode
 _MAX_PENDING = 256  # records being written at once; beyond, new ones are dropped (counted)
 
 
-class OutcomeSource:
-    """Where a label came from (a metric label and a record field)."""
+class OutcomeSource(StrEnum):
+    """Where a label came from (a metric label and a record field): a cascade's verdict, an exploration's, or
+    the edge's answer judged against the cloud's (`gateway.agreement`)."""
 
     CASCADE = "cascade"
     EXPLORE = "explore"
+    AGREEMENT = "agreement"
 
 
 class Sink(Protocol):
@@ -89,7 +93,7 @@ class OutcomeRecorder:
     def __init__(self, redis: AnyRedis | None, registry: CollectorRegistry) -> None:
         self.sink: RedisOutcomes | MemoryOutcomes = RedisOutcomes(redis) if redis is not None else MemoryOutcomes()
         self.recorded = Counter("tiergate_router_outcomes", "Edge answers judged and recorded for the learned "
-                                "router, by source (cascade, explore) and whether the answer stood",
+                                "router, by source (cascade, explore, agreement) and whether the answer stood",
                                 ["source", "stood"], registry=registry)
         self.dropped = Counter("tiergate_router_outcomes_dropped", "Outcome records not written (store unreachable "
                                "or too many being written)", registry=registry)
@@ -97,7 +101,7 @@ class OutcomeRecorder:
         self._redactors: tuple[Policy | None, Redactor | None] = (None, None)
 
     def record(self, *, policy: Policy, features: Features, tenant: str, rule: str, edge_version: str, stood: bool,
-               reason: str, source: str) -> None:
+               reason: str, source: OutcomeSource) -> None:
         """Record one label, if the policy's router records; returns at once (the write is a task)."""
         cfg = policy.router
         if cfg is None or not cfg.record:
@@ -106,7 +110,7 @@ class OutcomeRecorder:
             self.dropped.inc()
             return
         rec = outcome_record(features, stood=stood, edge_version=edge_version, tenant=tenant, rule=rule,
-                             reason=reason, source=source)
+                             reason=reason, source=str(source))
         if policy.distill is not None and tenant in policy.distill.tenants:  # opted in: the text, redacted
             rec["prompt"] = self._redactor(policy)(features.text)
         self.recorded.labels(source, "true" if stood else "false").inc()

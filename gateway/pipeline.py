@@ -216,7 +216,7 @@ class CompletionPipeline:
         path = "/v1/chat/completions" if req.kind == "chat" else "/v1/completions"
         body = outcome.body = UpstreamBody.of(ctx)  # dispatch marks it sent when it posts it
         if self._parts.explorations is not None:
-            self._parts.explorations.maybe_start(ctx)
+            self._parts.explorations.maybe_start(ctx, outcome)
         if applies(ctx):
             return await self._cascade.run(ctx, outcome, path, body, settle)
         attempt = await self._parts.dispatcher.open(tiers=ctx.routing.tiers, request=req, features=ctx.features,

@@ -106,6 +106,8 @@ class Relay:
             headers["x-tiergate-cost"] = format_cost(cost)
         store = cacheable(summary, ctx.req.kind, tier) if outcome.cache == "miss" else None
         whole = summary.finish_reason in ("stop", "length") and not summary.multi_choice
+        if outcome.pair is not None:  # the edge answered too, unseen: compared off the request path
+            outcome.pair.cloud(summary.text if whole else None, tier)
         task = BackgroundTask(settle.answered, ctx, outcome, tier, 200, overhead, summary.prompt_tokens,
                               summary.completion_tokens, elapsed=time.perf_counter() - ctx.arrival.started,
                               store=store, distill=(summary.text, summary.model) if whole else None,
@@ -146,6 +148,8 @@ class Relay:
                 prompt_tokens, completion_tokens = ctx.features.prompt_tokens, len(acc.parts)
             store = cacheable(acc, req.kind, attempt.tier) if done and outcome.cache == "miss" else None
             whole = done and acc.finish_reason in ("stop", "length") and not acc.multi_choice
+            if outcome.pair is not None:
+                outcome.pair.cloud(acc.text if whole else None, attempt.tier)
             await settle.answered(ctx, outcome, attempt.tier, relay.status, overhead, prompt_tokens,
                                   completion_tokens, store=store, distill=(acc.text, acc.model) if whole else None,
                                   cached_tokens=acc.cached_tokens)

@@ -36,6 +36,9 @@ class RouterConfig(StrictModel):
                                                               "that the edge also answers, unseen, for labels")
     explore_concurrency: int = Field(4, ge=1, le=256, description="explorations running at once per gateway; more "
                                                                   "are skipped (counted)")
+    verify: float = Field(0.0, ge=0.0, le=1.0, description="share of the answers a cascade keeps that are also "
+                                                            "asked of its target, detached, to judge the kept "
+                                                            "answer against (agreement labels; the operator's cost)")
     record: bool = Field(True, description="record every judged edge answer as an outcome (the training data)")
     max_records: int = Field(100_000, ge=100, le=10_000_000, description="the oldest outcomes go beyond this")
     ttl_s: int = Field(14 * 86400, ge=3600, description="outcomes older than this are dropped")

@@ -14,32 +14,18 @@ the gold answer and to nothing else:
   gold entity is found and no other entity is. "Paris.", "The capital of France is Paris." are right;
   "Sydney or Canberra" is wrong.
 - letters (`letter_right`, MMLU): the first standalone capital letter A-D in the answer equals the gold.
+
+The text rules themselves (`normalise`, `numbers`, `first_letter`) are the product's (`tiergate.cache.answercheck`),
+which judges the edge's answers against the cloud's for the learned router the same way.
 """
 
 from __future__ import annotations
 
-import re
-import unicodedata
 from collections.abc import Iterable, Mapping, Sequence
 
+from tiergate.cache.answercheck import first_letter, normalise, numbers
+
 __all__ = ["EntityIndex", "entity_right", "first_letter", "letter_right", "normalise", "number_right", "numbers"]
-
-_NUMBER = re.compile(r"(?<![\d.])-?\d{1,3}(?:,\d{3})+(?![\d,])|(?<![\d.])-?\d+")
-_LETTER = re.compile(r"(?<![A-Za-z0-9])([A-D])(?![A-Za-z0-9])")
-_DROP = re.compile(r"['’`.]")
-_NON_WORD = re.compile(r"[^a-z0-9]+")
-
-
-def normalise(text: str) -> str:
-    """Lower case, accents stripped, apostrophes and dots dropped ("D.C." -> "dc"), other punctuation -> space."""
-    text = unicodedata.normalize("NFKD", text)
-    text = "".join(c for c in text if not unicodedata.combining(c)).lower()
-    return " ".join(_NON_WORD.sub(" ", _DROP.sub("", text)).split())
-
-
-def numbers(text: str) -> list[int]:
-    """The integers written in digits in `text`, in order ("1,234" is one number)."""
-    return [int(m.replace(",", "")) for m in _NUMBER.findall(text)]
 
 
 def number_right(answer: str, gold: int, operands: Sequence[int]) -> bool:
@@ -81,12 +67,6 @@ class EntityIndex:
 
 def entity_right(answer: str, gold: str, index: EntityIndex) -> bool:
     return index.find(answer) == {gold}
-
-
-def first_letter(answer: str) -> str | None:
-    """The first standalone capital A-D in the answer (an option letter), if any."""
-    m = _LETTER.search(answer)
-    return None if m is None else m.group(1)
 
 
 def letter_right(answer: str, gold: str) -> bool:

@@ -16,9 +16,17 @@ Designs, each at 1 % and 5 % quality loss (escalated requests count as answered 
 - cascade only: mean logprob (hold), as shipped;
 - router then cascade: requests whose predicted P(edge stands) <= the cut-off go straight to the cloud, the rest
   cascade; the cut-off and the cascade threshold are chosen together: the most kept on the edge within the loss,
-  and of cut-offs that keep as much, the lowest (the router skips the edge only where it is surest). Two label
-  sources: *cascade labels*: what the gateway records (the cascade's verdict at the cascade-only 5 % threshold),
-  and *graded labels*: the exact checker's right/wrong (what feedback or graded traffic would give);
+  and of cut-offs that keep as much, the lowest (the router skips the edge only where it is surest). Four label
+  sources: *cascade labels*: the cascade's own verdict (at the cascade-only 5 % threshold); *graded labels*: the
+  exact checker's right/wrong (what feedback or graded traffic would give); *agreement labels*: what the gateway
+  records where it holds the cloud's answer too (`gateway.agreement`): the product's own judge
+  (`tiergate.cache.answercheck`) on the edge's answer against the gold answer standing in for the cloud's, on every
+  request (escalations, explorations, and `router.verify: 1` for kept answers), no verdict, no label; and
+  *agreement labels, escalations only*: the same on escalated requests only (`router.verify: 0`), the rest
+  unlabelled, as `--from-outcomes` trains once it has enough graded labels; the same with a quarter of the kept
+  answers verified (`router.verify: 0.25`), unweighted and weighted (each verified kept answer counted four
+  times, for the kept ones not verified); and *agreement labels on escalations, cascade labels on kept*: the
+  escalated requests' cascade labels replaced by graded ones;
 - router only: the router's P decides alone (no edge answer is judged);
 - length, complexity: the prompt's token count or complexity score alone, as bench/cascade's prompt rows.
 
@@ -52,6 +60,7 @@ import numpy as np
 from bench.cascade.metrics import apgr, kept_at_loss
 from bench.cascade.tasks import make_items
 from bench.report import REPO, RESULTS
+from tiergate.cache.answercheck import short_verdict
 from tiergate.complexity.edge_router import router_features
 from tiergate.complexity.router_train import Outcomes, fit_router
 
@@ -62,7 +71,8 @@ MMLU_OUTCOMES = (75, 150, 300, 500)
 
 
 def _rows(path: Path) -> tuple[dict, list[dict], list]:
-    """A bench/cascade result: (report, its rows, their router features)."""
+    """A bench/cascade result: (report, its rows, their router features); each row also gets `agree`: the product's
+    own judge on the edge's answer against the gold one as the cloud's answer (None: no verdict)."""
     report = json.loads(path.read_text())
     s = report["settings"]
     items = {it.id: it for it in make_items(s["counts"], s["seed"])}
@@ -71,6 +81,9 @@ def _rows(path: Path) -> tuple[dict, list[dict], list]:
     if missing:
         raise SystemExit(f"{path}: {len(missing)} recorded questions are not rebuilt from the seed "
                          f"(e.g. {missing[0]})")
+    for r in rows:
+        it = items[r["id"]]
+        r["agree"] = short_verdict(it.prompt, r.get("answer") or "", it.gold)
     feats = [router_features(prompt_tokens=r["prompt_tokens"], complexity=r["complexity"],
                              max_tokens=s["max_tokens"], temperature=0.0, stream=True, text=items[r["id"]].prompt)
              for r in rows]
@@ -84,6 +97,7 @@ def _arrays(rows: list[dict], feats: list) -> dict:
 
     return {"ids": [r["id"] for r in rows], "x": np.array([f.vector() for f in feats]),
             "tasks": [r["task"] for r in rows], "right": np.array([r["right"] for r in rows], float),
+            "agree": np.array([np.nan if r["agree"] is None else float(r["agree"]) for r in rows]),
             "conf": np.array([score(r) for r in rows]), "done_s": np.array([r["done_s"] for r in rows]),
             "cpu_s": np.array([r["cpu_s"] for r in rows]),
             "tokens": np.array([r["prompt_tokens"] for r in rows], float),
@@ -123,13 +137,56 @@ def _fit_predict(x_train: np.ndarray, y_train: np.ndarray, x_test: np.ndarray) -
     return 1 / (1 + np.exp(-(model.platt_a * z + model.platt_b)))
 
 
-def _cross_fitted(x: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """Out-of-fold predictions on the training folds (choosing a cut-off on in-sample ones would flatter it)."""
+def _cross_fitted(x: np.ndarray, y: np.ndarray, repeats: np.ndarray | None = None) -> np.ndarray:
+    """Out-of-fold predictions on the training folds (choosing a cut-off on in-sample ones would flatter it); a
+    NaN label is a request without one: never trained on, still predicted for."""
     out = np.zeros(len(y))
     folds = np.arange(len(y)) % FOLDS
     for k in range(FOLDS):
-        out[folds == k] = _fit_predict(x[folds != k], y[folds != k], x[folds == k])
+        train = folds != k
+        out[folds == k] = _fit_predict(*_labelled(x[train], y[train], None if repeats is None else repeats[train]),
+                                       x[folds == k])
     return out
+
+
+def _labelled(x: np.ndarray, y: np.ndarray, repeats: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """The labelled rows, each `repeats` times (a weight: a verified kept answer stands for 1 / verify of them)."""
+    keep = ~np.isnan(y)
+    reps = np.ones(len(y), int) if repeats is None else repeats
+    return np.repeat(x[keep], reps[keep], axis=0), np.repeat(y[keep], reps[keep])
+
+
+LABELS = ("cascade labels", "graded labels", "agreement labels", "agreement labels, escalations only",
+          "agreement labels, escalations + 25 % of kept verified",
+          "agreement labels, escalations + 25 % of kept verified, weighted",
+          "agreement labels on escalations, cascade labels on kept")
+VERIFY = 0.25
+
+
+def repeats(name: str, conf: np.ndarray, t5: float) -> np.ndarray | None:
+    """How many times each request's label counts for `name`: a verified kept answer 1 / VERIFY times when the
+    source is weighted, else once (None)."""
+    if not name.endswith("weighted"):
+        return None
+    return np.where(conf < t5, 1, round(1 / VERIFY))
+
+
+def label_sets(right: np.ndarray, conf: np.ndarray, agree: np.ndarray, t5: float) -> dict[str, np.ndarray]:
+    """Each label source's labels (NaN: the request gives none): the cascade's verdict at the cascade-only 5 %
+    threshold; the exact checker's; the product's judge on every request (escalations, explorations and
+    `router.verify: 1`); the product's judge on escalated requests only (`router.verify: 0`, cold start: training
+    on graded labels alone, as `--from-outcomes` does once it has enough); the same with `router.verify: 0.25`
+    (a quarter of the kept ones judged too), also with each verified kept answer counted 4 times (`repeats`: it
+    stands for the kept ones not verified); and the cascade's verdict on the kept ones with every escalated
+    request's cascade label replaced by its graded one."""
+    escalated = conf < t5
+    verified = np.random.default_rng(len(conf)).random(len(conf)) < VERIFY  # the same draw for the same requests
+    return {"cascade labels": (conf >= t5).astype(float), "graded labels": right, "agreement labels": agree,
+            "agreement labels, escalations only": np.where(escalated, agree, np.nan),
+            "agreement labels, escalations + 25 % of kept verified": np.where(escalated | verified, agree, np.nan),
+            "agreement labels, escalations + 25 % of kept verified, weighted":
+                np.where(escalated | verified, agree, np.nan),
+            "agreement labels on escalations, cascade labels on kept": np.where(escalated, agree, 1.0)}
 
 
 def _composite(conf: np.ndarray, p: np.ndarray, cut: float) -> np.ndarray:
@@ -214,9 +271,10 @@ def run(path: Path, more_mmlu: Sequence[Path] = (), *, mmlu_study: bool = True, 
             t = kept_at_loss(conf[tr], right[tr], ones[tr], loss).threshold
             pooled[f"cascade only @ {loss:.0%}"].set(te, conf[te] >= t, np.ones(te.sum(), bool), conf[te],
                                                      threshold=t)
-        for name, y in (("cascade labels", (conf >= t5).astype(float)), ("graded labels", right)):
-            p_in = _cross_fitted(x[tr], y[tr])
-            p_te = _fit_predict(x[tr], y[tr], x[te])
+        for name, y in label_sets(right, conf, d["agree"], t5).items():
+            reps = repeats(name, conf[tr], t5)
+            p_in = _cross_fitted(x[tr], y[tr], reps)
+            p_te = _fit_predict(*_labelled(x[tr], y[tr], reps), x[te])
             for loss in LOSSES:
                 cut, t = choose_cut(conf[tr], right[tr], p_in, loss)
                 if loss == 0.05:
@@ -235,7 +293,7 @@ def run(path: Path, more_mmlu: Sequence[Path] = (), *, mmlu_study: bool = True, 
 
     designs: dict[str, dict] = {}
     order = [f"cascade only @ {loss:.0%}" for loss in LOSSES] + [
-        f"{kind} ({name}) @ {loss:.0%}" for name in ("cascade labels", "graded labels") for loss in LOSSES
+        f"{kind} ({name}) @ {loss:.0%}" for name in LABELS for loss in LOSSES
         for kind in ("router then cascade", "router only")] + [
         f"{name} only @ {loss:.0%}" for name in ("length", "complexity") for loss in LOSSES]
     for key in order:
@@ -250,9 +308,25 @@ def run(path: Path, more_mmlu: Sequence[Path] = (), *, mmlu_study: bool = True, 
     return {"command": "python -m bench.cascade.learned", "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "source": _shown(path), "requests": n, "folds": FOLDS,
             "mmlu_training_outcomes_per_fold": int(sum(t == "mmlu" for t in d["tasks"]) * (FOLDS - 1) / FOLDS),
+            "judge_against_checker": _judge_agreement(d),
             "designs": designs,
             "mmlu_after_outcomes": _mmlu_study(d, folds, t5s, cuts, more_mmlu) if mmlu_study else None,
             "router_inference_ms": _inference_ms(d)}
+
+
+def _judge_agreement(d: dict) -> dict:
+    """How the product's judge (edge answer against the gold one) compares with the exact checker, per task."""
+    out: dict = {}
+    tasks = np.asarray(d["tasks"])
+    for task in [*dict.fromkeys(d["tasks"]), None]:
+        m = tasks == task if task is not None else np.ones(len(tasks), bool)
+        a, r = d["agree"][m], d["right"][m]
+        judged = ~np.isnan(a)
+        out[task or "all"] = {"no_verdict": round(float((~judged).mean()), 4),
+                              "same_as_checker": round(float((a[judged] == r[judged]).mean()), 4),
+                              "agrees_where_checker_wrong": int(((a == 1) & (r == 0)).sum()),
+                              "disagrees_where_checker_right": int(((a == 0) & (r == 1)).sum())}
+    return out
 
 
 def _mmlu_study(d: dict, folds: np.ndarray, t5s: list[float], cuts: dict[str, list[float]],
@@ -260,10 +334,10 @@ def _mmlu_study(d: dict, folds: np.ndarray, t5s: list[float], cuts: dict[str, li
     """The share of held-out MMLU questions the router sends straight to the cloud after N MMLU outcomes."""
     is_mmlu = np.array([t == "mmlu" for t in d["tasks"]])
     other = {k: v[~is_mmlu] if isinstance(v, np.ndarray) else [e for e, m in zip(v, is_mmlu, strict=True) if not m]
-             for k, v in d.items() if k in ("ids", "x", "tasks", "right", "conf")}
+             for k, v in d.items() if k in ("ids", "x", "tasks", "right", "conf", "agree")}
     other_folds = folds[~is_mmlu]
     mm = {k: (v[is_mmlu] if isinstance(v, np.ndarray) else [e for e, m in zip(v, is_mmlu, strict=True) if m])
-          for k, v in d.items() if k in ("ids", "x", "right", "conf")}
+          for k, v in d.items() if k in ("ids", "x", "right", "conf", "agree")}
     sources: list[str] = []
     for extra in more:
         _, rows, feats = _rows(extra)
@@ -271,24 +345,26 @@ def _mmlu_study(d: dict, folds: np.ndarray, t5s: list[float], cuts: dict[str, li
         new = [i for i, (qid, task) in enumerate(zip(a["ids"], a["tasks"], strict=True))
                if task == "mmlu" and qid not in set(mm["ids"])]
         mm = {"ids": mm["ids"] + [a["ids"][i] for i in new], "x": np.vstack([mm["x"], a["x"][new]]),
-              "right": np.r_[mm["right"], a["right"][new]], "conf": np.r_[mm["conf"], a["conf"][new]]}
+              "right": np.r_[mm["right"], a["right"][new]], "conf": np.r_[mm["conf"], a["conf"][new]],
+              "agree": np.r_[mm["agree"], a["agree"][new]]}
         sources.append(_shown(extra))
     q = len(mm["ids"])
     rng = np.random.default_rng(1)
     mfold = rng.permutation(q) % FOLDS
     out: dict = {"mmlu_questions": q, "right_share": round(float(mm["right"].mean()), 4), "results": {}}
-    for name in ("graded labels", "cascade labels"):
+    for name in ("graded labels", "cascade labels", *LABELS[2:]):  # the first two as before: the same draws
         for count in MMLU_OUTCOMES:
             straight, probs = [], []
             for k in range(FOLDS):
                 otr = other_folds != k
                 mtr, mte = np.nonzero(mfold != k)[0], np.nonzero(mfold == k)[0]
                 draw = rng.choice(mtr, size=count, replace=True)  # repeats, as real traffic has them
-                y_other = other["right"][otr] if name == "graded labels" else (
-                    other["conf"][otr] >= t5s[k]).astype(float)
-                y_mmlu = mm["right"][draw] if name == "graded labels" else (mm["conf"][draw] >= t5s[k]).astype(float)
-                # shuffled so that the trainer's own folds (by position) mix MMLU and the rest
-                xs, ys = np.vstack([other["x"][otr], mm["x"][draw]]), np.r_[y_other, y_mmlu]
+                y_other = label_sets(other["right"][otr], other["conf"][otr], other["agree"][otr], t5s[k])[name]
+                y_mmlu = label_sets(mm["right"][draw], mm["conf"][draw], mm["agree"][draw], t5s[k])[name]
+                # shuffled so that the trainer's own folds (by position) mix MMLU and the rest; N outcomes of
+                # MMLU are N requests, of which a label source may label only some (escalations only)
+                reps = repeats(name, np.r_[other["conf"][otr], mm["conf"][draw]], t5s[k])
+                xs, ys = _labelled(np.vstack([other["x"][otr], mm["x"][draw]]), np.r_[y_other, y_mmlu], reps)
                 perm = rng.permutation(len(ys))
                 p = _fit_predict(xs[perm], ys[perm], mm["x"][mte])
                 straight.append(p <= cuts[name][k])

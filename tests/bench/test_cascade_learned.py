@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from bench.cascade.learned import _outcome, choose_cut, run, task_folds
+from bench.cascade.learned import _cross_fitted, _outcome, choose_cut, label_sets, run, task_folds
 from bench.cascade.tasks import MMLU_FILE
 from bench.report import RESULTS
 
@@ -23,6 +23,26 @@ def test_the_outcome_of_a_design_counts_escalations_and_straight_sends_apart():
     assert out["added_latency_cloud_p50_s"] == 1.0  # the escalated one waited 2 s, the one sent straight 0 s
     assert out["edge_cpu_s_per_request"] == pytest.approx((0.1 + 0.2 + 0.4) / 4, abs=1e-4)
     assert out["mmlu_straight_to_cloud"] == 0.5
+
+
+def test_the_label_sources_and_what_they_leave_unlabelled():
+    right = np.array([1.0, 0.0, 1.0, 0.0])
+    conf = np.array([-0.1, -0.2, -2.0, -3.0])  # the first two kept at the threshold -1, the others escalated
+    agree = np.array([1.0, 1.0, np.nan, 0.0])  # the judge: the second is a kept wrong answer it did not catch
+    sets = label_sets(right, conf, agree, -1.0)
+    assert sets["cascade labels"].tolist() == [1, 1, 0, 0] and sets["graded labels"] is right
+    assert np.array_equal(sets["agreement labels"], agree, equal_nan=True)
+    assert np.array_equal(sets["agreement labels, escalations only"], [np.nan, np.nan, np.nan, 0.0], equal_nan=True)
+
+
+def test_unlabelled_requests_are_predicted_for_but_never_trained_on():
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(60, 3))
+    y = (x[:, 0] > 0).astype(float)
+    noisy = y.copy()
+    noisy[::3] = np.nan
+    p = _cross_fitted(x, noisy)
+    assert not np.isnan(p).any() and ((p > 0.5) == (y == 1)).mean() > 0.8
 
 
 def test_every_fold_holds_every_task_and_the_same_seed_deals_the_same():
@@ -57,3 +77,11 @@ def test_the_replay_of_the_committed_answers():
     against = routed["against_cascade_only"]
     assert against["kept_by_cascade_only_not_here"] == sum(against["lost_by_task"].values())
     assert out["router_inference_ms"]["median_cpu_ms_per_request"] > 0  # measured (its bound is the bench's)
+    # The product's judge (edge answer against the gold one) labels nearly as the exact checker does, and trained
+    # on it for every request the router cuts wasted attempts as graded labels do; on escalations alone it
+    # cannot tell MMLU apart (the kept fluent guesses are never graded).
+    assert out["judge_against_checker"]["all"]["same_as_checker"] > 0.9
+    agreement = designs["router then cascade (agreement labels) @ 5%"]
+    escalations = designs["router then cascade (agreement labels, escalations only) @ 5%"]
+    assert agreement["wasted_edge_attempts"] < cascade["wasted_edge_attempts"] / 2
+    assert escalations["mmlu_straight_to_cloud"] < agreement["mmlu_straight_to_cloud"]

@@ -171,3 +171,44 @@ def test_repeats_of_a_prompt_never_sit_on_both_sides_of_a_held_out_split(tmp_pat
     data, version = read_outcomes(_write(tmp_path / "o.jsonl", recs), None)
     model = fit_router(data, version)
     assert model.meta["held_out"]["auc"] < 0.7  # split by position, each prompt on both sides: above 0.95
+
+
+def _graded(recs: list[dict]) -> list[dict]:
+    return [r | {"source": "agreement", "reason": "escalation"} for r in recs]
+
+
+def test_graded_labels_replace_the_cascades_once_there_are_enough(tmp_path):
+    # The cascade kept MMLU's fluent guesses (they "stood"); judged against the cloud, most were wrong.
+    cascade = records(400, seed=1, mmlu_stands=0.8)
+    graded = _graded(records(300, seed=2, mmlu_stands=0.1))
+    path = _write(tmp_path / "o.jsonl", cascade + graded)
+    few, _ = read_outcomes(path, None, min_graded=301)
+    assert (few.labels, few.graded, len(few.y), few.versions) == ("all", 300, 700, {"smollm2": 700})
+    enough, version = read_outcomes(path, None, min_graded=300)
+    assert (enough.labels, enough.graded, len(enough.y)) == ("graded", 300, 300)
+    on_all, on_graded = fit_router(few, version), fit_router(enough, version)
+    assert _p(on_graded, mmlu=True) < 0.3 < _p(on_all, mmlu=True)  # graded alone: MMLU fails on the edge
+
+
+def test_the_cli_says_which_labels_it_trained_on(tmp_path):
+    path = _write(tmp_path / "o.jsonl", records(100, seed=1) + _graded(records(250, seed=2)))
+    out = tmp_path / "router.json"
+    result = CliRunner().invoke(classifier_app, ["train", "--from-outcomes", path, "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.output)
+    assert (summary["labels"], summary["graded_records"], summary["outcomes"]) == ("graded", 250, 250)
+    assert RouterArtifact.load(out).get("smollm2").meta["labels"] == "graded"
+    result = CliRunner().invoke(classifier_app, ["train", "--from-outcomes", path, "--out", str(out),
+                                                 "--min-graded", "1000"])
+    assert result.exit_code == 0, result.output
+    assert (json.loads(result.output)["labels"], json.loads(result.output)["outcomes"]) == ("all", 350)
+
+
+def test_a_verified_kept_answer_stands_for_the_kept_answers_not_verified(tmp_path):
+    kept = [r | {"label": 1} for r in records(300, seed=3)]  # the cascade kept 300 answers, verified 25 of them
+    verified = [r | {"reason": "verify"} for r in _graded(records(25, seed=4))]
+    path = _write(tmp_path / "o.jsonl", kept + _graded(records(250, seed=5)) + verified)
+    data, _ = read_outcomes(path, None, min_graded=200)
+    assert (data.labels, data.graded, len(data.y)) == ("graded", 275, 250 + 25 * 12)
+    unweighted, _ = read_outcomes(_write(tmp_path / "v.jsonl", _graded(records(250, seed=5)) + verified), None)
+    assert len(unweighted.y) == 275  # no cascade records to say how many were kept: each counts once

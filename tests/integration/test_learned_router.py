@@ -143,3 +143,69 @@ def test_outcomes_train_a_router_that_the_gateway_follows_without_restart(edge, 
                        what="every exploration judged")
             assert reg.get_sample_value("tiergate_router_explore_share") == 1.0
     client.close()
+
+
+def test_an_escalated_draft_becomes_an_agreement_outcome_that_training_prefers(edge, tmp_path, redis_url):
+    """The cascade escalates every answer here, and the cloud tier is the same SmolLM2 node (greedy, so it answers
+    as the edge did): the thrown-away draft agrees with the client's answer, and that graded label is in Redis."""
+    client = redis.Redis.from_url(redis_url)
+    policy = _policy(tmp_path / "p.yaml", edge.url, edge.url).read_text()
+    policy = policy.replace("min_mean_logprob: -3.0", "min_mean_logprob: 0.0, min_margin: 1000")
+    (tmp_path / "p.yaml").write_text(policy)
+    with gateway_server(Settings(policy=tmp_path / "p.yaml", embedder=None, redis_url=redis_url)) as gw:
+        reg = gw.gateway.registry
+        body = {"model": "auto", "messages": [{"role": "user", "content": SURE}], "max_tokens": 48,
+                "temperature": 0}
+        r = httpx.post(gw.url + "/v1/chat/completions", json=body, headers=AUTH, timeout=120)
+        assert r.status_code == 200, r.text
+        assert r.headers["x-tiergate-cascade"] == "escalated" and r.headers["x-tiergate-tier"] == "cloud"
+        answer = r.json()["choices"][0]["message"]["content"]
+        assert r.json()["choices"][0]["finish_reason"] == "stop", answer  # a whole answer, so comparable
+
+        wait_until(lambda: any(x["source"] == "agreement" for x in _records(client)), timeout_s=60,
+                   what="the agreement outcome in Redis")
+        cascade = next(x for x in _records(client) if x["source"] == "cascade")
+        agreed = next(x for x in _records(client) if x["source"] == "agreement")
+        assert cascade["label"] == 0  # the cascade escalated it ...
+        assert (agreed["label"], agreed["reason"], agreed["edge_version"], agreed["rule"]) == \
+            (1, "escalation", "smollm2", "cascade")  # ... yet the edge's draft was the same answer
+        assert "prompt" not in agreed and "France" not in json.dumps(agreed)
+        assert reg.get_sample_value("tiergate_router_outcomes_total", {"source": "agreement", "stood": "true"}) == 1
+        assert reg.get_sample_value("tiergate_router_agreements_total",
+                                    {"path": "escalation", "result": "agreed"}) == 1
+
+    # Training prefers graded labels once there are enough: history graded as MMLU-fails, plus the real one.
+    for old in _history(300):
+        client.xadd(STREAM, {"r": json.dumps(old | {"source": "agreement", "reason": "escalation"})})
+    out = tmp_path / "router.json"
+    trained = CliRunner().invoke(classifier_app, ["train", "--from-outcomes", redis_url, "--out", str(out),
+                                                  "--min-graded", "200"])
+    assert trained.exit_code == 0, trained.output
+    summary = json.loads(trained.output)
+    assert (summary["labels"], summary["graded_records"], summary["outcomes"]) == ("graded", 301, 301)
+    assert RouterArtifact.load(out).get("smollm2").meta["labels"] == "graded"
+    client.close()
+
+
+def test_a_kept_answer_sampled_for_verification_is_judged_against_the_cloud(edge, tmp_path, redis_url):
+    """`verify: 1.0`: the cascade keeps the edge's answer (a threshold nothing fails), the client gets it at once,
+    and the cloud tier (the same SmolLM2 node, greedy) is asked too, detached: the label is its agreement."""
+    client = redis.Redis.from_url(redis_url)
+    policy = _policy(tmp_path / "p.yaml", edge.url, edge.url).read_text()
+    policy = policy.replace("min_mean_logprob: -3.0", "min_mean_logprob: -100.0").replace(
+        "explore: 1.0", "explore: 1.0, verify: 1.0")
+    (tmp_path / "p.yaml").write_text(policy)
+    with gateway_server(Settings(policy=tmp_path / "p.yaml", embedder=None, redis_url=redis_url)) as gw:
+        body = {"model": "auto", "messages": [{"role": "user", "content": SURE}], "max_tokens": 48,
+                "temperature": 0}
+        r = httpx.post(gw.url + "/v1/chat/completions", json=body, headers=AUTH, timeout=120)
+        assert r.status_code == 200, r.text
+        assert r.headers["x-tiergate-cascade"] == "kept" and r.headers["x-tiergate-tier"] == "edge"
+        assert r.json()["choices"][0]["finish_reason"] == "stop"
+        wait_until(lambda: any(x["source"] == "agreement" for x in _records(client)), timeout_s=60,
+                   what="the verified answer's agreement outcome in Redis")
+        verified = next(x for x in _records(client) if x["source"] == "agreement")
+        assert (verified["label"], verified["reason"], verified["edge_version"]) == (1, "verify", "smollm2")
+        assert gw.gateway.registry.get_sample_value("tiergate_router_agreements_total",
+                                                    {"path": "verify", "result": "agreed"}) == 1
+    client.close()

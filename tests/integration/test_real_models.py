@@ -293,8 +293,8 @@ def _calls(node: EdgeProcess, stream: bool, **body) -> list[dict]:
 def test_required_tool_calls_are_one_or_more_unless_parallel_calls_are_off(smollm2, tmp_path):
     """`required` with parallel calls (the default) may answer with a JSON array of calls; with them off, one call.
 
-    SmolLM2 itself always starts with `{`, so the answer's first token is pushed to `[` by a logit bias: the grammar
-    then decides whether `[` may start it. The tool's one argument is an enum, so the bias cannot leak into it."""
+    Left alone, SmolLM2 answers this prompt with one object, so the answer's first token is pushed to `[` by a logit
+    bias: the grammar then decides whether `[` may start it. The tool's one argument is an enum, so the bias cannot leak into it."""
     import llama_cpp  # the edge extra, installed with the test set-up
 
     vocab = llama_cpp.Llama(str(smollm2), vocab_only=True, verbose=False)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 
 import pytest
+import utils  # the staged stand-in (stand_in_utils.py), beside this file
 
 from tests.llama_server.adaptations import SLOW, skip_reason
 
@@ -20,3 +21,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         reason = skip_reason(target, item.nodeid.split("/")[-1]) or (SLOW if item.get_closest_marker("slow") else None)
         if reason:
             item.add_marker(pytest.mark.skip(reason=reason))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def stop_servers_at_the_end():
+    """Nodes and gateways stop with the session, while the interpreter still runs their shutdown normally."""
+    yield
+    utils.stop_all()

@@ -38,7 +38,13 @@ _UNPREFIXED = ("/chat/completions", "/completions", "/embeddings", "/models", "/
 
 _servers: dict[tuple[Any, ...], tuple[str, int]] = {}  # one node (and gateway) per configuration, reused
 _running = ExitStack()
-atexit.register(_running.close)
+atexit.register(_running.close)  # only if the session did not (conftest.py stops them at its end)
+
+
+def stop_all() -> None:
+    """Stop every node and gateway started, newest first."""
+    _running.close()
+    _servers.clear()
 
 
 def _start(self: Any, timeout_seconds: int = 60) -> None:
@@ -55,8 +61,9 @@ def _start(self: Any, timeout_seconds: int = 60) -> None:
         if TARGET == "edge":
             _servers[key] = ("127.0.0.1", node.port)
         else:
+            # Generous waits: llama-server has none, and a shared CI machine can be slow (a 1-slot node queues).
             policy = write_policy(work / "policy.yaml", [node.url], ["http://127.0.0.1:9"], fallback=False,
-                                  cache=False, first_byte_s=300, between_chunks_s=300, total_s=600)
+                                  cache=False, queue_s=300, first_byte_s=300, between_chunks_s=300, total_s=600)
             policy.write_text(policy.read_text() + 'model_aliases:\n  "*": auto\n')
             gw = _running.enter_context(gateway_server(
                 Settings(policy=policy, embedder=None, redis_url=None),

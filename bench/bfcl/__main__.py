@@ -130,9 +130,9 @@ def markdown(res: dict[str, Any], path: Path) -> str:
     return "\n".join(lines) + "\n"
 
 
-NOTES = ("In `auto` the grammar allows text or calls and the model's own choice is measured; `required` allows one "
-         "call (the edge's grammar for a forced call), so BFCL's parallel cases, which need several, cannot be right "
-         "there. "
+NOTES = ("In `auto` the grammar allows text or calls and the model's own choice is measured; `required` forces "
+         "calls: one, or with `parallel_tool_calls` (on here) a JSON array of several, which BFCL's parallel cases "
+         "need. "
          "What it says: the grammar makes every call parse and name a real function, so what is measured is the "
          "model's choice of function and argument values. A 135M-parameter model is far below the leaderboard's "
          "models; the table is a floor for the edge tier and the comparison a user makes between letting the model "

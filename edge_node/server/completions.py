@@ -35,8 +35,7 @@ from tiergate.core.wire import (
     MAX_TOP_LOGPROBS,
     ChatRequest,
     CompletionRequest,
-    decode_chat,
-    decode_completion,
+    decode_json,
 )
 from tiergate.edge_node.engine.engine import (
     Chunk,
@@ -131,6 +130,31 @@ class _Prepared:
     include_usage: bool
     echo: str = ""  # text completions with `echo`: the prompt comes first in the answer
     structured: Structured | None = None  # JSON or tool calls: how the answer is constrained and read
+
+
+class _NodeChatRequest(ChatRequest, kw_only=True):
+    """A chat request as the node reads it: it serves one model, so `model` may be left out or null (as
+    llama-server and vLLM allow); any name is answered by that model. The gateway, which routes on it, needs it."""
+
+    model: str | None = None  # type: ignore[assignment]  # optional here only
+
+
+class _NodeCompletionRequest(CompletionRequest, kw_only=True):
+    """A text completion request as the node reads it (`model` optional, see _NodeChatRequest)."""
+
+    model: str | None = None  # type: ignore[assignment]  # optional here only
+
+
+_chat_decoder = msgspec.json.Decoder(_NodeChatRequest)
+_completion_decoder = msgspec.json.Decoder(_NodeCompletionRequest)
+
+
+def decode_chat(body: bytes) -> ChatRequest:
+    return decode_json(_chat_decoder, body)
+
+
+def decode_completion(body: bytes) -> CompletionRequest:
+    return decode_json(_completion_decoder, body)
 
 
 class _ToolFlags(msgspec.Struct):

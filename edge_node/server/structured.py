@@ -5,8 +5,8 @@ max_tokens): `response_format: {"type": "json_object"}` uses llama.cpp's JSON gr
 calls use a grammar converted from the schema (llama-cpp-python's port of llama.cpp's json-schema-to-grammar).
 
 Tool calls are generated as `{"name": ..., "arguments": {...}}` constrained to the tools offered, and answered
-in OpenAI's `tool_calls` shape. `tool_choice: "required"` or a named function: the answer is one call.
-`tool_choice: "auto"` (the default when tools are given): the grammar allows either free text, which cannot
+in OpenAI's `tool_calls` shape. `tool_choice: "required"` or a named function: the answer is one call, or
+with `parallel_tool_calls` (OpenAI's default) a JSON array of one or more calls. `tool_choice: "auto"` (the default when tools are given): the grammar allows either free text, which cannot
 start with `{` (nor `[` with parallel calls) or whitespace, or a call; with `parallel_tool_calls` (OpenAI's
 default) also a JSON array of calls. So the first character tells a call from text, which lets a streamed text
 answer flow token by token. llama.cpp's own "generic" tool format makes the same choice inside a JSON wrapper
@@ -48,7 +48,7 @@ class Structured:
     tool_call: bool  # the answer is one tool call, to be returned as `tool_calls`
     system_note: str | None = None  # what the model is told about the tools (its template cannot render them)
     auto: bool = False  # `tool_choice: auto`: the answer is text, or a call when it starts with `{`
-    parallel: bool = False  # with `auto`: an answer starting with `[` is several calls
+    parallel: bool = False  # an answer starting with `[` is several calls
 
     def is_call(self, text: str) -> bool:
         """Whether an answer (or its first characters) is tool calls rather than text."""
@@ -165,10 +165,11 @@ def _tools(tools: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
 
 
 def _tool_note(tools: list[dict[str, Any]], auto: bool = False, parallel: bool = False) -> str:
+    several = " (to call several at once: a JSON array of such objects)" if parallel else ""
     if not auto:
-        head = "You can call these functions. Answer with one JSON object {\"name\": ..., \"arguments\": {...}}."
+        head = ("You can call these functions. Answer with one JSON object "
+                f"{{\"name\": ..., \"arguments\": {{...}}}}{several}.")
     else:
-        several = " (to call several at once: a JSON array of such objects)" if parallel else ""
         head = ("You can call these functions. To call one, answer with only a JSON object "
                 f"{{\"name\": ..., \"arguments\": {{...}}}}{several}. Otherwise answer the user in plain text.")
     lines = [head]
@@ -179,13 +180,23 @@ def _tool_note(tools: list[dict[str, Any]], auto: bool = False, parallel: bool =
     return "\n".join(lines)
 
 
+_CALLS = 'tool-call | "[" space tool-call ("," space tool-call)* "]" space'  # one call, or an array of them
+
+
+def _calls_grammar(call_grammar: str, parallel: bool) -> str:
+    """The calls only: one call, or with parallel calls also a JSON array of one or more (the root renamed)."""
+    if not parallel:
+        return call_grammar
+    return _ROOT_LINE.sub("tool-call ::= ", call_grammar, count=1) + f"\nroot ::= {_CALLS}"
+
+
 def _auto_grammar(call_grammar: str, parallel: bool) -> str:
     """Free text or the call(s): the call grammar's root renamed, and a root that offers both.
 
     Text starts with neither `{` (nor `[` with parallel calls) nor whitespace, so its first character tells it
     from a call; after that it is anything."""
     grammar = _ROOT_LINE.sub("tool-call ::= ", call_grammar, count=1)
-    calls = 'tool-call | "[" space tool-call ("," space tool-call)* "]" space' if parallel else "tool-call"
+    calls = _CALLS if parallel else "tool-call"
     first = "[^{[ \\t\\r\\n]" if parallel else "[^{ \\t\\r\\n]"
     return f"{grammar}\nroot ::= {calls} | text\ntext ::= {first} [^\\x00]*"
 
@@ -194,11 +205,12 @@ def plan(response_format: dict[str, Any] | None, tools: list[dict[str, Any]] | N
          tool_choice: str | dict[str, Any] | None, parallel_tool_calls: bool | None = None) -> Structured | None:
     """The grammar a chat request's answer must follow, or None for free text; raises a 400 naming the field.
 
-    `parallel_tool_calls` (OpenAI's default: true) lets `tool_choice: auto` answer with several calls."""
+    `parallel_tool_calls` (OpenAI's default: true) lets any `tool_choice` but `none` answer with several calls;
+    false allows exactly one."""
     if tools and tool_choice != "none":
         schemas = _tools(tools)
+        parallel = parallel_tool_calls is not False
         if tool_choice in (None, "auto"):
-            parallel = parallel_tool_calls is not False
             call = {"oneOf": [{"type": "object", "properties": {"name": {"const": n}, "arguments": s},
                                "required": ["name", "arguments"], "additionalProperties": False}
                               for n, s in schemas.items()]}
@@ -219,9 +231,10 @@ def plan(response_format: dict[str, Any] | None, tools: list[dict[str, Any]] | N
                               "{\"type\": \"function\", \"function\": {\"name\": ...}}.", param="tool_choice")
         call = {"oneOf": [{"type": "object", "properties": {"name": {"const": n}, "arguments": schemas[n]},
                            "required": ["name", "arguments"], "additionalProperties": False} for n in chosen]}
-        grammar = _schema_grammar(call, "tools")
-        return Structured(grammar, tool_call=True, system_note=_tool_note([t for t in tools
-                                                                            if t["function"]["name"] in chosen]))
+        grammar = _calls_grammar(_schema_grammar(call, "tools"), parallel)
+        return Structured(grammar, tool_call=True, parallel=parallel,
+                          system_note=_tool_note([t for t in tools if t["function"]["name"] in chosen],
+                                                 parallel=parallel))
     if response_format is None:
         return None
     kind = response_format.get("type")

@@ -65,6 +65,18 @@ def test_client_model_names_are_served_as_their_alias_says(tmp_path) -> None:
             client.chat.completions.create(model="mistral-large", messages=[{"role": "user", "content": "x"}])
 
 
+def test_messages_count_tokens_reads_client_model_names_as_their_alias_says(tmp_path) -> None:
+    # As /v1/messages does: Claude Code and llama.cpp's own tests count tokens under their own model names.
+    with aliased(tmp_path) as s:
+        url, body = s["gw"].url + "/v1/messages/count_tokens", {"messages": [{"role": "user", "content": "hi"}]}
+        counts = [httpx.post(url, headers=AUTH, json={**body, "model": m}, timeout=10) for m in (
+            "claude-opus-4-8", "gpt-4o-mini", "auto")]
+        assert [r.status_code for r in counts] == [200, 200, 200], [r.text for r in counts]
+        assert len({r.json()["input_tokens"] for r in counts}) == 1 and counts[0].json()["input_tokens"] > 0
+        unknown = httpx.post(url, headers=AUTH, json={**body, "model": "mistral-large"}, timeout=10)
+        assert unknown.status_code == 404 and unknown.json()["error"]["type"] == "not_found_error"
+
+
 def test_cors_is_off_by_default(tmp_path) -> None:
     with aliased(tmp_path) as s:
         r = httpx.options(s["gw"].url + "/v1/chat/completions", headers={

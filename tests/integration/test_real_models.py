@@ -277,6 +277,44 @@ def test_tools_without_tool_choice_stay_on_the_edge_through_the_gateway(node, tm
                          "GetWeather": openai.pydantic_function_tool(GetWeather)["function"]["parameters"]})
 
 
+CITY = {"type": "function", "function": {"name": "get_weather", "description": "Current weather of a city",
+                                         "parameters": {"type": "object", "properties": {
+                                             "city": {"enum": ["Paris", "Rome"]}}, "required": ["city"]}}}
+
+
+def _calls(node: EdgeProcess, stream: bool, **body) -> list[dict]:
+    """The tool calls of one answer, whole or streamed (their deltas come whole, see Answer.tool_call_chunk)."""
+    if not stream:
+        return _chat(node, **body)["choices"][0]["message"]["tool_calls"]
+    return [tc for e in _events(node, "/v1/chat/completions", **body) for c in e["choices"]
+            for tc in c["delta"].get("tool_calls") or []]
+
+
+def test_required_tool_calls_are_one_or_more_unless_parallel_calls_are_off(smollm2, tmp_path):
+    """`required` with parallel calls (the default) may answer with a JSON array of calls; with them off, one call.
+
+    Left alone, SmolLM2 answers this prompt with one object, so the answer's first token is pushed to `[` by a logit
+    bias: the grammar then decides whether `[` may start it. The tool's one argument is an enum, so the bias cannot leak into it."""
+    import llama_cpp  # the edge extra, installed with the test set-up
+
+    vocab = llama_cpp.Llama(str(smollm2), vocab_only=True, verbose=False)
+    [bracket] = vocab.tokenize(b"[", add_bos=False, special=False)
+    body = {"messages": [{"role": "user", "content": "What is the weather in Paris and in Rome?"}], "tools": [CITY],
+            "tool_choice": "required", "max_tokens": 96, "logit_bias": {str(bracket): 100}}
+    # A fresh node: a greedy answer can differ with what the prefix cache holds, so each run starts from the same.
+    with start_edge_node(smollm2, "--parallel", "2", "--ctx", str(CTX), "--model-name", "smollm2",
+                         workdir=tmp_path) as fresh:
+        several = [_calls(fresh, stream, **body) for stream in (True, False)]
+        one = [_calls(fresh, stream, **body, parallel_tool_calls=False) for stream in (True, False)]
+    for calls in several + one:
+        assert calls and all(c["function"]["name"] == "get_weather" for c in calls)
+        for call in calls:
+            jsonschema.validate(json.loads(call["function"]["arguments"]), CITY["function"]["parameters"])
+    cities = [[json.loads(c["function"]["arguments"])["city"] for c in calls] for calls in several]
+    assert ["Paris", "Rome"] in cities, cities  # both cities asked about, in one answer of two calls
+    assert [len(calls) for calls in one] == [1, 1]  # `[` is not allowed to start it: one object
+
+
 @pytest.mark.parametrize("body, param", [
     ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
     ({"top_logprobs": 2}, "top_logprobs"),

@@ -289,3 +289,15 @@ def test_tool_choice_auto_is_served_as_a_call_or_as_text_whole_and_streamed(room
         assert choice["finish_reason"] in ("stop", "length")
         assert "".join(d.get("content") or "" for d in deltas) == text and finish == [choice["finish_reason"]]
         assert not any(d.get("tool_calls") for d in deltas)
+
+
+@pytest.mark.parametrize("path, base", [("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}),
+                                        ("/v1/completions", {"prompt": "hi"})], ids=["chat", "text"])
+@pytest.mark.parametrize("model", [{}, {"model": None}], ids=["left-out", "null"])
+def test_a_request_without_a_model_is_served_by_the_nodes_one_model(node, path, base, model):
+    # llama-server and vLLM allow it (llama.cpp's own server tests leave `model` out); the gateway still needs it.
+    r = httpx.post(node.url + path, json={**base, **model, "max_tokens": 2}, timeout=30)
+    assert r.status_code == 200, r.text
+    assert r.json()["model"] == "tiny"
+    bad = httpx.post(node.url + path, json={**base, "model": 3, "max_tokens": 2}, timeout=30)
+    assert bad.status_code == 400 and openai_error(bad)["param"] == "model"

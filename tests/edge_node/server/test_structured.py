@@ -68,6 +68,20 @@ def test_tool_choice_auto_lets_the_model_answer_in_text_or_call_a_tool():
     assert not single.parallel and " | text" in single.grammar and '"["' not in single.grammar.split("root ::=")[1]
 
 
+@pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "f"}}],
+                         ids=["required", "named"])
+def test_required_and_named_calls_may_be_several_unless_parallel_calls_are_off(choice):
+    several = plan(None, [TOOL], choice)  # parallel_tool_calls left out: OpenAI's default, true
+    rules = dict(line.split(" ::= ", 1) for line in several.grammar.splitlines())
+    assert several.tool_call and several.parallel
+    assert rules["root"] == 'tool-call | "[" space tool-call ("," space tool-call)* "]" space'  # one or more
+    assert '\\"f\\"' in several.grammar and "JSON array" in several.system_note
+    one = plan(None, [TOOL], choice, parallel_tool_calls=False)
+    rules = dict(line.split(" ::= ", 1) for line in one.grammar.splitlines())
+    assert one.tool_call and not one.parallel and "tool-call" not in rules and '"["' not in rules["root"]
+    assert "JSON array" not in one.system_note
+
+
 def test_the_first_character_tells_a_call_from_text():
     auto = plan(None, [TOOL], None)
     assert auto.is_call('{"name": "f", "arguments": {}}') and auto.is_call(' [{"name": "f"')

@@ -126,6 +126,7 @@ def _capital(country: str, capital: str, k: int) -> Question:
 # ------------------------------------------------------------------------------------------- the FAQ
 
 # (key, three wordings of the question, the answer, the key fact an answer must contain). Quillbox is invented.
+# A key fact never repeats words of its own questions: restating the question is not an answer.
 _FAQ: tuple[tuple[str, tuple[str, str, str], str, str], ...] = (
     ("free-storage", ("How much storage does the Quillbox free plan include?",
                       "What is the storage limit on Quillbox's free plan?",
@@ -172,7 +173,7 @@ _FAQ: tuple[tuple[str, tuple[str, str, str], str, str], ...] = (
      "Mark a Quillbox folder as Available offline to open it without a connection.", "Available offline"),
     ("two-factor", ("Does Quillbox support two-factor authentication?", "How do I turn on 2FA in Quillbox?",
                     "Can I protect my Quillbox login with a second factor?"),
-     "Turn on two-factor authentication in Quillbox under Settings, then Security.", "two factor"),
+     "Turn on two-factor authentication in Quillbox under Settings, then Security.", "Settings then Security"),
     ("family-plan", ("How many people can share a Quillbox Family plan?", "What is the member limit of "
                      "Quillbox Family?", "How many family members fit on one Quillbox Family plan?"),
      "A Quillbox Family plan covers 6 people.", "6 people"),
@@ -187,7 +188,7 @@ _FAQ: tuple[tuple[str, tuple[str, str, str], str, str], ...] = (
      "Cancel your Quillbox subscription under Settings, then Billing.", "Settings then Billing"),
     ("linux", ("Is there a Quillbox client for Linux?", "Does Quillbox run on Ubuntu?",
                "Can I install the Quillbox desktop app on a Linux computer?"),
-     "Quillbox has a desktop client for Linux.", "Linux"),
+     "Quillbox has a desktop client for Linux.", "desktop client for Linux"),
     ("api-rate", ("What is the Quillbox API rate limit?", "How many API requests per minute does Quillbox allow?",
                   "How often can my script call the Quillbox API?"),
      "The Quillbox API allows 600 requests per minute.", "600 requests"),

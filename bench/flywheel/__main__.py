@@ -180,6 +180,14 @@ def _shuffled_answers(export: Path, dst: Path, seed: int) -> Path:
     return dst
 
 
+def _steps(args: argparse.Namespace, examples: int) -> list[str]:
+    """`--steps` for the train: 3 in a quick run, else --max-steps where an epoch's share would take more."""
+    if args.quick:
+        return ["--steps", "3"]
+    full = round(-(-examples * 0.85 // args.batch_size) * args.epochs)  # rows left after the held-out slice
+    return ["--steps", str(args.max_steps)] if args.max_steps and args.max_steps < full else []
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="python -m bench.flywheel", description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", default="0,500,2000", help="captured answers per round, cumulative (0: the base)")
@@ -194,6 +202,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--batch-size", type=int, default=8)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--margin", type=float, default=5.0, help="points the gate and the canary must gain")
+    ap.add_argument("--max-steps", type=int, default=None,
+                    help="cap each round's optimizer steps (a shared machine's time limit); the table shows steps")
     ap.add_argument("--bad-steps", type=int, default=10, help="steps of the deliberately worse candidate")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", type=Path, default=None)
@@ -243,7 +253,7 @@ def main(argv: list[str] | None = None) -> None:
                 train_args = [str(export), "--model", str(model), "--out", str(run), "--epochs", str(args.epochs),
                               "--rank", str(args.rank), "--lr", str(args.lr), "--batch-size", str(args.batch_size),
                               "--threads", str(args.threads), "--heldout-share", "0.1", "--newest-share", "0.05",
-                              "--no-resume", *(["--steps", "3"] if args.quick else [])]
+                              "--no-resume", *_steps(args, rnd["export"]["examples"] or 0)]
                 _say(f"round {n}: training on {rnd['export']['examples']} captured answers")
                 tr = run_cli(["train", *train_args], log)
                 if tr["rc"] != 0:

@@ -34,6 +34,7 @@ def test_every_question_accepts_its_own_reply_and_refuses_others(training, held)
     for q in qs:
         assert q.check(q.reply), (q.prompt, q.reply)
         assert not q.check("I am not sure."), q.prompt
+        assert not q.check(q.prompt), q.prompt  # restating the question is no answer
     by_family: dict[str, list] = {}
     for q in held:
         by_family.setdefault(q.task, []).append(q)

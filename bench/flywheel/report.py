@@ -46,6 +46,8 @@ def _targets(res: dict) -> list[str]:
         return ["(no trained round to compare with the packaged model)"]
     b5, l5 = base["heldout"]["cascade"]["5pct"]["kept"], last["heldout"]["cascade"]["5pct"]["kept"]
     ratio = l5 / b5 if b5 else None
+    real = last["heldout"]["cascade"]["5pct"]["loss"]
+    held_loss = real is not None and real <= 0.05 + 1e-9
     gain = 100 * (last["heldout"]["accuracy"] - base["heldout"]["accuracy"])
     lost = 100 * (base["regression"]["accuracy"] - last["regression"]["accuracy"])
     train_min = last["train"]["wall_s"] / 60
@@ -70,8 +72,10 @@ def _targets(res: dict) -> list[str]:
     return [
         "| target (issue 42) | goal | measured | | conditions |", "|---|---|---|---|---|",
         f"| kept on the edge at 5 % loss, round {n} against the packaged model | >= 2.5x | {ratio_txt} | "
-        + (verdict(ratio >= TARGETS["keep_ratio_5pct"], f"{TARGETS['keep_ratio_5pct'] - ratio:.2f}x")
-           if ratio is not None else ("met" if l5 > 0 else "missed")) + f" | {why_model} |",
+        + (("met" if held_loss else f"not met: the realised loss was {_pct(real)}, over 5 %")
+           if ratio is not None and ratio >= TARGETS["keep_ratio_5pct"]
+           else (verdict(False, f"{TARGETS['keep_ratio_5pct'] - ratio:.2f}x") if ratio is not None else "missed"))
+        + f" | {why_model}; thresholds from {base['heldout']['n'] // 2} calibration questions |",
         f"| edge accuracy on held-out questions | +40 points | {gain:+.1f} points | "
         f"{verdict(gain >= TARGETS['accuracy_points'], gain_miss)} | {why_model} |",
         f"| regression set | <= 2 points lost | {lost:+.1f} points lost | "

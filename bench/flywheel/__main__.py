@@ -204,11 +204,6 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--margin", type=float, default=5.0, help="points the gate and the canary must gain")
     ap.add_argument("--max-steps", type=int, default=None,
                     help="cap each round's optimizer steps (a shared machine's time limit); the table shows steps")
-    ap.add_argument("--adapter-from", type=Path, default=None, metavar="WORK_DIR",
-                    help="reuse an earlier run's adapters (WORK_DIR/run-N, its result as WORK_DIR/result.json) "
-                         "instead of training: for the rollout checks when training does not fit the time")
-    ap.add_argument("--with-rollouts", type=Path, default=None, metavar="RESULT_JSON",
-                    help="with --render: also show the rollouts of another run's result file")
     ap.add_argument("--bad-steps", type=int, default=10, help="steps of the deliberately worse candidate")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", type=Path, default=None)
@@ -217,10 +212,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--render", type=Path, metavar="RESULT_JSON", help="only re-render an earlier run's tables")
     args = ap.parse_args(argv)
     if args.render:
-        res = json.loads(args.render.read_text())
-        if args.with_rollouts:
-            res["rollout_run"] = json.loads(args.with_rollouts.read_text())
-        _publish(res, args.render, args.no_docs)
+        _publish(json.loads(args.render.read_text()), args.render, args.no_docs)
         return
     if args.quick:
         if args.rounds == ap.get_default("rounds"):
@@ -262,22 +254,13 @@ def main(argv: list[str] | None = None) -> None:
                               "--rank", str(args.rank), "--lr", str(args.lr), "--batch-size", str(args.batch_size),
                               "--threads", str(args.threads), "--heldout-share", "0.1", "--newest-share", "0.05",
                               "--no-resume", *_steps(args, rnd["export"]["examples"] or 0)]
-                if args.adapter_from:  # an earlier run's adapter for this round: its training figures are that run's
-                    run.mkdir()
-                    for f in ("adapter.gguf", "adapter.gguf.manifest.json", "heldout.jsonl"):
-                        shutil.copy(args.adapter_from / f"run-{n}" / f, run / f)
-                    old = json.loads((args.adapter_from / "result.json").read_text())
-                    tr = next(r["train"] for r in old["rounds"] if r["captured_target"] == n)
-                    tr = {**tr, "reused_from": str(args.adapter_from / f"run-{n}")}
-                else:
-                    _say(f"round {n}: training on {rnd['export']['examples']} captured answers")
-                    tr = run_cli(["train", *train_args], log)
-                if tr.get("rc", 0) != 0:
+                _say(f"round {n}: training on {rnd['export']['examples']} captured answers")
+                tr = run_cli(["train", *train_args], log)
+                if tr["rc"] != 0:
                     raise SystemExit(f"training failed ({tr['rc']}); see {log}")
                 manifest = json.loads((run / "adapter.gguf.manifest.json").read_text())
                 adapter = run / "adapter.gguf"
                 rnd["train"] = {**{k2: tr[k2] for k2 in ("wall_s", "cpu_s", "peak_rss_mib")},
-                                **({"reused_from": tr["reused_from"]} if "reused_from" in tr else {}),
                                 "rows": manifest["data"], "steps": manifest["training"].get("steps"),
                                 "params": {k2: manifest["training"].get(k2) for k2 in
                                            ("rank", "alpha", "lr", "epochs", "batch_size", "threads", "max_len")},

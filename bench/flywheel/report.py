@@ -92,8 +92,7 @@ def _targets(res: dict) -> list[str]:
 def _rollouts(res: dict) -> list[str]:
     out = ["| round | candidate | canary points | control points | result | requests during rollout | 200 | "
            "explicit errors | lost | nodes after |", "|---|---|---|---|---|---|---|---|---|---|"]
-    runs = [(res, "")] + ([(res["rollout_run"], " (second run)")] if res.get("rollout_run") else [])
-    for r, label_run in ((r, lr) for run, lr in runs for r in run["rounds"]):
+    for r in res["rounds"]:
         if "rollout" not in r:
             continue
         load = r["load_during_rollout"]
@@ -101,7 +100,7 @@ def _rollouts(res: dict) -> list[str]:
             if not ro:
                 continue
             result = "promoted" if ro.get("promoted") else ("rolled back" if ro.get("rc") == 3 else f"rc {ro['rc']}")
-            out.append(f"| {r['captured_target']}{label_run} | {label} | {_num(ro.get('canary_points'))} | "
+            out.append(f"| {r['captured_target']} | {label} | {_num(ro.get('canary_points'))} | "
                        f"{_num(ro.get('control_points'))} | {result} | {load['requests']} | {load['ok_200']} | "
                        f"{load['explicit_errors']} | {load['lost']} | "
                        f"{', '.join(str(x) for x in ro.get('nodes_after', load['nodes_after']))} |")
@@ -141,10 +140,5 @@ def markdown(res: dict) -> str:
         "slice) while requests ran through the gateway's cascade rule:",
         "",
         *_rollouts(res),
-        *([] if not res.get("rollout_run") else [
-            "", f"The second run: `{res['rollout_run']['command']}` ({res['rollout_run']['date']}), result file "
-            f"`{res['rollout_run']['result_file']}`: the same stack and round with the adapter this run trained "
-            "(`--adapter-from`), for the deliberately worse candidate's rollout, which the first run's last round "
-            "would have done."]),
     ]
     return "\n".join(lines) + "\n"

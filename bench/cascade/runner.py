@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import time
 import urllib.request
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -45,13 +45,13 @@ def _events(resp) -> Iterator[dict]:  # noqa: ANN001 - an http.client.HTTPRespon
 
 
 def ask(url: str, prompt: str, max_tokens: int, pid: int | None = None, model: str = "edge",
-        timeout_s: float = 300) -> Answer:
-    """Ask one chat question, greedy, and read the stream to its end."""
+        timeout_s: float = 300, headers: Mapping[str, str] | None = None) -> Answer:
+    """Ask one chat question, greedy, and read the stream to its end (`headers`: e.g. a gateway's API key)."""
     body = {"model": model, "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens,
             "temperature": 0, "logprobs": True, "top_logprobs": 2, "stream": True,
             "stream_options": {"include_usage": True}}
     req = urllib.request.Request(url + "/v1/chat/completions", json.dumps(body).encode(),
-                                 {"content-type": "application/json"})
+                                 {"content-type": "application/json", **(headers or {})})
     cpu0 = cpu_seconds(pid) if pid else 0.0
     t0 = time.perf_counter()
     text: list[str] = []

@@ -277,7 +277,7 @@ def test_tools_without_tool_choice_stay_on_the_edge_through_the_gateway(node, tm
                          "GetWeather": openai.pydantic_function_tool(GetWeather)["function"]["parameters"]})
 
 
-CITY = {"type": "function", "function": {"name": "get_weather", "description": "Current weather of a city",
+CITY_TOOL = {"type": "function", "function": {"name": "get_weather", "description": "Current weather of a city",
                                          "parameters": {"type": "object", "properties": {
                                              "city": {"enum": ["Paris", "Rome"]}}, "required": ["city"]}}}
 
@@ -299,7 +299,7 @@ def test_required_tool_calls_are_one_or_more_unless_parallel_calls_are_off(smoll
 
     vocab = llama_cpp.Llama(str(smollm2), vocab_only=True, verbose=False)
     [bracket] = vocab.tokenize(b"[", add_bos=False, special=False)
-    body = {"messages": [{"role": "user", "content": "What is the weather in Paris and in Rome?"}], "tools": [CITY],
+    body = {"messages": [{"role": "user", "content": "What is the weather in Paris and in Rome?"}], "tools": [CITY_TOOL],
             "tool_choice": "required", "max_tokens": 96, "logit_bias": {str(bracket): 100}}
     # A fresh node: a greedy answer can differ with what the prefix cache holds, so each run starts from the same.
     with start_edge_node(smollm2, "--parallel", "2", "--ctx", str(CTX), "--model-name", "smollm2",
@@ -309,7 +309,7 @@ def test_required_tool_calls_are_one_or_more_unless_parallel_calls_are_off(smoll
     for calls in several + one:
         assert calls and all(c["function"]["name"] == "get_weather" for c in calls)
         for call in calls:
-            jsonschema.validate(json.loads(call["function"]["arguments"]), CITY["function"]["parameters"])
+            jsonschema.validate(json.loads(call["function"]["arguments"]), CITY_TOOL["function"]["parameters"])
     cities = [[json.loads(c["function"]["arguments"])["city"] for c in calls] for calls in several]
     assert ["Paris", "Rome"] in cities, cities  # both cities asked about, in one answer of two calls
     assert [len(calls) for calls in one] == [1, 1]  # `[` is not allowed to start it: one object

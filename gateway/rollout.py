@@ -2,7 +2,8 @@
 
 The canary nodes swap to the adapter (`POST /admin/lora` on each node; the file must already be in the nodes'
 `--lora-dir`, a shared store or a copy), then canaries and the nodes still on the current adapter answer the same
-probe questions, whose expected answers the operator knows (the gate's held-out slice). The adapter is promoted to
+probe questions, whose expected answers the operator knows (the gate's held-out slice), scored as the gate scores
+(`core.answers.agrees`). The adapter is promoted to
 every node when the canaries beat the others by the margin; otherwise the canaries go back to the previous adapter.
 The nodes keep serving throughout: a swap drops no request (edge_node/engine/lora_swap.py).
 
@@ -13,12 +14,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import aiohttp
+
+from tiergate.core.answers import agrees
 
 __all__ = ["NodeError", "Probe", "RolloutResult", "load_probes", "rollout"]
 
@@ -62,10 +64,6 @@ def load_probes(path: Path) -> list[Probe]:
     return out
 
 
-def _normalise(text: str) -> str:  # as the training gate compares answers (training/data.py)
-    return " ".join(re.sub(r"[^\w\s]", " ", text.lower()).split())
-
-
 async def _swap(client: aiohttp.ClientSession, node: str, adapter: str | None) -> None:
     async with client.post(node + "/admin/lora", json={"adapter": adapter}) as r:
         if r.status != 200:
@@ -81,7 +79,8 @@ async def _points(client: aiohttp.ClientSession, nodes: list[str], probes: list[
                 if r.status != 200:
                     raise NodeError(f"{node}: probe answered {r.status}: {(await r.text())[:300]}")
                 text = (await r.json())["choices"][0]["message"]["content"] or ""
-            correct += _normalise(text) == _normalise(p.expected)
+            question = "\n".join(m["content"] for m in p.messages if m["role"] == "user")
+            correct += agrees(question, text, p.expected)  # as the training gate scores (core.answers)
             total += 1
     return 100.0 * correct / total if total else 0.0
 

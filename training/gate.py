@@ -1,7 +1,9 @@
 """The gate: base against base+adapter in llama.cpp, the artifact the fleet runs, on held-out and regression sets.
 
-Answers are greedy chat completions compared with the expected answer after normalisation (case, punctuation and
-spacing): the exact checker. A candidate is promoted only if it beats the base on the held-out slice by at least
+Answers are greedy chat completions checked against the expected answer by `core.answers.agrees`: a short answer
+by its number, option letter or the words it adds to the question (so "The country is Slovakia." is right for
+"Slovakia"), a long one by being the same once normalised. Comparing whole answers scored a model that answers in
+sentences 0 on a regression set of bare names and numbers, whatever it knew. A candidate is promoted only if it beats the base on the held-out slice by at least
 `margin` points and loses at most `max_regression` points on the regression set; otherwise the verdict says why.
 
 Tested in `tests/training/test_gate.py`, `tests/training/test_pipeline.py`.
@@ -15,7 +17,8 @@ from typing import Any
 
 from llama_cpp import Llama
 
-from tiergate.training.data import Example, normalise
+from tiergate.core.answers import agrees
+from tiergate.training.data import Example
 
 __all__ = ["Score", "Verdict", "decide", "evaluate"]
 
@@ -60,7 +63,7 @@ def evaluate(model: Path, examples: list[Example], lora: Path | None = None, max
         for ex in examples:
             out = llm.create_chat_completion(messages=ex.chat, temperature=0.0, max_tokens=max_tokens)  # type: ignore[arg-type]
             text = out["choices"][0]["message"]["content"] or ""  # type: ignore[index]
-            correct += normalise(text) == normalise(ex.answer)
+            correct += agrees(ex.prompt_text, text, ex.answer)  # a right answer in a sentence counts
         return Score(correct, len(examples))
     finally:
         llm.close()

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 
-from tiergate.cache.answercheck import first_letter, normalise, numbers
+from tiergate.core.answers import first_letter, normalise, numbers
 
 __all__ = ["EntityIndex", "entity_right", "first_letter", "letter_right", "normalise", "number_right", "numbers"]
 

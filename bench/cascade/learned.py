@@ -60,9 +60,9 @@ import numpy as np
 from bench.cascade.metrics import apgr, kept_at_loss
 from bench.cascade.tasks import make_items
 from bench.report import REPO, RESULTS
-from tiergate.cache.answercheck import short_verdict
 from tiergate.complexity.edge_router import router_features
 from tiergate.complexity.router_train import Outcomes, fit_router
+from tiergate.core.answers import short_verdict
 
 LOSSES = (0.01, 0.05)
 CUTOFFS = tuple(round(0.025 * i, 3) for i in range(25))  # 0 .. 0.6

@@ -5,14 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from tiergate.cache.answercheck import (
-    AnswerCheck,
-    choice_question,
-    first_letter,
-    normalise,
-    numbers,
-    short_verdict,
-)
+from tiergate.cache.answercheck import AnswerCheck
+from tiergate.core.answers import agrees, choice_question, first_letter, normalise, numbers, short_verdict
 
 MMLU = "Which is a metal?\nA. iron\nB. water\nC. air\nD. wood\nAnswer with one letter."
 
@@ -80,3 +74,15 @@ async def test_long_answers_go_to_the_fallback_and_short_ones_never_do():
 @pytest.fixture
 def anyio_backend():
     return "asyncio"
+
+
+def test_agrees_uses_the_rules_and_else_only_the_same_answer():
+    """What the distillation gate and the rollout probes score with: a right short answer in a sentence counts,
+    a wrong one does not; a long reference counts only an answer that is the same once normalised."""
+    assert agrees("Which country has the capital Bratislava?", "The country is Slovakia.", "Slovakia")
+    assert not agrees("Which country has the capital Bratislava?", "The country is Slovenia.", "Slovakia")
+    assert agrees("What is 7 times 8?", "7 times 8 is 56.", "56")
+    assert not agrees("What is 7 times 8?", "", "56")
+    long = "Returns are accepted within thirty days of delivery with the original receipt and packaging intact."
+    assert agrees("What is the return policy?", long.upper(), long)
+    assert not agrees("What is the return policy?", "Returns are accepted within thirty days.", long)

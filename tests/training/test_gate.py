@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from tiergate.training.gate import Score, decide
+from tiergate.edge_node.model.packaged import packaged_path
+from tiergate.training.data import Example
+from tiergate.training.gate import Score, decide, evaluate
 
 
 def _d(base: int, cand: int, reg_base: int, reg_cand: int, margin: float = 5, max_reg: float = 2):
@@ -31,3 +33,13 @@ def test_no_heldout_examples_is_no_promotion() -> None:
     v = decide({"base": Score(0, 0), "candidate": Score(0, 0)}, {"base": Score(1, 1), "candidate": Score(1, 1)},
                margin=-100, max_regression=100)
     assert not v.promote and "no held-out" in v.reason
+
+
+def test_a_right_answer_in_a_sentence_is_scored_right_in_llama_cpp() -> None:
+    """The packaged SmolLM2 answers in sentences; the expected answers are bare names, as a regression set's are.
+    Compared whole, both would score 0 whatever the model knows; checked by `core.answers.agrees`, only the
+    right one counts."""
+    model = packaged_path("smollm2-135m-instruct")  # installed by scripts/setup.sh --dev; missing is a failure
+    question = (("user", "Which city is the capital of France?"),)  # "The capital of France is Paris."
+    assert evaluate(model, [Example(question, "Paris", 1)], max_tokens=24) == Score(1, 1)
+    assert evaluate(model, [Example(question, "Rome", 1)], max_tokens=24) == Score(0, 1)

@@ -17,6 +17,7 @@ import msgspec
 import pytest
 from prometheus_client import CollectorRegistry
 
+from tests.support.router_policy import router_policy
 from tests.support.waiting import eventually
 from tiergate.core.wire import decode_request
 from tiergate.gateway.agreement import Agreements
@@ -29,21 +30,7 @@ from tiergate.policies.store import PolicyStore
 
 pytestmark = pytest.mark.anyio
 
-POLICY = """\
-version: 1
-tiers:
-  edge: {kind: edge, model: tiergate-edge, endpoints: ["http://127.0.0.1:9"]}
-  cloud: {kind: cloud, model: tiergate-cloud, endpoints: ["http://127.0.0.1:9"]}
-router: {model: router.json, explore: 1.0, verify: VERIFY}
-rules:
-  - name: predicted-failure
-    when: {edge_success: {max: 0.2}}
-    tier: cloud
-  - name: cascade
-    tier: edge
-    fallbacks: [cloud]
-    cascade: {min_mean_logprob: -1.0}
-"""
+POLICY = router_policy("{model: router.json, explore: 1.0, verify: VERIFY}")
 QUESTION = "What is 7 + 8? Answer with one number."
 
 

@@ -14,6 +14,7 @@ import msgspec
 import pytest
 from prometheus_client import CollectorRegistry
 
+from tests.support.router_policy import router_policy
 from tests.support.waiting import eventually
 from tiergate.core.errors import OpenAIError
 from tiergate.core.wire import decode_request
@@ -24,21 +25,7 @@ from tiergate.policies.store import PolicyStore
 
 pytestmark = pytest.mark.anyio
 
-POLICY = """\
-version: 1
-tiers:
-  edge: {kind: edge, model: tiergate-edge, endpoints: ["http://127.0.0.1:9"]}
-  cloud: {kind: cloud, model: tiergate-cloud, endpoints: ["http://127.0.0.1:9"]}
-router: {model: router.json, explore: 1.0, explore_concurrency: 1}
-rules:
-  - name: predicted-failure
-    when: {edge_success: {max: 0.2}}
-    tier: cloud
-  - name: cascade
-    tier: edge
-    fallbacks: [cloud]
-    cascade: {min_mean_logprob: -1.0}
-"""
+POLICY = router_policy("{model: router.json, explore: 1.0, explore_concurrency: 1}")
 
 
 @pytest.fixture

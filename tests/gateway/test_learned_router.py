@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 from prometheus_client import CollectorRegistry
 
+from tests.support.router_policy import router_policy
 from tests.support.waiting import wait_until
 from tiergate.complexity.edge_router import DENSE, HASH_BUCKETS, RouterArtifact, RouterModel
 from tiergate.core.types import Features, Priority
@@ -23,21 +24,7 @@ from tiergate.gateway.outcomes import MemoryOutcomes, OutcomeRecorder
 from tiergate.gateway.tiers import Routing
 from tiergate.policies.store import PolicyStore
 
-POLICY = """\
-version: 1
-tiers:
-  edge: {kind: edge, model: tiergate-edge, endpoints: ["http://127.0.0.1:9"]}
-  cloud: {kind: cloud, model: tiergate-cloud, endpoints: ["http://127.0.0.1:9"]}
-router: {model: router.json, explore: 0.25, max_records: 100}
-rules:
-  - name: predicted-failure
-    when: {edge_success: {max: 0.2}}
-    tier: cloud
-  - name: cascade
-    tier: edge
-    fallbacks: [cloud]
-    cascade: {min_mean_logprob: -1.0}
-"""
+POLICY = router_policy("{model: router.json, explore: 0.25, max_records: 100}")
 
 
 def _routing(tmp_path: Path, text: str = POLICY, served: tuple[str, ...] = ("smollm2",)) -> Routing:

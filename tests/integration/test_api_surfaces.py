@@ -19,13 +19,12 @@ import openai
 import pytest
 
 from tests.gateway.conftest import write_policy
-from tests.support.edge import EdgeProcess, parse_metrics, start_edge_node
+from tests.support.edge import EdgeProcess, parse_metrics, smollm2_node
 from tests.support.redis import RedisServer, flushed
 from tests.support.servers import ThreadedGateway, gateway_server
 from tests.support.waiting import wait_until
 from tiergate.complexity.tokens import TokenCounter
 from tiergate.core.wire import decode_chat
-from tiergate.edge_node.model.packaged import packaged_path
 from tiergate.gateway.settings import Settings
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
@@ -40,8 +39,7 @@ T0 = {"temperature": 0}  # the anthropic SDK 2.x has no `temperature` argument; 
 
 @pytest.fixture(scope="module")
 def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EdgeProcess]:
-    with start_edge_node(packaged_path("smollm2-135m-instruct"), "--parallel", "2", "--ctx", "2048",
-                         "--model-name", "smollm2", workdir=tmp_path_factory.mktemp("smollm2")) as n:
+    with smollm2_node(tmp_path_factory.mktemp("smollm2")) as n:
         yield n
 
 

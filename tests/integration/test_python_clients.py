@@ -36,9 +36,8 @@ from tests.support.clients import (
     Wire,
     get_weather,
 )
-from tests.support.edge import EdgeProcess, parse_metrics, start_edge_node
+from tests.support.edge import EdgeProcess, parse_metrics, smollm2_node
 from tests.support.servers import ThreadedGateway, gateway_server
-from tiergate.edge_node.model.packaged import packaged_path
 from tiergate.gateway.settings import Settings
 
 pytestmark = [pytest.mark.integration, pytest.mark.clients, pytest.mark.timeout(600),
@@ -47,8 +46,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.clients, pytest.mark.timeout(
 
 @pytest.fixture(scope="module")
 def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EdgeProcess]:
-    with start_edge_node(packaged_path("smollm2-135m-instruct"), "--parallel", "2", "--ctx", "2048",
-                         "--model-name", "smollm2", workdir=tmp_path_factory.mktemp("smollm2")) as n:
+    with smollm2_node(tmp_path_factory.mktemp("smollm2")) as n:
         yield n
 
 

@@ -32,11 +32,10 @@ from tests.support.clients import (
     Wire,
     get_weather,
 )
-from tests.support.edge import EdgeProcess, parse_metrics, start_edge_node
+from tests.support.edge import EdgeProcess, parse_metrics, smollm2_node
 from tests.support.servers import ThreadedGateway, gateway_server
 from tests.support.vllm import MODEL_NAME, VllmServers
 from tiergate.cloud_pool.process import VllmProcess
-from tiergate.edge_node.model.packaged import packaged_path
 from tiergate.gateway.settings import Settings
 
 pytestmark = [pytest.mark.integration, pytest.mark.vllm, pytest.mark.clients, pytest.mark.timeout(1200),
@@ -54,8 +53,7 @@ def vllm(vllm_servers: VllmServers) -> VllmProcess:
 
 @pytest.fixture(scope="module")
 def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EdgeProcess]:
-    with start_edge_node(packaged_path("smollm2-135m-instruct"), "--parallel", "2", "--ctx", "2048",
-                         "--model-name", "smollm2", workdir=tmp_path_factory.mktemp("smollm2")) as n:
+    with smollm2_node(tmp_path_factory.mktemp("smollm2")) as n:
         yield n
 
 

@@ -28,6 +28,7 @@ from tests.support.ports import free_port
 from tests.support.require import skip_or_fail
 from tests.support.waiting import wait_until
 from tiergate.edge_node.model.demo_model import build_demo_model
+from tiergate.edge_node.model.packaged import packaged_path
 
 __all__ = [
     "EdgeProcess",
@@ -124,6 +125,15 @@ def start_edge_node(
         yield node
     finally:
         node.stop(signal.SIGTERM, timeout_s=20)
+
+
+@contextmanager
+def smollm2_node(workdir: Path) -> Iterator[EdgeProcess]:
+    """A real edge node on the packaged SmolLM2 (installed by scripts/setup.sh --dev; missing is a failure), two
+    slots of 2,048 tokens, serving the name `smollm2`: what the API and client conformance tests drive."""
+    with start_edge_node(packaged_path("smollm2-135m-instruct"), "--parallel", "2", "--ctx", "2048",
+                         "--model-name", "smollm2", workdir=workdir) as node:
+        yield node
 
 
 def _wait_healthy(node: EdgeProcess) -> None:

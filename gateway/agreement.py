@@ -38,6 +38,7 @@ from tiergate.cache.judge import Judge
 from tiergate.core.errors import OpenAIError
 from tiergate.core.types import Decision
 from tiergate.gateway.context import RequestContext, UpstreamBody
+from tiergate.gateway.detached import DetachedRequests
 from tiergate.gateway.dispatch import Dispatcher
 from tiergate.gateway.metrics import GatewayMetrics
 from tiergate.gateway.outcomes import OutcomeRecorder, OutcomeSource
@@ -116,15 +117,13 @@ class Agreements:
         self._fallback = fallback
         self._rng = rng or random.Random()
         self._judging: set[asyncio.Task[None]] = set()
-        self._verifying: set[asyncio.Task[None]] = set()
+        self._verifications = DetachedRequests("verify", draining=draining, hold=hold)
         self.dispatcher = dispatcher
         self.gateway_metrics = gateway_metrics
-        self.hold = hold
-        self.draining = draining
 
     @property
     def running(self) -> int:
-        return len(self._judging) + len(self._verifying)
+        return len(self._judging) + self._verifications.running
 
     def pair(self, ctx: RequestContext, path: AgreementPath, edge_tier: str) -> AnswerPair | None:
         """A pair for `ctx`, or None when the policy records no outcomes."""
@@ -163,23 +162,16 @@ class Agreements:
         cfg, cascade = ctx.policy.router, ctx.decision.cascade
         if cfg is None or not cfg.record or cfg.verify <= 0 or cascade is None or self._rng.random() >= cfg.verify:
             return
-        if (draft is None or self.dispatcher is None or self.gateway_metrics is None or self.draining()
-                or len(self._verifying) >= cfg.explore_concurrency):
-            self.metrics.labels(AgreementPath.VERIFY, "skipped").inc()
-            return
-        held = self.hold(ctx.routing)
-        if held is None:
-            self.metrics.labels(AgreementPath.VERIFY, "skipped").inc()
-            return
         pair = AnswerPair(self, ctx, AgreementPath.VERIFY, ctx.decision.tier or "")
-        pair.edge(draft, version)
         target = dataclasses.replace(ctx.decision, tier=cascade.escalate_to, cascade=None,
                                      fallbacks=tuple(t for t in ctx.decision.fallbacks
                                                      if t not in (cascade.escalate_to, ctx.decision.tier)))
-        task = asyncio.get_running_loop().create_task(self._verify(ctx, target, pair, held),
-                                                      name=f"tiergate-verify-{ctx.request_id}")
-        self._verifying.add(task)
-        task.add_done_callback(self._verifying.discard)
+        if (draft is None or self.dispatcher is None or self.gateway_metrics is None
+                or not self._verifications.start(ctx, cfg.explore_concurrency,
+                                                 lambda held: self._verify(ctx, target, pair, held))):
+            self.metrics.labels(AgreementPath.VERIFY, "skipped").inc()
+            return
+        pair.edge(draft, version)
 
     async def _verify(self, ctx: RequestContext, target: Decision, pair: AnswerPair, held: RoutingHold) -> None:
         assert self.dispatcher is not None and self.gateway_metrics is not None  # maybe_verify checked
@@ -204,7 +196,8 @@ class Agreements:
 
     async def stop(self) -> None:
         """Cancel what is still running (shutdown): an unfinished comparison is a label not recorded."""
-        tasks = list(self._verifying) + list(self._judging)
+        await self._verifications.stop()
+        tasks = list(self._judging)
         for task in tasks:
             task.cancel()
         for task in tasks:
@@ -213,5 +206,6 @@ class Agreements:
 
     async def flush(self) -> None:
         """Wait for what is under way (tests)."""
-        while self._judging or self._verifying:
-            await asyncio.gather(*list(self._judging | self._verifying), return_exceptions=True)
+        while self._judging or self._verifications.running:
+            await self._verifications.wait()
+            await asyncio.gather(*list(self._judging), return_exceptions=True)

@@ -15,8 +15,6 @@ Tested in `tests/gateway/test_learned_router.py` and `tests/integration/test_lea
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 from collections.abc import Callable
 
 import structlog
@@ -26,6 +24,7 @@ from tiergate.core.wire import ChatRequest
 from tiergate.gateway.agreement import AgreementPath, AnswerPair
 from tiergate.gateway.cascade import judge_unseen
 from tiergate.gateway.context import Outcome, RequestContext
+from tiergate.gateway.detached import DetachedRequests
 from tiergate.gateway.dispatch import Dispatcher
 from tiergate.gateway.learned_router import LearnedRouter
 from tiergate.gateway.outcomes import OutcomeSource
@@ -56,13 +55,11 @@ class Explorations:
                  hold: Callable[[Routing], RoutingHold | None]) -> None:
         self._dispatcher = dispatcher
         self._router = router
-        self._draining = draining
-        self._hold = hold
-        self._running: set[asyncio.Task[None]] = set()
+        self._explorations = DetachedRequests("explore", draining=draining, hold=hold)
 
     @property
     def running(self) -> int:
-        return len(self._running)
+        return self._explorations.running
 
     def maybe_start(self, ctx: RequestContext, outcome: Outcome | None = None) -> None:
         """Explore `ctx` if its rule is a routed one and the draw says so (returns at once); the edge's answer is
@@ -76,22 +73,18 @@ class Explorations:
         decision = judge_decision(policy, ctx.routing.active.engine.decision_of,
                                   self._router.facts(policy).edge_tier)
         tools = isinstance(ctx.req, ChatRequest) and bool(ctx.req.tools)  # a tool call is not judged (no logprobs)
-        if decision is None or tools or self._draining() or len(self._running) >= cfg.explore_concurrency:
-            metrics.explorations.labels("skipped").inc()
-            return
-        held = self._hold(ctx.routing)
-        if held is None:
+        if decision is None or tools:
             metrics.explorations.labels("skipped").inc()
             return
         agreements = self._router.agreements
         pair = (agreements.pair(ctx, AgreementPath.EXPLORATION, decision.tier or "")
                 if agreements is not None and outcome is not None else None)
+        if not self._explorations.start(ctx, cfg.explore_concurrency,
+                                        lambda held: self._explore(ctx, decision, held, pair)):
+            metrics.explorations.labels("skipped").inc()
+            return
         if outcome is not None and pair is not None:
             outcome.pair = pair
-        task = asyncio.get_running_loop().create_task(self._explore(ctx, decision, held, pair),
-                                                      name=f"tiergate-explore-{ctx.request_id}")
-        self._running.add(task)
-        task.add_done_callback(self._running.discard)
 
     async def _explore(self, ctx: RequestContext, decision: Decision, held: RoutingHold,
                        pair: AnswerPair | None) -> None:
@@ -113,8 +106,4 @@ class Explorations:
 
     async def stop(self) -> None:
         """Cancel what is still running (shutdown): an unfinished exploration is a label not recorded."""
-        for task in list(self._running):
-            task.cancel()
-        for task in list(self._running):
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await self._explorations.stop()

@@ -15,8 +15,6 @@ finds no room is dropped (counted): the checks are a random sample, so dropping 
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 from collections.abc import Callable
 
 import msgspec
@@ -25,6 +23,7 @@ import structlog
 from tiergate.core import tracing
 from tiergate.core.errors import OpenAIError
 from tiergate.gateway.context import Arrival, Outcome, RequestContext, UpstreamBody
+from tiergate.gateway.detached import DetachedRequests
 from tiergate.gateway.dispatch import Dispatcher
 from tiergate.gateway.metrics import GatewayMetrics
 from tiergate.gateway.relay import read_whole
@@ -44,39 +43,27 @@ class ShadowChecks:
                  cache: CacheProvider, draining: Callable[[], bool], concurrency: int,
                  hold: Callable[[Routing], RoutingHold | None]) -> None:
         self._dispatcher = dispatcher
-        self._hold = hold
         self._metrics = metrics
         self._settlements = settlements
         self._cache = cache
-        self._draining = draining
         self._concurrency = concurrency
-        self._running: set[asyncio.Task[None]] = set()
+        self._checks = DetachedRequests("shadow", draining=draining, hold=hold)
 
     @property
     def running(self) -> int:
         """Checks under way now."""
-        return len(self._running)
+        return self._checks.running
 
     async def start(self, ctx: RequestContext, outcome: Outcome) -> None:
         """Start one check (a response's background task: async, so that it runs on the event loop)."""
-        if self._cache() is None or self._draining() or len(self._running) >= self._concurrency:
+        # the version the hit was decided under is held while the check runs, if anything still holds it
+        if self._cache() is None or not self._checks.start(ctx, self._concurrency,
+                                                           lambda held: self._check(ctx, outcome, held)):
             self._metrics.shadow_checks.labels("dropped").inc()
-            return
-        held = self._hold(ctx.routing)  # the version the hit was decided under, while anything still holds it
-        if held is None:
-            self._metrics.shadow_checks.labels("dropped").inc()
-            return
-        task = asyncio.create_task(self._check(ctx, outcome, held), name=f"tiergate-shadow-{ctx.request_id}")
-        self._running.add(task)
-        task.add_done_callback(self._running.discard)
 
     async def stop(self) -> None:
         """Cancel what is still running (shutdown): an unfinished check is a label not counted, nothing more."""
-        for task in list(self._running):
-            task.cancel()
-        for task in list(self._running):
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await self._checks.stop()
 
     async def _check(self, ctx: RequestContext, outcome: Outcome, held: RoutingHold) -> None:
         """Ask the tier, then settle the check: its answer goes to the cache (`Settlement.shadow`)."""

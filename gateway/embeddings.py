@@ -38,7 +38,7 @@ from tiergate.gateway.budgets import Budgets, Hold
 from tiergate.gateway.context import safe_request_id
 from tiergate.gateway.limits import Limiter
 from tiergate.gateway.metrics import GatewayMetrics
-from tiergate.gateway.savings import SavingSource
+from tiergate.gateway.savings import SavingSource, count_saving
 from tiergate.gateway.settings import Settings
 from tiergate.gateway.settlement import CacheProvider
 from tiergate.policies.costs import format_cost
@@ -171,8 +171,7 @@ class Embeddings:
             m, currency = self._metrics, costs.currency
             m.child(m.spend, tenant, TIER, TIER, "answer", currency).inc(cost)
             m.child(m.spend_reference, tenant, TIER, TIER, currency).inc(cost)
-            m.child(m.savings_spend, SavingSource.EMBEDDINGS.value, currency).inc(cost)
-            m.child(m.savings_reference, SavingSource.EMBEDDINGS.value, currency).inc(cost)
+            count_saving(m, SavingSource.EMBEDDINGS, cost, cost, currency)  # the same work whatever the routing
             fields = {f"cost|{TIER}|{TIER}|answer": cost, f"ref|{TIER}|{TIER}": cost, "requests": 1,
                       "prompt": tokens, "completion": 0, "cost": cost}
         await self._budgets.settle(hold, policy, tenant, key, cost or 0.0, fields)

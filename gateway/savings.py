@@ -27,7 +27,7 @@ from enum import StrEnum
 from tiergate.gateway.context import RequestContext
 from tiergate.gateway.metrics import GatewayMetrics
 
-__all__ = ["SavingSource", "record_saving", "saving_source"]
+__all__ = ["SavingSource", "count_saving", "record_saving", "saving_source"]
 
 
 class SavingSource(StrEnum):
@@ -53,7 +53,12 @@ def record_saving(metrics: GatewayMetrics, ctx: RequestContext, tier: str, kind:
     """Count a piece of work's cost (and, for an answer, its `reference` price) towards its source: the saving
     is `tiergate_savings_reference_total - tiergate_savings_spend_total`, by source (two counters, because a
     saving can be negative and a counter cannot)."""
-    source = saving_source(ctx, tier, kind).value
-    metrics.child(metrics.savings_spend, source, currency).inc(cost)
+    count_saving(metrics, saving_source(ctx, tier, kind), cost, reference, currency)
+
+
+def count_saving(metrics: GatewayMetrics, source: SavingSource, cost: float, reference: float | None,
+                 currency: str) -> None:
+    """Count `cost` (and `reference`, if any) towards `source`: `record_saving` once the source is known."""
+    metrics.child(metrics.savings_spend, source.value, currency).inc(cost)
     if reference is not None:
-        metrics.child(metrics.savings_reference, source, currency).inc(reference)
+        metrics.child(metrics.savings_reference, source.value, currency).inc(reference)

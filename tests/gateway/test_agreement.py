@@ -192,3 +192,15 @@ async def test_verification_is_off_by_default_and_skipped_without_a_whole_answer
     await asyncio.gather(_records(recorder, agreements), _records(recorder2, agreements2))
     assert dispatcher.opened == []
     assert _count(registry, "verify", "skipped") == 1 and _count(registry2, "verify", "skipped") == 1
+
+
+@pytest.mark.parametrize("garbage", [b"not json at all", b'{"choices": "nope"}', b"[]"])
+async def test_a_lying_cloud_during_verification_is_counted_as_failed_and_labels_nothing(tmp_path, garbage):
+    """The verification's backend may answer anything: a body that is no chat completion is a failed check, no
+    agreement label, and the hold on the routing version is let go (nothing left running)."""
+    dispatcher = _Dispatcher({"cloud": garbage})
+    router, agreements, recorder, registry = _parts(dispatcher)
+    router.judged(_ctx(tmp_path, "cascade", verify=1.0), Outcome(), _KEPT, "smollm2", "15")
+    recs = await _records(recorder, agreements)
+    assert [r["source"] for r in recs] == ["cascade"]  # the cascade's own verdict only
+    assert _count(registry, "verify", "failed") == 1 and agreements.running == 0
